@@ -1,0 +1,56 @@
+"""meshplan's exceptions: one base class, one subclass per package.
+
+Every error meshplan raises for bad input derives from :class:`MeshplanError`
+and from the matching builtin (``ValueError``), so ``except ValueError`` keeps
+working. Errors carry the offending objects as attributes (``err.value``).
+
+>>> from meshplan.errors import MeshError, MeshplanError
+>>> issubclass(MeshError, MeshplanError) and issubclass(MeshError, ValueError)
+True
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = [
+    "MeshplanError",
+    "MeshError",
+    "PlacementError",
+    "PlanError",
+    "StrategyError",
+    "CheckpointError",
+    "RuntimeShellError",
+]
+
+
+class MeshplanError(Exception):
+    """Base of every meshplan error; ``value`` holds the offending object (or None)."""
+
+    def __init__(self, message: str, *, value: Any = None) -> None:
+        super().__init__(message)
+        self.value = value
+
+
+class MeshError(MeshplanError, ValueError):
+    """A mesh, layout, rank map, name or alias is invalid."""
+
+
+class PlacementError(MeshplanError, ValueError):
+    """A placement or spec is invalid or inconsistent with its mesh/shape."""
+
+
+class PlanError(MeshplanError, ValueError):
+    """Two specs cannot be planned between, or a plan is malformed."""
+
+
+class StrategyError(MeshplanError, ValueError):
+    """A sharding rule or strategy request is invalid."""
+
+
+class CheckpointError(MeshplanError, ValueError):
+    """A checkpoint file or tensor is missing, corrupt or incompatible."""
+
+
+class RuntimeShellError(MeshplanError, RuntimeError):
+    """A collective failed, timed out, or ranks disagreed at run time."""

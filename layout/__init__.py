@@ -1,0 +1,27 @@
+"""meshplan.layout — device meshes as CuTe-style layouts.
+
+Decides which ranks form each mesh dim, each slice, each flattened alias and each
+process group, as pure values (``Axis``, ``MeshLayout``, ``Mesh``). Never creates
+process groups, never imports torch, never keeps a "current mesh".
+"""
+
+from meshplan.errors import MeshError
+
+from ._axis import Axis, MeshLayout, coalesce, complement, compose, row_major_strides
+from ._frozen import FrozenMap
+from ._mesh import DimKey, Mesh, flatten, unflatten
+
+__all__ = [
+    "Axis",
+    "DimKey",
+    "FrozenMap",
+    "Mesh",
+    "MeshError",
+    "MeshLayout",
+    "coalesce",
+    "complement",
+    "compose",
+    "flatten",
+    "row_major_strides",
+    "unflatten",
+]

@@ -1,0 +1,342 @@
+"""CuTe-style integer layouts in lexicographic order: :class:`Axis` and :class:`MeshLayout`.
+
+A layout maps a linear index ``i`` in ``[0, size)`` to an offset: ``i`` is split into
+coordinates over ``sizes`` (last mode fastest, i.e. row-major) and the offset is the
+dot product of those coordinates with ``strides``. Offsets index a mesh's rank map.
+
+Canonical form: an :class:`Axis` is coalesced (adjacent modes that chain merge, size-1
+modes vanish), so layouts that enumerate the same offsets in the same order compare
+equal. A size-1 axis has no modes at all.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Iterator, Sequence
+from itertools import product
+
+import attrs
+
+from meshplan.errors import MeshError
+
+__all__ = ["Axis", "MeshLayout", "coalesce", "complement", "compose"]
+
+Mode = tuple[int, int]  # (size, stride)
+
+
+def _int_tuple(value: Iterable[int] | int) -> tuple[int, ...]:
+    if isinstance(value, int):
+        return (value,)
+    return tuple(int(v) for v in value)
+
+
+def coalesce(modes: Iterable[Mode]) -> tuple[Mode, ...]:
+    """Normalize modes (lexicographic order): drop size-1 modes, merge chaining neighbours.
+
+    Two neighbours ``(s0, d0), (s1, d1)`` chain when ``d0 == s1 * d1``: together they
+    enumerate ``(s0 * s1, d1)``.
+
+    >>> coalesce([(2, 4), (4, 1)])
+    ((8, 1),)
+    >>> coalesce([(2, 1), (1, 7), (2, 4)])
+    ((2, 1), (2, 4))
+    """
+    out: list[Mode] = []
+    for size, stride in modes:
+        if size == 1:
+            continue
+        if out and out[-1][1] == size * stride:
+            prev_size, _ = out.pop()
+            out.append((prev_size * size, stride))
+        else:
+            out.append((size, stride))
+    return tuple(out)
+
+
+@attrs.frozen(repr=False)
+class Axis:
+    """One mesh dimension as a normalized CuTe layout (last mode fastest).
+
+    >>> Axis.of(sizes=(2, 4), strides=(4, 1))   # coalesces to one mode
+    Axis(sizes=(8,), strides=(1,))
+    >>> Axis.of(sizes=(2, 2), strides=(4, 1)).offsets()
+    (0, 1, 4, 5)
+    >>> str(Axis.of((2, 2), (4, 1)))
+    '(2,2):(4,1)'
+    """
+
+    sizes: tuple[int, ...] = attrs.field(converter=_int_tuple)
+    strides: tuple[int, ...] = attrs.field(converter=_int_tuple)
+
+    def __attrs_post_init__(self) -> None:
+        if len(self.sizes) != len(self.strides):
+            raise MeshError(
+                f"sizes {self.sizes!r} and strides {self.strides!r} differ in length; "
+                "give one stride per size",
+                value=self,
+            )
+        if any(s < 1 for s in self.sizes) or any(d < 0 for d in self.strides):
+            raise MeshError(
+                f"layout {self.sizes!r}:{self.strides!r} has a size below 1 or a negative "
+                "stride; sizes must be >= 1 and strides >= 0",
+                value=self,
+            )
+        modes = coalesce(zip(self.sizes, self.strides, strict=True))
+        object.__setattr__(self, "sizes", tuple(m[0] for m in modes))
+        object.__setattr__(self, "strides", tuple(m[1] for m in modes))
+
+    @classmethod
+    def of(cls, sizes: Iterable[int] | int, strides: Iterable[int] | int | None = None) -> Axis:
+        """Build an axis; ``strides`` default to row-major (suffix products of ``sizes``)."""
+        sizes = _int_tuple(sizes)
+        if strides is None:
+            strides = row_major_strides(sizes)
+        return cls(sizes, strides)
+
+    @classmethod
+    def from_modes(cls, modes: Iterable[Mode]) -> Axis:
+        modes = tuple(modes)
+        return cls(tuple(m[0] for m in modes), tuple(m[1] for m in modes))
+
+    @property
+    def modes(self) -> tuple[Mode, ...]:
+        return tuple(zip(self.sizes, self.strides, strict=True))
+
+    def size(self) -> int:
+        """Number of indices (ranks) the axis enumerates."""
+        return math.prod(self.sizes)
+
+    def cosize(self) -> int:
+        """One past the largest offset."""
+        return sum((s - 1) * d for s, d in self.modes) + 1
+
+    def offset(self, index: int) -> int:
+        """The offset of linear ``index`` (row-major over the modes)."""
+        out = 0
+        for size, stride in reversed(self.modes):
+            index, c = divmod(index, size)
+            out += c * stride
+        return out
+
+    def offsets(self) -> tuple[int, ...]:
+        """Every offset in index order (size of the axis, not of the world)."""
+        if not self.sizes:
+            return (0,)
+        return tuple(
+            sum(c * d for c, d in zip(coord, self.strides, strict=True))
+            for coord in product(*(range(s) for s in self.sizes))
+        )
+
+    def is_injective(self) -> bool:
+        """True when no two indices share an offset (the modes do not overlap)."""
+        return _is_injective(self.modes)
+
+    def __str__(self) -> str:
+        if not self.sizes:
+            return "1:0"
+        if len(self.sizes) == 1:
+            return f"{self.sizes[0]}:{self.strides[0]}"
+        return f"({','.join(map(str, self.sizes))}):({','.join(map(str, self.strides))})"
+
+    def __repr__(self) -> str:
+        return f"Axis(sizes={self.sizes!r}, strides={self.strides!r})"
+
+
+def row_major_strides(sizes: Sequence[int]) -> tuple[int, ...]:
+    """Suffix products: the strides of a row-major (lexicographic) layout.
+
+    >>> row_major_strides((2, 3, 4))
+    (12, 4, 1)
+    """
+    out = []
+    acc = 1
+    for s in reversed(sizes):
+        out.append(acc)
+        acc *= s
+    return tuple(reversed(out))
+
+
+def _is_injective(modes: Sequence[Mode]) -> bool:
+    live = sorted((d, s) for s, d in modes if s > 1)
+    if any(d == 0 for d, _ in live):
+        return False
+    # Sorted by stride, each mode must start at or beyond the span of all faster modes
+    # and be a multiple of it, otherwise two coordinates reach the same offset... unless
+    # strides interleave without collision (e.g. 2:3 and 3:2 hit 0,2,3,4,5,7 — injective).
+    span_ok = all(live[i + 1][0] % (live[i][0] * live[i][1]) == 0 for i in range(len(live) - 1))
+    if span_ok:
+        return True
+    return _brute_injective(modes)
+
+
+def _brute_injective(modes: Sequence[Mode]) -> bool:
+    n = math.prod(s for s, _ in modes)
+    if n > 1 << 20:
+        raise MeshError(
+            f"cannot decide whether layout modes {tuple(modes)!r} overlap: they interleave "
+            "irregularly over more than 2**20 indices; use layouts whose sorted strides divide",
+            value=tuple(modes),
+        )
+    seen = set()
+    for coord in product(*(range(s) for s, _ in modes)):
+        off = sum(c * d for c, (_, d) in zip(coord, modes, strict=True))
+        if off in seen:
+            return False
+        seen.add(off)
+    return True
+
+
+def complement(modes: Iterable[Mode], world: int) -> Axis:
+    """The layout that, together with ``modes``, enumerates ``range(world)`` exactly once.
+
+    Raises :class:`MeshError` when no such layout exists (overlapping modes, or modes that
+    do not tile ``world``).
+
+    >>> complement([(2, 1)], 8)            # pairs (0,1): the other index runs 0,2,4,6
+    Axis(sizes=(4,), strides=(2,))
+    >>> complement([(2, 4), (2, 1)], 8)
+    Axis(sizes=(2,), strides=(2,))
+    """
+    live = sorted((d, s) for s, d in modes if s > 1)
+    out: list[Mode] = []
+    current = 1
+    for stride, size in live:
+        if stride % current != 0:
+            raise MeshError(
+                f"layout modes {tuple(modes)!r} overlap or interleave (stride {stride} is not "
+                f"a multiple of {current}); a mesh dim must tile the world without overlap",
+                value=tuple(modes),
+            )
+        if stride > current:
+            out.append((stride // current, current))
+        current = stride * size
+    if world % current != 0:
+        raise MeshError(
+            f"layout modes {tuple(modes)!r} span {current} ranks, which does not divide the "
+            f"world of {world}; pick sizes whose product divides the world size",
+            value=tuple(modes),
+        )
+    if world > current:
+        out.append((world // current, current))
+    out.sort(key=lambda m: -m[1])
+    return Axis.from_modes(out)
+
+
+def compose(outer: Axis, inner: Axis) -> Axis:
+    """``outer ∘ inner``: index ``i`` maps to ``outer.offset(inner.offset(i))``.
+
+    Exists as a layout when ``inner``'s strides and sizes divide ``outer``'s modes;
+    otherwise :class:`MeshError`.
+
+    >>> compose(Axis.of((2, 4), (1, 2)), Axis.of(2, 4))   # every 4th index of outer
+    Axis(sizes=(2,), strides=(1,))
+    """
+    result: list[Mode] = []
+    for size, stride in inner.modes:
+        result.extend(_compose_mode(outer, size, stride))
+    return Axis.from_modes(result)
+
+
+def _compose_mode(outer: Axis, size: int, stride: int) -> list[Mode]:
+    if stride == 0 or size == 1:
+        return [(size, 0)]
+    pieces: list[Mode] = []  # fastest first while walking
+    rest_stride, rest_size = stride, size
+    for osize, ostride in reversed(outer.modes):
+        if rest_stride >= osize:
+            if rest_stride % osize != 0:
+                break
+            rest_stride //= osize
+            continue
+        if osize % rest_stride != 0:
+            break
+        avail = osize // rest_stride
+        if rest_size <= avail:
+            pieces.append((rest_size, ostride * rest_stride))
+            rest_size = 1
+            break
+        if rest_size % avail != 0:
+            break
+        pieces.append((avail, ostride * rest_stride))
+        rest_size //= avail
+        rest_stride = 1
+    if rest_size != 1:
+        raise MeshError(
+            f"cannot take {size}:{stride} of layout {outer}: the sizes do not divide its "
+            "modes (or run past its size); choose sizes that split the dim evenly",
+            value=(outer, size, stride),
+        )
+    return list(reversed(pieces))
+
+
+@attrs.frozen(repr=False)
+class MeshLayout:
+    """The layout of a whole mesh: one :class:`Axis` per mesh dimension.
+
+    >>> lay = MeshLayout.row_major((2, 3))
+    >>> lay.shape, lay.numel(), lay.cosize()
+    ((2, 3), 6, 6)
+    >>> lay.global_ranks((1,), 6)
+    ((0, 1, 2), (3, 4, 5))
+    """
+
+    axes: tuple[Axis, ...] = attrs.field(converter=tuple)
+    shape: tuple[int, ...] = attrs.field(init=False, eq=False)
+
+    def __attrs_post_init__(self) -> None:
+        for a in self.axes:
+            if not isinstance(a, Axis):
+                raise MeshError(f"mesh layout axes must be Axis values, got {a!r}", value=a)
+        object.__setattr__(self, "shape", tuple(a.size() for a in self.axes))
+
+    @classmethod
+    def row_major(cls, shape: Sequence[int]) -> MeshLayout:
+        shape = tuple(shape)
+        return cls(tuple(Axis.of((s,), (d,)) for s, d in zip(shape, row_major_strides(shape))))
+
+    @property
+    def ndim(self) -> int:
+        return len(self.axes)
+
+    def numel(self) -> int:
+        return math.prod(self.shape)
+
+    def cosize(self) -> int:
+        return self.collapse().cosize()
+
+    def modes(self, dims: Sequence[int] | None = None) -> tuple[Mode, ...]:
+        dims = range(len(self.axes)) if dims is None else dims
+        return tuple(m for i in dims for m in self.axes[i].modes)
+
+    def collapse(self, dims: Sequence[int] | None = None) -> Axis:
+        """All (or the chosen) axes as one flattened axis, in the given dim order."""
+        return Axis.from_modes(self.modes(dims))
+
+    def complement(self, world: int) -> Axis:
+        return complement(self.modes(), world)
+
+    def is_injective(self) -> bool:
+        return _is_injective(self.modes())
+
+    def compose(self, inner: Axis) -> Axis:
+        return compose(self.collapse(), inner)
+
+    def global_ranks(self, dims: Sequence[int], world: int) -> tuple[tuple[int, ...], ...]:
+        """Every group of layout offsets along ``dims`` in a world of ``world`` indices."""
+        sub = self.collapse(dims)
+        inner = sub.offsets()
+        return tuple(
+            tuple(base + o for o in inner) for base in complement(sub.modes, world).offsets()
+        )
+
+    def __iter__(self) -> Iterator[Axis]:
+        return iter(self.axes)
+
+    def __len__(self) -> int:
+        return len(self.axes)
+
+    def __str__(self) -> str:
+        return "(" + ", ".join(str(a) for a in self.axes) + ")"
+
+    def __repr__(self) -> str:
+        return f"MeshLayout(axes={self.axes!r})"

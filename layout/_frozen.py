@@ -1,0 +1,74 @@
+"""A small immutable, hashable mapping used for mesh aliases and shard orders."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from typing import Any, Generic, TypeVar
+
+K = TypeVar("K")
+V = TypeVar("V")
+
+__all__ = ["FrozenMap"]
+
+
+class FrozenMap(Mapping[K, V], Generic[K, V]):
+    """An immutable mapping, hashable, ordered by key (so equal maps print the same).
+
+    >>> m = FrozenMap({"b": 2, "a": 1})
+    >>> m
+    FrozenMap({'a': 1, 'b': 2})
+    >>> m == FrozenMap(a=1, b=2), hash(m) == hash(FrozenMap(a=1, b=2))
+    (True, True)
+    """
+
+    __slots__ = ("_data", "_hash")
+
+    def __init__(self, data: Mapping[K, V] | Any = (), **kwargs: V) -> None:
+        items = dict(data)
+        items.update(kwargs)
+        self._data: dict[K, V] = dict(sorted(items.items(), key=lambda kv: _sort_key(kv[0])))
+        self._hash: int | None = None
+
+    def __getitem__(self, key: K) -> V:
+        return self._data[key]
+
+    def __iter__(self) -> Iterator[K]:
+        return iter(self._data)
+
+    def __len__(self) -> int:
+        return len(self._data)
+
+    def __hash__(self) -> int:
+        if self._hash is None:
+            self._hash = hash(tuple(self._data.items()))
+        return self._hash
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, FrozenMap):
+            return self._data == other._data
+        if isinstance(other, Mapping):
+            return self._data == dict(other)
+        return NotImplemented
+
+    def set(self, key: K, value: V) -> FrozenMap[K, V]:
+        """A copy with ``key`` bound to ``value``."""
+        d = dict(self._data)
+        d[key] = value
+        return FrozenMap(d)
+
+    def __repr__(self) -> str:
+        return f"FrozenMap({self._data!r})"
+
+    def __reduce__(self):
+        return (FrozenMap, (self._data,))
+
+
+def _sort_key(key: Any) -> tuple[str, Any]:
+    return (type(key).__name__, key)
+
+
+def frozen_map(value: Mapping | Any) -> FrozenMap:
+    """attrs converter: any mapping (or pairs) to a :class:`FrozenMap` (idempotent)."""
+    if isinstance(value, FrozenMap):
+        return value
+    return FrozenMap(value)
