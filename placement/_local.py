@@ -1,0 +1,193 @@
+"""What each rank holds: per-dim index intervals, chunks, local shapes and offsets (no torch).
+
+A rank's local tensor is, along every tensor dim ``d``, the concatenation of a list of
+global index intervals; the local tensor is their cartesian product (row-major). This
+one representation covers uneven shards, shard orders and StridedShard alike.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from collections.abc import Sequence
+from itertools import product
+
+import attrs
+
+from meshplan.errors import PlacementError
+
+from ._spec import Spec
+from ._types import Shard, StridedShard
+
+__all__ = [
+    "Chunk",
+    "Intervals",
+    "chunk_bounds",
+    "dim_intervals",
+    "local_intervals",
+    "local_chunks",
+    "local_shape",
+    "global_offset",
+    "local_numel",
+]
+
+Intervals = tuple[tuple[int, int], ...]  # ((start, stop), ...) in local storage order
+
+
+@attrs.frozen
+class Chunk:
+    """A box of the global tensor: ``offsets`` and ``sizes`` per tensor dim.
+
+    >>> Chunk((2, 0), (2, 4)).numel()
+    8
+    """
+
+    offsets: tuple[int, ...] = attrs.field(converter=tuple)
+    sizes: tuple[int, ...] = attrs.field(converter=tuple)
+
+    def numel(self) -> int:
+        return math.prod(self.sizes)
+
+
+def chunk_bounds(length: int, parts: int, index: int) -> tuple[int, int]:
+    """Start and stop of piece ``index`` when ``torch.chunk`` splits ``length`` into ``parts``.
+
+    Chunks are ``ceil(length / parts)`` long; trailing ones may be short or empty.
+
+    >>> [chunk_bounds(5, 4, i) for i in range(4)]
+    [(0, 2), (2, 4), (4, 5), (5, 5)]
+    """
+    size = -(-length // parts) if parts else 0
+    start = min(size * index, length)
+    return start, min(start + size, length)
+
+
+def _take(intervals: Intervals, start: int, stop: int) -> Intervals:
+    """Positions ``[start, stop)`` of the concatenated intervals, as intervals."""
+    out: list[tuple[int, int]] = []
+    pos = 0
+    for a, b in intervals:
+        n = b - a
+        lo, hi = max(start - pos, 0), min(stop - pos, n)
+        if lo < hi:
+            if out and out[-1][1] == a + lo:
+                out[-1] = (out[-1][0], a + hi)
+            else:
+                out.append((a + lo, a + hi))
+        pos += n
+        if pos >= stop:
+            break
+    return tuple(out)
+
+
+def _length(intervals: Intervals) -> int:
+    return sum(b - a for a, b in intervals)
+
+
+def shard_intervals(
+    intervals: Intervals, placement: Shard | StridedShard, parts: int, index: int
+) -> Intervals:
+    """Apply one shard-like placement (``parts`` ranks, this rank at ``index``) to a piece.
+
+    >>> shard_intervals(((0, 8),), StridedShard(0, 2), 2, 1)
+    ((2, 4), (6, 8))
+    """
+    n = _length(intervals)
+    if isinstance(placement, Shard):
+        return _take(intervals, *chunk_bounds(n, parts, index))
+    out: list[tuple[int, int]] = []
+    sf = placement.split_factor
+    for j in range(sf):
+        a, b = chunk_bounds(n, sf, j)
+        lo, hi = chunk_bounds(b - a, parts, index)
+        for iv in _take(intervals, a + lo, a + hi):
+            if out and out[-1][1] == iv[0]:
+                out[-1] = (out[-1][0], iv[1])
+            else:
+                out.append(iv)
+    return tuple(out)
+
+
+def dim_intervals(spec: Spec, coordinate: Sequence[int], tensor_dim: int) -> Intervals:
+    """The global index intervals along ``tensor_dim`` held at mesh ``coordinate``."""
+    return _dim_intervals(spec, tuple(coordinate), tensor_dim)
+
+
+@functools.lru_cache(maxsize=65536)
+def _dim_intervals(spec: Spec, coordinate: tuple[int, ...], tensor_dim: int) -> Intervals:
+    size = spec.shape[tensor_dim]
+    ivs: Intervals = ((0, size),) if size else ()
+    for m in spec.order(tensor_dim):
+        ivs = shard_intervals(ivs, spec.placements[m], spec.mesh.shape[m], coordinate[m])
+    return ivs
+
+
+def _coordinate(spec: Spec, rank: int) -> tuple[int, ...]:
+    coord = spec.mesh.coordinate(rank)
+    if coord is None:
+        raise PlacementError(
+            f"rank {rank} is not in mesh {spec.mesh}; pick a rank of its rank map", value=rank
+        )
+    return coord
+
+
+def local_intervals(spec: Spec, rank: int) -> tuple[Intervals, ...]:
+    """Per tensor dim, the global intervals rank ``rank`` holds (in local storage order).
+
+    >>> from meshplan.layout import Mesh
+    >>> spec = Spec(Mesh.create(2), (StridedShard(0, 2),), (8, 3))
+    >>> local_intervals(spec, 1)
+    (((2, 4), (6, 8)), ((0, 3),))
+    """
+    coord = _coordinate(spec, rank)
+    return tuple(_dim_intervals(spec, coord, d) for d in range(spec.ndim))
+
+
+def local_shape(spec: Spec, rank: int) -> tuple[int, ...]:
+    """The shape of rank ``rank``'s local tensor (unpadded).
+
+    >>> from meshplan.layout import Mesh
+    >>> spec = Spec(Mesh.create(4), (Shard(0),), (5, 3))
+    >>> [local_shape(spec, r) for r in range(4)]
+    [(2, 3), (2, 3), (1, 3), (0, 3)]
+    """
+    return tuple(_length(ivs) for ivs in local_intervals(spec, rank))
+
+
+def local_numel(spec: Spec, rank: int) -> int:
+    return math.prod(local_shape(spec, rank))
+
+
+def global_offset(spec: Spec, rank: int) -> tuple[int, ...]:
+    """Where rank ``rank``'s data begins in the global tensor, per dim.
+
+    The first held index along each dim; a dim holding nothing reports the dim's size
+    (as torch does for empty shards).
+
+    >>> from meshplan.layout import Mesh
+    >>> spec = Spec(Mesh.create(4), (Shard(0),), (5, 3))
+    >>> [global_offset(spec, r) for r in range(4)]
+    [(0, 0), (2, 0), (4, 0), (5, 0)]
+    """
+    return tuple(
+        ivs[0][0] if ivs else spec.shape[d] for d, ivs in enumerate(local_intervals(spec, rank))
+    )
+
+
+def local_chunks(spec: Spec, rank: int) -> tuple[Chunk, ...]:
+    """Every box of the global tensor rank ``rank`` holds, in local storage order.
+
+    One box for plain shards; several for StridedShard or uneven shard orders. A rank
+    holding nothing has no boxes.
+
+    >>> from meshplan.layout import Mesh
+    >>> spec = Spec(Mesh.create(2), (StridedShard(0, 2),), (8, 3))
+    >>> local_chunks(spec, 0)
+    (Chunk(offsets=(0, 0), sizes=(2, 3)), Chunk(offsets=(4, 0), sizes=(2, 3)))
+    """
+    per_dim = local_intervals(spec, rank)
+    if any(not ivs for ivs in per_dim) and spec.ndim:
+        return ()
+    return tuple(
+        Chunk(tuple(a for a, _ in box), tuple(b - a for a, b in box)) for box in product(*per_dim)
+    )

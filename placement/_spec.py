@@ -1,0 +1,201 @@
+"""The :class:`Spec` value: a tensor's global shape and dtype, laid out on a mesh."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+import attrs
+
+from meshplan.errors import PlacementError
+from meshplan.layout import FrozenMap, Mesh
+
+from ._types import Partial, Placement, Replicate, Shard, StridedShard, dtype_name
+
+__all__ = ["Spec"]
+
+
+def _shape(value: Iterable[int]) -> tuple[int, ...]:
+    return tuple(value)
+
+
+@attrs.frozen(repr=False, cache_hash=True)
+class Spec:
+    """How a tensor of ``shape`` and ``dtype`` lies on ``mesh``: one placement per mesh dim.
+
+    ``shard_order`` maps each sharded tensor dim to the mesh dims that shard it, in the
+    order they apply (each chunks the piece the previous one produced); it defaults to
+    ascending mesh dims and may be given partially, with names or indices.
+
+    Canonical form (equivalent specs compare equal): negative tensor dims are
+    normalized; a placement on a size-1 mesh dim becomes ``Replicate()``;
+    ``StridedShard(d, 1)`` becomes ``Shard(d)``; ``shard_order`` is stored in full, for
+    every sharded tensor dim, with mesh dim indices.
+
+    >>> mesh = Mesh.create((2, 2), ("dp", "tp"))
+    >>> s = Spec(mesh, (Shard(0), Shard(-2)), (8, 4), shard_order={0: ("tp", "dp")})
+    >>> s.placements, dict(s.shard_order)
+    ((Shard(0), Shard(0)), {0: (1, 0)})
+    >>> str(s)
+    'f32[8,4](S(0)[1,0] S(0))'
+    >>> Spec(mesh, (Shard(0), Replicate()), (8, 4)) == Spec(mesh, [Shard(-2), Replicate()], [8, 4])
+    True
+    """
+
+    mesh: Mesh
+    placements: tuple[Placement, ...] = attrs.field(converter=tuple)
+    shape: tuple[int, ...] = attrs.field(converter=_shape)
+    dtype: str = "float32"
+    shard_order: FrozenMap[int, tuple[int, ...]] = attrs.field(
+        factory=FrozenMap, converter=lambda v: v if isinstance(v, FrozenMap) else dict(v or {})
+    )
+
+    def __attrs_post_init__(self) -> None:
+        if not isinstance(self.mesh, Mesh):
+            raise PlacementError(f"Spec needs a Mesh, got {self.mesh!r}", value=self.mesh)
+        for s in self.shape:
+            if isinstance(s, bool) or not isinstance(s, int) or s < 0:
+                raise PlacementError(
+                    f"global shape {self.shape!r} has size {s!r}; sizes must be ints >= 0",
+                    value=self.shape,
+                )
+        object.__setattr__(self, "dtype", dtype_name(self.dtype))
+        placements = _canonical_placements(self.mesh, self.placements, len(self.shape))
+        object.__setattr__(self, "placements", placements)
+        _check_partial_ops(placements)
+        order = _canonical_order(self.mesh, placements, self.shard_order, len(self.shape))
+        object.__setattr__(self, "shard_order", order)
+
+    # -- facts ------------------------------------------------------------------------
+
+    @property
+    def ndim(self) -> int:
+        """Number of tensor dims."""
+        return len(self.shape)
+
+    def order(self, tensor_dim: int) -> tuple[int, ...]:
+        """The mesh dims that shard ``tensor_dim``, in the order they apply."""
+        return self.shard_order.get(tensor_dim, ())
+
+    @property
+    def partial_dims(self) -> tuple[int, ...]:
+        """Mesh dims holding a :class:`Partial`."""
+        return tuple(i for i, p in enumerate(self.placements) if isinstance(p, Partial))
+
+    @property
+    def is_partial(self) -> bool:
+        return any(isinstance(p, Partial) for p in self.placements)
+
+    @property
+    def is_replicated(self) -> bool:
+        return all(isinstance(p, Replicate) for p in self.placements)
+
+    def numel(self) -> int:
+        n = 1
+        for s in self.shape:
+            n *= s
+        return n
+
+    def with_placements(
+        self, placements: Sequence[Placement], shard_order: Mapping[int, Sequence[Any]] | None = None
+    ) -> Spec:
+        """The same tensor and mesh with other placements (and shard order)."""
+        return Spec(self.mesh, placements, self.shape, self.dtype, shard_order or {})
+
+    def __str__(self) -> str:
+        from ._text import format_spec
+
+        return format_spec(self)
+
+    def __repr__(self) -> str:
+        order = {d: o for d, o in self.shard_order.items() if list(o) != sorted(o)}
+        extra = f", shard_order={order!r}" if order else ""
+        return (
+            f"Spec(mesh={self.mesh!r}, placements={self.placements!r}, shape={self.shape!r}, "
+            f"dtype={self.dtype!r}{extra})"
+        )
+
+
+def _canonical_placements(
+    mesh: Mesh, placements: tuple[Any, ...], ndim: int
+) -> tuple[Placement, ...]:
+    if len(placements) != mesh.ndim:
+        raise PlacementError(
+            f"{len(placements)} placements {tuple(map(str, placements))} for a {mesh.ndim}-D "
+            f"mesh {mesh.names!r}; give one placement per mesh dim",
+            value=placements,
+        )
+    out: list[Placement] = []
+    for i, p in enumerate(placements):
+        match p:
+            case Shard(dim=d) | StridedShard(dim=d):
+                if not -ndim <= d < ndim:
+                    raise PlacementError(
+                        f"{p!r} on mesh dim {mesh.names[i]!r} shards tensor dim {d}, out of "
+                        f"range for a {ndim}-D tensor; use a dim in [{-ndim}, {ndim})",
+                        value=p,
+                    )
+                d %= ndim
+                if mesh.shape[i] == 1:
+                    out.append(Replicate())
+                elif isinstance(p, StridedShard) and p.split_factor > 1:
+                    out.append(StridedShard(d, p.split_factor))
+                else:
+                    out.append(Shard(d))
+            case Replicate():
+                out.append(p)
+            case Partial():
+                out.append(Replicate() if mesh.shape[i] == 1 else p)
+            case _:
+                raise PlacementError(
+                    f"{p!r} on mesh dim {mesh.names[i]!r} is not a placement; use Shard, "
+                    "StridedShard, Replicate or Partial",
+                    value=p,
+                )
+    return tuple(out)
+
+
+def _check_partial_ops(placements: tuple[Placement, ...]) -> None:
+    ops = {p.op for p in placements if isinstance(p, Partial)}
+    if len(ops) > 1 and ops != {"sum", "avg"}:
+        raise PlacementError(
+            f"placements {tuple(map(str, placements))} mix Partial ops {sorted(ops)!r}; one "
+            "spec may reduce with one op (only sum and avg mix): reduce one of them first",
+            value=placements,
+        )
+
+
+def _canonical_order(
+    mesh: Mesh, placements: tuple[Placement, ...], given: Mapping[Any, Any], ndim: int
+) -> FrozenMap[int, tuple[int, ...]]:
+    sharding: dict[int, list[int]] = {}
+    for i, p in enumerate(placements):
+        if isinstance(p, Shard | StridedShard):
+            sharding.setdefault(p.dim, []).append(i)
+    order: dict[int, tuple[int, ...]] = {d: tuple(v) for d, v in sharding.items()}
+    for key, dims in dict(given).items():
+        if isinstance(key, bool) or not isinstance(key, int) or not -ndim <= key < ndim:
+            raise PlacementError(
+                f"shard_order key {key!r} is not a tensor dim of a {ndim}-D tensor",
+                value=given,
+            )
+        d = key % ndim
+        if isinstance(dims, int | str):
+            dims = (dims,)
+        try:
+            idx = tuple(mesh.dim_index(m) for m in dims)
+        except ValueError as e:
+            raise PlacementError(f"shard_order {dict(given)!r}: {e}", value=given) from None
+        # mesh dims of size 1 carry no sharding: drop them (canonical form)
+        idx = tuple(m for m in idx if mesh.shape[m] != 1)
+        want = sharding.get(d, [])
+        if len(set(idx)) != len(idx) or sorted(idx) != sorted(want):
+            raise PlacementError(
+                f"shard_order for tensor dim {d} is {tuple(dims)!r}, but the mesh dims "
+                f"sharding it are {tuple(mesh.names[m] for m in want)!r}; the order must list "
+                "each of them exactly once (it may neither omit nor invent a mesh dim)",
+                value=given,
+            )
+        if idx:
+            order[d] = idx
+    return FrozenMap(order)

@@ -1,0 +1,161 @@
+"""Pure functions over tensor values: ``shard`` and ``unshard`` for all ranks at once."""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import torch
+
+from meshplan.errors import PlacementError
+
+from ._local import Intervals, local_intervals
+from ._spec import Spec
+from ._types import Partial
+
+__all__ = ["shard", "unshard", "gather_index", "partial_keeps"]
+
+
+def gather_index(intervals: Intervals, device=None) -> torch.Tensor:
+    """The global indices of a list of intervals, as a 1-D int64 tensor."""
+    if not intervals:
+        return torch.empty(0, dtype=torch.long, device=device)
+    return torch.cat([torch.arange(a, b, device=device) for a, b in intervals])
+
+
+def _select(tensor: torch.Tensor, per_dim: tuple[Intervals, ...]) -> torch.Tensor:
+    out = tensor
+    for d, ivs in enumerate(per_dim):
+        if ivs == ((0, tensor.shape[d]),):
+            continue
+        if len(ivs) == 1:
+            a, b = ivs[0]
+            out = out.narrow(d, a, b - a)
+        else:
+            out = out.index_select(d, gather_index(ivs, tensor.device))
+    return out
+
+
+def partial_keeps(spec: Spec, coordinate: tuple[int, ...]) -> bool:
+    """Whether a rank keeps the value (True) or holds the op's neutral part (False).
+
+    meshplan's canonical partial split of a replicated value: along ``Partial("sum")``
+    dims only coordinate 0 keeps the value, the others hold zeros (exact for every
+    dtype); along ``avg``/``max``/``min`` dims every rank keeps the value.
+    """
+    return all(
+        coordinate[i] == 0
+        for i, p in enumerate(spec.placements)
+        if isinstance(p, Partial) and p.op == "sum"
+    )
+
+
+def shard(tensor: torch.Tensor, spec: Spec) -> dict[int, torch.Tensor]:
+    """Every rank's local tensor for ``spec``: rank -> contiguous local tensor.
+
+    Partial dims get meshplan's canonical split (see :func:`partial_keeps`).
+
+    >>> from meshplan.layout import Mesh
+    >>> from meshplan.placement import Shard
+    >>> spec = Spec(Mesh.create(2), (Shard(0),), (3,), "int64")
+    >>> shard(torch.arange(3), spec)
+    {0: tensor([0, 1]), 1: tensor([2])}
+    """
+    _check_tensor(tensor, spec)
+    out: dict[int, torch.Tensor] = {}
+    for rank in _ranks(spec):
+        local = _select(tensor, local_intervals(spec, rank)).contiguous()
+        if spec.is_partial and not partial_keeps(spec, spec.mesh.coordinate(rank)):
+            local = torch.zeros_like(local)
+        elif local.data_ptr() == tensor.data_ptr() and local.numel():
+            local = local.clone()
+        out[rank] = local
+    return out
+
+
+def unshard(locals_: dict[int, torch.Tensor], spec: Spec) -> torch.Tensor:
+    """The global tensor from every rank's local tensor (Partial dims are reduced).
+
+    >>> from meshplan.layout import Mesh
+    >>> from meshplan.placement import Partial
+    >>> spec = Spec(Mesh.create(2), (Partial("max"),), (2,), "int64")
+    >>> unshard({0: torch.tensor([1, 5]), 1: torch.tensor([4, 2])}, spec)
+    tensor([4, 5])
+    """
+    ranks = _ranks(spec)
+    missing = [r for r in ranks if r not in locals_]
+    if missing:
+        raise PlacementError(
+            f"unshard needs every rank's local tensor; missing ranks {missing[:8]!r}",
+            value=missing,
+        )
+    first = locals_[ranks[0]]
+    pdims = spec.partial_dims
+    parts: dict[tuple[int, ...], torch.Tensor] = {}
+    for rank in ranks:
+        coord = spec.mesh.coordinate(rank)
+        per_dim = local_intervals(spec, rank)
+        local = locals_[rank]
+        want = tuple(sum(b - a for a, b in ivs) for ivs in per_dim)
+        if tuple(local.shape) != want:
+            raise PlacementError(
+                f"rank {rank}'s local tensor has shape {tuple(local.shape)}, but {spec} "
+                f"gives it {want}",
+                value=rank,
+            )
+        key = tuple(coord[i] for i in pdims)
+        if key not in parts:
+            parts[key] = torch.zeros(spec.shape, dtype=first.dtype, device=first.device)
+        _place(parts[key], per_dim, local)
+    if not pdims:
+        return parts[()]
+    stacked = torch.stack([parts[k] for k in sorted(parts)])
+    ops = {spec.placements[i].op for i in pdims}
+    if ops <= {"sum", "avg"}:
+        total = stacked.sum(0)
+        n_avg = math.prod(spec.mesh.shape[i] for i in pdims if spec.placements[i].op == "avg")
+        if n_avg > 1:
+            total = total / n_avg if total.is_floating_point() else total // n_avg
+        return total.to(first.dtype)
+    if ops == {"max"}:
+        return stacked.amax(0)
+    return stacked.amin(0)
+
+
+def _place(target: torch.Tensor, per_dim: tuple[Intervals, ...], local: torch.Tensor) -> None:
+    if local.numel() == 0:
+        return
+    # Write box by box: the local tensor is the cartesian product of per-dim intervals.
+    local_starts = [list(itertools.accumulate([0] + [b - a for a, b in ivs])) for ivs in per_dim]
+    for box in itertools.product(*[range(len(ivs)) for ivs in per_dim]):
+        dst = target
+        src = local
+        for d, k in enumerate(box):
+            a, b = per_dim[d][k]
+            dst = dst.narrow(d, a, b - a)
+            src = src.narrow(d, local_starts[d][k], b - a)
+        dst.copy_(src)
+
+
+def _ranks(spec: Spec) -> tuple[int, ...]:
+    # All ranks of the first mesh instance (a sliced mesh stands for a family: use the
+    # instance containing its first rank).
+    mesh = spec.mesh
+    if mesh.size() == mesh.world_size:
+        return tuple(mesh.ranks)
+    return tuple(mesh.group_of(mesh.rank_at((0,) * mesh.ndim), None))
+
+
+def _check_tensor(tensor: torch.Tensor, spec: Spec) -> None:
+    if tuple(tensor.shape) != spec.shape:
+        raise PlacementError(
+            f"tensor of shape {tuple(tensor.shape)} does not match {spec} (shape {spec.shape})",
+            value=tuple(tensor.shape),
+        )
+    name = str(tensor.dtype).removeprefix("torch.")
+    if name != spec.dtype:
+        raise PlacementError(
+            f"tensor dtype {name} does not match spec dtype {spec.dtype}; build the spec with "
+            f"dtype={name!r} or convert the tensor",
+            value=name,
+        )
