@@ -1,1 +1,32 @@
-"""placeholder"""
+"""meshplan.redistribute — plans that move a tensor from one layout to another.
+
+Decides the steps (collectives and local transforms), prices them, merges them onto
+flattened meshes, and simulates them on all ranks at once; a thin shell runs them on
+torch.distributed process groups. The planning part never imports torch.
+"""
+
+from meshplan.errors import PlanError
+
+from . import exchange
+from ._step import COLLECTIVES, Plan, Step, reduce_op
+
+
+def __getattr__(name):
+    # simulate touches tensor values: import torch only when it is used.
+    if name in ("simulate", "simulate_step"):
+        from . import _simulate
+
+        return getattr(_simulate, name)
+    raise AttributeError(f"module 'meshplan.redistribute' has no attribute {name!r}")
+
+
+__all__ = [
+    "COLLECTIVES",
+    "Plan",
+    "PlanError",
+    "Step",
+    "exchange",
+    "reduce_op",
+    "simulate",
+    "simulate_step",
+]

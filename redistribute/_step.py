@@ -1,0 +1,195 @@
+"""Plan values: :class:`Step` (one transform over some mesh dims) and :class:`Plan`."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import attrs
+
+from meshplan.errors import PlanError
+from meshplan.placement import Spec
+
+__all__ = ["Step", "Plan", "COLLECTIVES", "reduce_op"]
+
+COLLECTIVES = ("all_gather", "all_reduce", "reduce_scatter", "all_to_all", "all_permute")
+
+
+def _dims(value: Sequence[int] | int) -> tuple[int, ...]:
+    if isinstance(value, int):
+        return (value,)
+    return tuple(value)
+
+
+@attrs.frozen(repr=False, cache_hash=True)
+class Step:
+    """One transform: ranks grouped along ``mesh_dims`` turn ``src`` into ``dst``.
+
+    ``collective`` names the communication (``None`` for a local step). A step merged
+    onto a flattened mesh lists several ``mesh_dims`` and names the ``alias`` whose
+    process group it runs on. ``avg_scale`` divides a merged sum+avg reduction by the
+    product of the avg dims' sizes. The data each rank sends and receives follows from
+    ``src``, ``dst`` and the groups alone (see ``meshplan.redistribute.exchange``).
+
+    >>> from meshplan.layout import Mesh
+    >>> from meshplan.placement import Replicate, Shard
+    >>> mesh = Mesh.create(2)
+    >>> s = Step((0,), Spec(mesh, [Shard(0)], (4,)), Spec(mesh, [Replicate()], (4,)), "all_gather")
+    >>> print(s)
+    all_gather[d0]: S(0) -> R
+    """
+
+    mesh_dims: tuple[int, ...] = attrs.field(converter=_dims)
+    src: Spec
+    dst: Spec
+    collective: str | None
+    alias: str | None = None
+    avg_scale: int = attrs.field(init=False, default=1)
+
+    def __attrs_post_init__(self) -> None:
+        if self.collective is not None and self.collective not in COLLECTIVES:
+            raise PlanError(
+                f"unknown collective {self.collective!r}; use one of {COLLECTIVES!r} or None",
+                value=self.collective,
+            )
+        if not self.mesh_dims:
+            raise PlanError("a step needs at least one mesh dim", value=self)
+        src, dst = self.src, self.dst
+        if src.mesh != dst.mesh or src.shape != dst.shape or src.dtype != dst.dtype:
+            raise PlanError(
+                f"step from {src} to {dst}: source and target differ in mesh, shape or dtype",
+                value=self,
+            )
+        for m in self.mesh_dims:
+            if not 0 <= m < src.mesh.ndim:
+                raise PlanError(f"step mesh dim {m} out of range for {src.mesh}", value=self)
+        for i, (a, b) in enumerate(zip(src.placements, dst.placements, strict=True)):
+            if i not in self.mesh_dims and a != b:
+                raise PlanError(
+                    f"step over mesh dims {self.mesh_dims} changes mesh dim {i} ({a} -> {b}); "
+                    "a step may only change the placements of its own mesh dims",
+                    value=self,
+                )
+        object.__setattr__(self, "avg_scale", _avg_scale(self))
+        if self.alias is not None and self.alias not in src.mesh.aliases:
+            raise PlanError(
+                f"step names alias {self.alias!r}, which mesh {src.mesh} does not have",
+                value=self,
+            )
+
+    @property
+    def logical_shape(self) -> tuple[int, ...]:
+        return self.src.shape
+
+    @property
+    def group_dims(self) -> tuple[int, ...] | str:
+        """What the step's process group is: the alias name, or the mesh dims."""
+        return self.alias if self.alias is not None else self.mesh_dims
+
+    def __str__(self) -> str:
+        names = self.src.mesh.names
+        where = ",".join(names[m] for m in self.mesh_dims)
+        if self.alias is not None:
+            where = f"{self.alias}={where}"
+        from meshplan.placement import format_placements
+
+        a = format_placements(
+            [self.src.placements[m] for m in self.mesh_dims], _orders_for(self.src, self.mesh_dims)
+        )
+        b = format_placements(
+            [self.dst.placements[m] for m in self.mesh_dims], _orders_for(self.dst, self.mesh_dims)
+        )
+        scale = f" /{self.avg_scale}" if self.avg_scale != 1 else ""
+        return f"{self.collective or 'local'}[{where}]: {a} -> {b}{scale}"
+
+    def __repr__(self) -> str:
+        return (
+            f"Step(mesh_dims={self.mesh_dims!r}, src={self.src!r}, dst={self.dst!r}, "
+            f"collective={self.collective!r}, alias={self.alias!r})"
+        )
+
+
+def _avg_scale(step: Step) -> int:
+    """Divisor of a sum-reduction that also covers Partial("avg") dims (1 otherwise)."""
+    if step.collective not in ("all_reduce", "reduce_scatter"):
+        return 1
+    scale = 1
+    for m in step.mesh_dims:
+        p = step.src.placements[m]
+        if getattr(p, "op", None) == "avg":
+            scale *= step.src.mesh.shape[m]
+    return scale
+
+
+def reduce_op(step: Step) -> str:
+    """The reduction a reducing step performs: "sum" (then divide by ``avg_scale``), "max", "min"."""
+    ops = {getattr(step.src.placements[m], "op", None) for m in step.mesh_dims}
+    if None in ops:
+        raise PlanError(
+            f"{step.collective} step {step} reduces over a mesh dim that is not Partial",
+            value=step,
+        )
+    if ops <= {"sum", "avg"}:
+        return "sum"
+    if len(ops) > 1:
+        raise PlanError(f"step {step} mixes Partial ops {sorted(ops)!r}", value=step)
+    return ops.pop()
+
+
+def _orders_for(spec: Spec, dims: tuple[int, ...]) -> dict[int, tuple[int, ...]]:
+    # Shard orders restricted to the step's dims, renumbered to positions in `dims`.
+    out = {}
+    for d, order in spec.shard_order.items():
+        inside = tuple(dims.index(m) for m in order if m in dims)
+        if len(inside) == len(order):
+            out[d] = inside
+    return out
+
+
+@attrs.frozen(repr=False, cache_hash=True)
+class Plan:
+    """A sequence of steps turning ``src`` into ``dst`` (each step's dst is the next's src).
+
+    >>> from meshplan.layout import Mesh
+    >>> from meshplan.placement import Replicate, Shard
+    >>> mesh = Mesh.create(2)
+    >>> a, b = Spec(mesh, [Shard(0)], (4,)), Spec(mesh, [Replicate()], (4,))
+    >>> p = Plan(a, b, (Step(0, a, b, "all_gather"),))
+    >>> len(p), p.collectives
+    (1, ('all_gather',))
+    """
+
+    src: Spec
+    dst: Spec
+    steps: tuple[Step, ...] = attrs.field(converter=tuple)
+
+    def __attrs_post_init__(self) -> None:
+        cur = self.src
+        for i, step in enumerate(self.steps):
+            if step.src != cur:
+                raise PlanError(
+                    f"step {i} ({step}) starts from {step.src}, but the plan is at {cur}",
+                    value=self,
+                )
+            cur = step.dst
+        if cur != self.dst:
+            raise PlanError(f"plan ends at {cur}, not at its target {self.dst}", value=self)
+
+    def __len__(self) -> int:
+        return len(self.steps)
+
+    def __iter__(self):
+        return iter(self.steps)
+
+    @property
+    def collectives(self) -> tuple[str, ...]:
+        """The collectives the plan issues, in order (local steps left out)."""
+        return tuple(s.collective for s in self.steps if s.collective is not None)
+
+    def __str__(self) -> str:
+        head = f"Plan {self.src} -> {self.dst}"
+        if not self.steps:
+            return head + ": nothing to do"
+        return head + "\n" + "\n".join(f"  {i}. {s}" for i, s in enumerate(self.steps))
+
+    def __repr__(self) -> str:
+        return f"Plan(src={self.src!r}, dst={self.dst!r}, steps={self.steps!r})"
