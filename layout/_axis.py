@@ -12,6 +12,7 @@ equal. A size-1 axis has no modes at all.
 from __future__ import annotations
 
 import math
+import operator
 from collections.abc import Iterable, Iterator, Sequence
 from itertools import product
 
@@ -25,9 +26,14 @@ Mode = tuple[int, int]  # (size, stride)
 
 
 def _int_tuple(value: Iterable[int] | int) -> tuple[int, ...]:
-    if isinstance(value, int):
-        return (value,)
-    return tuple(int(v) for v in value)
+    try:
+        if isinstance(value, int):
+            return (operator.index(value),)
+        return tuple(operator.index(v) for v in value)
+    except TypeError:
+        raise MeshError(
+            f"layout sizes and strides are ints or tuples of ints, got {value!r}", value=value
+        ) from None
 
 
 def coalesce(modes: Iterable[Mode]) -> tuple[Mode, ...]:
@@ -197,24 +203,33 @@ def complement(modes: Iterable[Mode], world: int) -> Axis:
     >>> complement([(2, 4), (2, 1)], 8)
     Axis(sizes=(2,), strides=(2,))
     """
+    modes = tuple(modes)
+    if isinstance(world, bool) or not isinstance(world, int) or world < 1:
+        raise MeshError(f"world size must be an int >= 1, got {world!r}", value=world)
     live = sorted((d, s) for s, d in modes if s > 1)
     out: list[Mode] = []
     current = 1
     for stride, size in live:
+        if stride == 0:
+            raise MeshError(
+                f"layout modes {modes!r} overlap: a mode of size {size} has stride 0, so "
+                "all its indices name one rank; a mesh dim must not repeat ranks",
+                value=modes,
+            )
         if stride % current != 0:
             raise MeshError(
-                f"layout modes {tuple(modes)!r} overlap or interleave (stride {stride} is not "
+                f"layout modes {modes!r} overlap or interleave (stride {stride} is not "
                 f"a multiple of {current}); a mesh dim must tile the world without overlap",
-                value=tuple(modes),
+                value=modes,
             )
         if stride > current:
             out.append((stride // current, current))
         current = stride * size
     if world % current != 0:
         raise MeshError(
-            f"layout modes {tuple(modes)!r} span {current} ranks, which does not divide the "
+            f"layout modes {modes!r} span {current} ranks, which does not divide the "
             f"world of {world}; pick sizes whose product divides the world size",
-            value=tuple(modes),
+            value=modes,
         )
     if world > current:
         out.append((world // current, current))

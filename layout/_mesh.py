@@ -1,10 +1,10 @@
-"""The :class:`Mesh` value: a layout over a rank map, with names and flattened aliases."""
+"""The :class:`Mesh` value: a layout over a rank map, with dim names and flattened aliases."""
 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
+import operator
+from collections.abc import Iterable, Sequence
 
 import attrs
 
@@ -12,20 +12,15 @@ from meshplan.errors import MeshError
 
 from ._axis import Axis, MeshLayout, complement, compose, row_major_strides
 from ._frozen import FrozenMap, frozen_map
+from ._ranks import RankMap, index_of, rank_map, short_repr
 
 __all__ = ["Mesh", "flatten", "unflatten", "DimKey"]
 
 DimKey = int | str
-RankMap = range | tuple[int, ...]
+Dims = DimKey | Sequence[DimKey] | slice | None
 
 
-def _rank_map(value: Iterable[int]) -> RankMap:
-    if isinstance(value, range):
-        return value
-    return tuple(int(r) for r in value)
-
-
-def _names(value: Iterable[str]) -> tuple[str, ...]:
+def _names(value: Iterable[str] | str) -> tuple[str, ...]:
     if isinstance(value, str):
         return (value,)
     return tuple(value)
@@ -40,6 +35,9 @@ class Mesh:
     the whole family of such submeshes (``groups()`` lists them all);
     :meth:`submesh` picks the one instance containing a given rank.
 
+    The rank map is canonical (:func:`~meshplan.layout._ranks.rank_map`): progressions
+    are stored as a ``range``, so equal meshes compare equal however they were built.
+
     >>> mesh = Mesh.create((2, 2, 2), names=("a", "b", "c"))
     >>> mesh["a", "c"].groups()
     ((0, 1, 4, 5), (2, 3, 6, 7))
@@ -53,13 +51,10 @@ class Mesh:
     """
 
     layout: MeshLayout
-    ranks: RankMap = attrs.field(converter=_rank_map)
+    ranks: RankMap = attrs.field(converter=rank_map)
     names: tuple[str, ...] = attrs.field(converter=_names)
     aliases: FrozenMap[str, Axis] = attrs.field(converter=frozen_map, factory=FrozenMap)
     device_type: str = "cpu"
-    _inverse: dict[int, int] | None = attrs.field(
-        default=None, init=False, eq=False, hash=False, repr=False
-    )
 
     def __attrs_post_init__(self) -> None:
         if not isinstance(self.layout, MeshLayout):
@@ -67,12 +62,16 @@ class Mesh:
         ndim = self.layout.ndim
         if len(self.names) != ndim:
             raise MeshError(
-                f"mesh of shape {self.layout.shape} needs {ndim} names, got {self.names!r}",
+                f"mesh of shape {self.layout.shape} needs {ndim} dim names, got "
+                f"{len(self.names)}: {self.names!r}; give one name per dim",
                 value=self.names,
             )
         for n in self.names:
             if not isinstance(n, str) or not n:
-                raise MeshError(f"mesh dim names must be non-empty strings, got {n!r}", value=n)
+                raise MeshError(
+                    f"mesh dim names must be non-empty strings, got {n!r} in {self.names!r}",
+                    value=n,
+                )
         if len(set(self.names)) != len(self.names):
             dup = sorted({n for n in self.names if self.names.count(n) > 1})
             raise MeshError(
@@ -80,37 +79,47 @@ class Mesh:
                 value=self.names,
             )
         world = len(self.ranks)
-        if isinstance(self.ranks, tuple):
-            if len(set(self.ranks)) != world:
-                seen: set[int] = set()
-                dup = next(r for r in self.ranks if r in seen or seen.add(r))
-                raise MeshError(
-                    f"rank map repeats rank {dup}; every rank may appear once", value=self.ranks
-                )
-            if any(r < 0 for r in self.ranks):
-                raise MeshError(f"rank map holds a negative rank: {self.ranks!r}", value=self.ranks)
-        elif world and (self.ranks.start < 0 or self.ranks.stop < 0 and self.ranks.step > 0):
-            raise MeshError(f"rank map holds a negative rank: {self.ranks!r}", value=self.ranks)
-        modes = self.layout.modes()
         if not self.layout.is_injective():
             raise MeshError(
                 f"mesh layout {self.layout} overlaps: two coordinates name the same rank; "
                 "mesh dims must not share ranks",
                 value=self.layout,
             )
-        complement(modes, world)  # raises if the layout does not tile the rank map
+        try:
+            complement(self.layout.modes(), world)
+        except MeshError:
+            raise MeshError(
+                f"mesh layout {self.layout} does not tile the {world} ranks of the rank map "
+                f"{short_repr(self.ranks)}: its dims must cover the map in whole instances "
+                f"without interleaving; pass a rank map whose length is a multiple of "
+                f"{self.layout.numel()} (or a layout built by slicing a mesh over it)",
+                value=self.layout,
+            ) from None
         for alias, axis in self.aliases.items():
+            if not isinstance(alias, str) or not alias:
+                raise MeshError(f"alias names must be non-empty strings, got {alias!r}", value=alias)
             if not isinstance(axis, Axis):
                 raise MeshError(f"alias {alias!r} must map to an Axis, got {axis!r}", value=axis)
             if alias in self.names:
                 raise MeshError(
                     f"alias {alias!r} clashes with a mesh dim name of {self.names!r}; "
-                    "pick another name",
+                    "pick another alias or dim name",
                     value=alias,
                 )
             if not axis.is_injective():
-                raise MeshError(f"alias {alias!r} layout {axis} overlaps itself", value=axis)
-            complement(axis.modes, world)
+                raise MeshError(
+                    f"alias {alias!r} has the overlapping layout {axis}; an alias must not "
+                    "name a rank twice",
+                    value=axis,
+                )
+            try:
+                complement(axis.modes, world)
+            except MeshError:
+                raise MeshError(
+                    f"alias {alias!r} has the layout {axis}, which does not tile the "
+                    f"{world} ranks of the rank map; flatten dims of this mesh instead",
+                    value=axis,
+                ) from None
 
     # -- construction -----------------------------------------------------------------
 
@@ -118,7 +127,7 @@ class Mesh:
     def create(
         cls,
         shape: Sequence[int] | int,
-        names: Sequence[str] | None = None,
+        names: Sequence[str] | str | None = None,
         ranks: Iterable[int] | None = None,
         device_type: str = "cpu",
     ) -> Mesh:
@@ -128,28 +137,26 @@ class Mesh:
 
         >>> Mesh.create((2, 3), ("dp", "tp"), ranks=range(6, 12)).groups("tp")
         ((6, 7, 8), (9, 10, 11))
+        >>> Mesh.create(4, "x", ranks=[3, 1, 2, 0]).ranks
+        (3, 1, 2, 0)
         """
         shape = (shape,) if isinstance(shape, int) else tuple(shape)
         for s in shape:
-            if not isinstance(s, int) or s < 1:
+            if isinstance(s, bool) or not isinstance(s, int) or s < 1:
                 raise MeshError(
                     f"mesh shape {shape!r} has size {s!r}; every size must be an int >= 1",
                     value=shape,
                 )
         numel = math.prod(shape)
-        if names is None:
-            names = tuple(f"d{i}" for i in range(len(shape)))
-        if ranks is None:
-            ranks = range(numel)
-        ranks = _rank_map(ranks)
+        names = tuple(f"d{i}" for i in range(len(shape))) if names is None else _names(names)
+        ranks = range(numel) if ranks is None else rank_map(ranks)
         if len(ranks) != numel:
             raise MeshError(
-                f"rank map has {len(ranks)} ranks but mesh shape {shape!r} needs {numel}; "
-                "pass exactly prod(shape) ranks",
+                f"rank map {short_repr(ranks)} has {len(ranks)} ranks but mesh shape "
+                f"{shape!r} needs {numel}; pass exactly prod(shape) ranks",
                 value=ranks,
             )
-        layout = MeshLayout(Axis.of((s,), (d,)) for s, d in zip(shape, row_major_strides(shape)))
-        return cls(layout, ranks, tuple(names), FrozenMap(), device_type)
+        return cls(MeshLayout.row_major(shape), ranks, names, FrozenMap(), device_type)
 
     # -- intrinsic facts --------------------------------------------------------------
 
@@ -167,27 +174,45 @@ class Mesh:
         return len(self.ranks)
 
     def size(self, dim: DimKey | None = None) -> int:
-        """Number of ranks in one instance of this mesh, or along ``dim``."""
+        """Number of ranks in one instance of this mesh, or along ``dim`` (or alias)."""
         if dim is None:
             return self.layout.numel()
         return self.axis(dim).size()
 
     def dim_index(self, dim: DimKey) -> int:
-        """The index of a mesh dim given by name or (possibly negative) index."""
-        if isinstance(dim, bool) or not isinstance(dim, int | str):
-            raise MeshError(f"mesh dims are names or ints, got {dim!r}", value=dim)
+        """The index of a mesh dim given by name or (possibly negative) index.
+
+        >>> Mesh.create((2, 4), ("dp", "tp")).dim_index("tp"), Mesh.create((2, 4)).dim_index(-2)
+        (1, 0)
+        """
         if isinstance(dim, str):
             if dim not in self.names:
-                hint = " (an alias: slice it with mesh[name])" if dim in self.aliases else ""
+                hint = (
+                    f" ({dim!r} is a flattened alias: slice it with mesh[{dim!r}] first)"
+                    if dim in self.aliases
+                    else ""
+                )
                 raise MeshError(
-                    f"unknown mesh dim {dim!r}{hint}; known dims are {self.names!r}", value=dim
+                    f"unknown mesh dim {dim!r}{hint}; the dims are {self.names!r}"
+                    + (f" and the aliases {tuple(self.aliases)!r}" if self.aliases else ""),
+                    value=dim,
                 )
             return self.names.index(dim)
-        if not -self.ndim <= dim < self.ndim:
+        try:
+            if isinstance(dim, bool):
+                raise TypeError
+            i = operator.index(dim)
+        except TypeError:
             raise MeshError(
-                f"mesh dim {dim} out of range for a {self.ndim}-D mesh {self.names!r}", value=dim
+                f"mesh dims are names or ints, got {dim!r}; use one of {self.names!r}", value=dim
+            ) from None
+        if not -self.ndim <= i < self.ndim:
+            raise MeshError(
+                f"mesh dim {i} is out of range for the {self.ndim}-D mesh {self.names!r}; "
+                f"use an index in [{-self.ndim}, {self.ndim})",
+                value=dim,
             )
-        return dim % self.ndim
+        return i % self.ndim
 
     def axis(self, dim: DimKey) -> Axis:
         """The layout of one mesh dim or alias."""
@@ -195,11 +220,14 @@ class Mesh:
             return self.aliases[dim]
         return self.layout.axes[self.dim_index(dim)]
 
-    def _resolve(self, dims: DimKey | Sequence[DimKey] | None) -> tuple[tuple[str, Axis], ...]:
+    def _resolve(self, dims: Dims) -> tuple[tuple[str, Axis], ...]:
         if dims is None:
             return tuple(zip(self.names, self.layout.axes, strict=True))
-        if isinstance(dims, int | str):
+        if isinstance(dims, slice):
+            dims = range(self.ndim)[dims]
+        elif isinstance(dims, str) or not isinstance(dims, Iterable):
             dims = (dims,)
+        dims = tuple(dims)
         out = []
         for d in dims:
             if isinstance(d, str) and d in self.aliases:
@@ -209,15 +237,18 @@ class Mesh:
                 out.append((self.names[i], self.layout.axes[i]))
         names = [n for n, _ in out]
         if len(set(names)) != len(names):
+            dup = next(n for n in names if names.count(n) > 1)
             raise MeshError(
-                f"mesh dims {tuple(dims)!r} name a dim twice; each dim may appear once",
-                value=tuple(dims),
+                f"mesh dims {dims!r} name dim {dup!r} twice; each dim may appear once",
+                value=dims,
             )
         if not Axis.from_modes(m for _, a in out for m in a.modes).is_injective():
+            a, b = _overlapping_pair(out)
             raise MeshError(
-                f"mesh dims {tuple(dims)!r} overlap (an alias and one of its dims?); "
-                "choose dims that share no ranks",
-                value=tuple(dims),
+                f"mesh dims {dims!r} cannot be combined: {a!r} ({self.axis(a)}) and {b!r} "
+                f"({self.axis(b)}) share ranks (an alias and a dim it flattens?); pick dims "
+                "that share no ranks, e.g. the alias or its dims but not both",
+                value=dims,
             )
         return tuple(out)
 
@@ -236,62 +267,102 @@ class Mesh:
 
     # -- slicing and flattening -------------------------------------------------------
 
-    def __getitem__(self, dims: DimKey | Sequence[DimKey]) -> Mesh:
-        """The submesh family along ``dims`` (names, indices or aliases, any order)."""
+    def __getitem__(self, dims: Dims) -> Mesh:
+        """The submesh family along ``dims``: names, indices or aliases, in any order.
+
+        Keeps the rank map and every alias that lies within the chosen dims.
+
+        >>> m = Mesh.create((2, 3, 4), ("a", "b", "c"))
+        >>> m["c", "a"].shape, m[1:].names, m[-1].groups()[:2]
+        ((4, 2), ('b', 'c'), ((0, 1, 2, 3), (4, 5, 6, 7)))
+        """
         chosen = self._resolve(dims)
         layout = MeshLayout(a for _, a in chosen)
-        kept = {n: a for n, a in self.aliases.items() if n not in {c for c, _ in chosen}}
-        kept = {n: a for n, a in kept.items() if _contained(a, layout)}
+        taken = {c for c, _ in chosen}
+        kept = {
+            n: a for n, a in self.aliases.items() if n not in taken and _contained(a, layout)
+        }
         return Mesh(layout, self.ranks, tuple(n for n, _ in chosen), kept, self.device_type)
 
-    def flatten(self, dims: Sequence[DimKey] | None = None, name: str | None = None) -> Mesh:
+    def flatten(self, dims: Dims = None, name: str | None = None) -> Mesh:
         """This mesh with ``name`` registered as the flattened alias of ``dims``.
 
-        Adjacent or not, in the order given. Pure: ``self`` is unchanged. ``mesh[name]``
-        is then the 1-D flattened mesh.
+        Adjacent or not, in the order given (default: every dim, named by joining the
+        dim names with ``_``). Pure: ``self`` is unchanged. ``mesh[name]`` is then the
+        1-D flattened mesh, and it can be sliced together with the remaining dims.
+
+        >>> m = Mesh.create((2, 2, 2), ("a", "b", "c")).flatten(("a", "c"))
+        >>> m.aliases["a_c"], m["b", "a_c"].groups()
+        (Axis(sizes=(2, 2), strides=(4, 1)), ((0, 1, 4, 5, 2, 3, 6, 7),))
         """
         chosen = self._resolve(dims)
         if name is None:
             name = "_".join(n for n, _ in chosen)
         if not isinstance(name, str) or not name:
-            raise MeshError(f"alias names must be non-empty strings, got {name!r}", value=name)
+            raise MeshError(
+                f"alias names must be non-empty strings, got {name!r}; pass name='...'",
+                value=name,
+            )
         axis = Axis.from_modes(m for _, a in chosen for m in a.modes)
         if name in self.names:
             if len(chosen) == 1 and chosen[0][0] == name:
                 return self
             raise MeshError(
-                f"alias {name!r} clashes with mesh dim {name!r}; pick another alias name",
+                f"alias {name!r} clashes with mesh dim {name!r} of {self.names!r}; "
+                "pick another alias name",
                 value=name,
             )
         if name in self.aliases:
             if self.aliases[name] == axis:
                 return self
             raise MeshError(
-                f"alias {name!r} already flattens {self.aliases[name]}, not {axis}; "
-                "pick another alias name",
+                f"alias {name!r} already flattens {self.aliases[name]}, not {axis} "
+                f"(dims {tuple(n for n, _ in chosen)!r}); pick another alias name",
                 value=name,
             )
         return attrs.evolve(self, aliases=self.aliases.set(name, axis))
 
-    def unflatten(self, dim: DimKey, sizes: Sequence[int], names: Sequence[str]) -> Mesh:
-        """Split mesh dim ``dim`` into dims of ``sizes`` (row-major) named ``names``."""
+    def unflatten(self, dim: DimKey, sizes: Sequence[int], names: Sequence[str] | str) -> Mesh:
+        """Split mesh dim ``dim`` into dims of ``sizes`` (row-major) named ``names``.
+
+        >>> m = Mesh.create((2, 8), ("dp", "x")).unflatten("x", (2, 4), ("cp", "tp"))
+        >>> m.shape, m.names, m.group_of(0, "cp")
+        ((2, 2, 4), ('dp', 'cp', 'tp'), (0, 4))
+        """
         i = self.dim_index(dim)
         sizes, names = tuple(sizes), _names(names)
         if len(sizes) != len(names):
             raise MeshError(
-                f"unflatten got {len(sizes)} sizes {sizes!r} but {len(names)} names {names!r}",
+                f"unflatten got {len(sizes)} sizes {sizes!r} but {len(names)} names "
+                f"{names!r}; give one name per size",
                 value=(sizes, names),
             )
         axis = self.layout.axes[i]
-        if any(not isinstance(s, int) or s < 1 for s in sizes) or math.prod(sizes) != axis.size():
+        for s in sizes:
+            if isinstance(s, bool) or not isinstance(s, int) or s < 1:
+                raise MeshError(
+                    f"unflatten sizes {sizes!r} hold {s!r}; sizes must be ints >= 1",
+                    value=sizes,
+                )
+        if math.prod(sizes) != axis.size():
             raise MeshError(
                 f"unflatten sizes {sizes!r} multiply to {math.prod(sizes)}, but dim "
                 f"{self.names[i]!r} has size {axis.size()}; give sizes whose product is "
                 f"{axis.size()}",
                 value=sizes,
             )
-        inner = row_major_strides(sizes)
-        parts = tuple(compose(axis, Axis.of((s,), (d,))) for s, d in zip(sizes, inner))
+        try:
+            parts = tuple(
+                compose(axis, Axis.of((s,), (d,)))
+                for s, d in zip(sizes, row_major_strides(sizes), strict=True)
+            )
+        except MeshError:
+            raise MeshError(
+                f"cannot unflatten dim {self.names[i]!r} (layout {axis}, a flattening of "
+                f"non-adjacent dims) into sizes {sizes!r}: the sizes do not split its modes "
+                f"{axis.sizes!r} evenly; choose sizes that divide them, e.g. {axis.sizes!r}",
+                value=sizes,
+            ) from None
         axes = self.layout.axes[:i] + parts + self.layout.axes[i + 1 :]
         new_names = self.names[:i] + names + self.names[i + 1 :]
         return Mesh(MeshLayout(axes), self.ranks, new_names, self.aliases, self.device_type)
@@ -299,83 +370,92 @@ class Mesh:
     # -- ranks, coordinates, groups ---------------------------------------------------
 
     def _index_of(self, rank: int) -> int | None:
-        ranks = self.ranks
-        if isinstance(ranks, range):
-            if rank in ranks:
-                return (rank - ranks.start) // ranks.step
-            return None
-        inv = self._inverse
-        if inv is None:
-            inv = {r: i for i, r in enumerate(ranks)}
-            object.__setattr__(self, "_inverse", inv)
-        return inv.get(rank)
+        try:
+            if isinstance(rank, bool):
+                raise TypeError
+            rank = operator.index(rank)
+        except TypeError:
+            raise MeshError(f"ranks are ints, got {rank!r}", value=rank) from None
+        return index_of(self.ranks, rank)
 
-    def _digits(self, index: int, axis: Axis) -> int:
-        coord = 0
-        for size, stride in axis.modes:
-            coord = coord * size + (index // stride) % size
-        return coord
-
-    def _base(self, index: int, axes: Iterable[Axis]) -> int:
-        for axis in axes:
-            for size, stride in axis.modes:
-                index -= ((index // stride) % size) * stride
+    def _require(self, rank: int) -> int:
+        index = self._index_of(rank)
+        if index is None:
+            raise MeshError(
+                f"rank {rank!r} is not in this mesh's rank map {short_repr(self.ranks)}; "
+                "pass a rank of the mesh",
+                value=rank,
+            )
         return index
 
     def contains(self, rank: int) -> bool:
-        """True when ``rank`` is in some instance of this mesh."""
+        """True when ``rank`` is in some instance of this mesh.
+
+        >>> Mesh.create(4, ranks=range(4, 8)).contains(2)
+        False
+        """
         return self._index_of(rank) is not None
 
     def coordinate(self, rank: int) -> tuple[int, ...] | None:
         """The mesh coordinate of ``rank`` (within its instance), or None if absent.
 
         Costs time proportional to the number of mesh dims, not the world.
+
+        >>> Mesh.create((2, 3)).coordinate(4), Mesh.create((2, 3)).coordinate(6)
+        ((1, 1), None)
         """
         index = self._index_of(rank)
         if index is None:
             return None
-        return tuple(self._digits(index, a) for a in self.layout.axes)
+        return tuple(_digits(index, a) for a in self.layout.axes)
 
     def rank_at(self, coordinate: Sequence[int], *, at: int | None = None) -> int:
-        """The rank at ``coordinate`` in the instance containing ``at`` (default: first)."""
+        """The rank at ``coordinate`` in the instance containing ``at`` (default: first).
+
+        >>> m = Mesh.create((2, 4), ("dp", "tp"))
+        >>> m.rank_at((1, 2)), m["dp"].rank_at((1,), at=3)
+        (6, 7)
+        """
         coordinate = tuple(coordinate)
         if len(coordinate) != self.ndim or any(
-            not 0 <= c < s for c, s in zip(coordinate, self.shape, strict=True)
+            isinstance(c, bool) or not isinstance(c, int) or not 0 <= c < s
+            for c, s in zip(coordinate, self.shape, strict=True)
         ):
             raise MeshError(
-                f"coordinate {coordinate!r} is outside mesh shape {self.shape!r}",
+                f"coordinate {coordinate!r} is outside mesh shape {self.shape!r}; give one "
+                "int per dim with 0 <= c < size",
                 value=coordinate,
             )
-        base = 0 if at is None else self._base(self._require(at), self.layout.axes)
+        base = 0 if at is None else _base(self._require(at), self.layout.axes)
         return self.ranks[
             base + sum(a.offset(c) for a, c in zip(self.layout.axes, coordinate, strict=True))
         ]
 
-    def _require(self, rank: int) -> int:
-        index = self._index_of(rank)
-        if index is None:
-            raise MeshError(f"rank {rank} is not in this mesh's rank map", value=rank)
-        return index
-
-    def group_of(self, rank: int, dims: DimKey | Sequence[DimKey] | None = None) -> tuple[int, ...]:
+    def group_of(self, rank: int, dims: Dims = None) -> tuple[int, ...]:
         """The ranks along ``dims`` that share every other coordinate with ``rank``.
 
         Ordered by coordinate along ``dims`` (last fastest); time and memory are
         proportional to the group, not the world.
+
+        >>> Mesh.create((2, 2, 2), ("a", "b", "c")).group_of(5, ("c", "a"))
+        (0, 4, 1, 5)
         """
         chosen = self._resolve(dims)
         index = self._require(rank)
         axes = [a for _, a in chosen]
-        base = self._base(index, axes)
+        base = _base(index, axes)
         offsets = Axis.from_modes(m for a in axes for m in a.modes).offsets()
         ranks = self.ranks
         return tuple(ranks[base + o] for o in offsets)
 
-    def groups(self, dims: DimKey | Sequence[DimKey] | None = None) -> tuple[tuple[int, ...], ...]:
+    def groups(self, dims: Dims = None) -> tuple[tuple[int, ...], ...]:
         """Every rank group along ``dims``: the process groups to create for them.
 
         Groups are ordered by the coordinates of the remaining offsets (row-major),
         each group by coordinate along ``dims``.
+
+        >>> Mesh.create((2, 3), ("dp", "tp")).groups("dp")
+        ((0, 3), (1, 4), (2, 5))
         """
         chosen = self._resolve(dims)
         sub = Axis.from_modes(m for _, a in chosen for m in a.modes)
@@ -386,16 +466,28 @@ class Mesh:
             for base in complement(sub.modes, len(ranks)).offsets()
         )
 
-    def submesh(self, dims: DimKey | Sequence[DimKey] | None = None, *, at: int) -> Mesh:
+    def submesh(self, dims: Dims = None, *, at: int) -> Mesh:
         """The one instance of ``self[dims]`` that contains rank ``at``, as its own mesh.
 
-        >>> Mesh.create((2, 4), ("dp", "tp")).submesh("dp", at=6)
-        Mesh(layout=MeshLayout(axes=(Axis(sizes=(2,), strides=(1,)),)), ranks=(2, 6), names=('dp',))
+        Its rank map is that instance's ranks; aliases within ``dims`` are kept. Time and
+        memory are proportional to the instance, not the world.
+
+        >>> m = Mesh.create((2, 2, 2), ("a", "b", "c")).flatten(("a", "c"), "ac")
+        >>> sub = m.submesh(("a", "c"), at=6)
+        >>> sub.ranks, sub["ac"].groups()
+        ((2, 3, 6, 7), ((2, 3, 6, 7),))
         """
-        chosen = self._resolve(dims)
-        group = self.group_of(at, [n for n, _ in chosen])
-        shape = tuple(a.size() for _, a in chosen)
-        return Mesh.create(shape, tuple(n for n, _ in chosen), group, self.device_type)
+        family = self[dims]
+        group = self.group_of(at, family.names)
+        collapsed = family.layout.collapse()
+        aliases = {}
+        for name, axis in family.aliases.items():
+            moved = _reindex(axis, collapsed)
+            if moved is not None:
+                aliases[name] = moved
+        return Mesh(
+            MeshLayout.row_major(family.shape), group, family.names, aliases, self.device_type
+        )
 
     # -- printing ---------------------------------------------------------------------
 
@@ -409,17 +501,32 @@ class Mesh:
             extra += f", aliases={dict(self.aliases)!r}"
         if self.device_type != "cpu":
             extra += f", device_type={self.device_type!r}"
-        return (
-            f"Mesh(layout={self.layout!r}, ranks={self.ranks!r}, names={self.names!r}{extra})"
-        )
+        ranks = tuple(self.ranks) if not isinstance(self.ranks, range) else self.ranks
+        return f"Mesh(layout={self.layout!r}, ranks={ranks!r}, names={self.names!r}{extra})"
 
-    def __getstate__(self) -> dict[str, Any]:
-        return {f.name: getattr(self, f.name) for f in attrs.fields(Mesh) if f.init}
 
-    def __setstate__(self, state: Mapping[str, Any]) -> None:
-        for k, v in state.items():
-            object.__setattr__(self, k, v)
-        object.__setattr__(self, "_inverse", None)
+def _digits(index: int, axis: Axis) -> int:
+    """The coordinate of layout offset ``index`` along ``axis`` (row-major over its modes)."""
+    coord = 0
+    for size, stride in axis.modes:
+        coord = coord * size + (index // stride) % size
+    return coord
+
+
+def _base(index: int, axes: Iterable[Axis]) -> int:
+    """``index`` with its digits along ``axes`` zeroed: the offset of its instance's origin."""
+    for axis in axes:
+        for size, stride in axis.modes:
+            index -= ((index // stride) % size) * stride
+    return index
+
+
+def _overlapping_pair(chosen: Sequence[tuple[str, Axis]]) -> tuple[str, str]:
+    for i, (a, x) in enumerate(chosen):
+        for b, y in chosen[i + 1 :]:
+            if not Axis.from_modes(x.modes + y.modes).is_injective():
+                return a, b
+    return chosen[0][0], chosen[-1][0]
 
 
 def _contained(axis: Axis, layout: MeshLayout) -> bool:
@@ -437,11 +544,48 @@ def _contained(axis: Axis, layout: MeshLayout) -> bool:
     return True
 
 
-def flatten(mesh: Mesh, dims: Sequence[DimKey] | None = None, name: str | None = None) -> Mesh:
-    """Module-level form of :meth:`Mesh.flatten`."""
+def _reindex(axis: Axis, sub: Axis) -> Axis | None:
+    """``axis`` (offsets inside the image of injective ``sub``) as a layout of sub's indices.
+
+    Index ``j`` of the result satisfies ``sub.offset(result.offset(j)) == axis.offset(j)``;
+    None when no such layout exists.
+    """
+    table = sorted(zip(sub.strides, sub.sizes, row_major_strides(sub.sizes), strict=True))
+    pieces: list[tuple[int, int]] = []
+    for size, stride in axis.modes:
+        mode_pieces: list[tuple[int, int]] = []  # fastest first
+        rest, pos = size, stride
+        while rest > 1:
+            hit = next(((d, s, n) for d, s, n in table if d <= pos < d * s and pos % d == 0), None)
+            if hit is None:
+                return None
+            d, s, n = hit
+            q = pos // d
+            if rest * q <= s:
+                mode_pieces.append((rest, n * q))
+                break
+            if s % q or rest % (s // q):
+                return None
+            mode_pieces.append((s // q, n * q))
+            rest //= s // q
+            pos = d * s
+        pieces.extend(reversed(mode_pieces))
+    return Axis.from_modes(pieces)
+
+
+def flatten(mesh: Mesh, dims: Dims = None, name: str | None = None) -> Mesh:
+    """Module-level form of :meth:`Mesh.flatten`.
+
+    >>> flatten(Mesh.create((2, 2), ("a", "b")), name="ab")["ab"].groups()
+    ((0, 1, 2, 3),)
+    """
     return mesh.flatten(dims, name)
 
 
-def unflatten(mesh: Mesh, dim: DimKey, sizes: Sequence[int], names: Sequence[str]) -> Mesh:
-    """Module-level form of :meth:`Mesh.unflatten`."""
+def unflatten(mesh: Mesh, dim: DimKey, sizes: Sequence[int], names: Sequence[str] | str) -> Mesh:
+    """Module-level form of :meth:`Mesh.unflatten`.
+
+    >>> unflatten(Mesh.create(4, "x"), "x", (2, 2), ("a", "b")).groups("a")
+    ((0, 2), (1, 3))
+    """
     return mesh.unflatten(dim, sizes, names)

@@ -1,1 +1,16 @@
-"""placeholder"""
+"""meshplan.testing — hypothesis strategies for meshplan values, for your own test suites.
+
+Strategies draw valid values (meshes, dim choices, ...) and shrink towards small,
+readable ones; they never touch torch.distributed.
+
+>>> from hypothesis import given
+>>> from meshplan.testing import meshes
+>>> @given(meshes(max_dims=2))
+... def test_groups_cover_the_mesh(mesh):
+...     assert sum(map(len, mesh.groups())) == mesh.world_size
+>>> test_groups_cover_the_mesh()
+"""
+
+from ._mesh import mesh_dims, meshes
+
+__all__ = ["mesh_dims", "meshes"]

@@ -1,0 +1,144 @@
+"""Rank maps: the global rank stored at each layout offset of a mesh.
+
+A rank map is validated once (distinct, non-negative ints) and kept in canonical
+form: an arithmetic progression is a :class:`range` (so ``Mesh.create((4,))`` and
+``Mesh.create((4,), ranks=[0, 1, 2, 3])`` compare equal, and the default map costs
+O(1) memory), anything else a :class:`RankTuple` that caches its hash and inverse.
+Meshes derived by slicing or flattening share the same validated map.
+"""
+
+from __future__ import annotations
+
+import operator
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from meshplan.errors import MeshError
+
+__all__ = ["RankMap", "RankTuple", "rank_map", "index_of", "short_repr"]
+
+
+class RankTuple(tuple):
+    """A validated rank map that is not a progression: a tuple with a cached inverse.
+
+    >>> r = rank_map([3, 0, 2, 1])
+    >>> r, type(r).__name__, index_of(r, 2), index_of(r, 9)
+    ((3, 0, 2, 1), 'RankTuple', 2, None)
+    """
+
+    def _inverse(self) -> dict[int, int]:
+        inv = self.__dict__.get("_inv")
+        if inv is None:
+            inv = {r: i for i, r in enumerate(self)}
+            self.__dict__["_inv"] = inv
+        return inv
+
+    def __hash__(self) -> int:
+        h = self.__dict__.get("_hash")
+        if h is None:
+            h = super().__hash__()
+            self.__dict__["_hash"] = h
+        return h
+
+    def __reduce__(self):
+        return (RankTuple, (tuple(self),))
+
+
+RankMap = range | RankTuple
+
+
+def short_repr(seq: Sequence[Any], limit: int = 12) -> str:
+    """``repr`` of a sequence, eliding the middle of long ones.
+
+    >>> short_repr(range(100)), short_repr(tuple(range(20)), limit=4)
+    ('range(0, 100)', '(0, 1, ..., 18, 19) (20 items)')
+    """
+    if isinstance(seq, range) or len(seq) <= limit:
+        return repr(tuple(seq) if isinstance(seq, RankTuple) else seq)
+    half = limit // 2
+    head = ", ".join(map(repr, seq[:half]))
+    tail = ", ".join(map(repr, seq[-half:]))
+    return f"({head}, ..., {tail}) ({len(seq)} items)"
+
+
+def rank_map(value: Iterable[int]) -> RankMap:
+    """Validate and canonicalize a rank map (idempotent; an attrs converter).
+
+    >>> rank_map([4, 5, 6, 7]), rank_map((6, 4, 2)), rank_map(range(8))
+    (range(4, 8), range(6, 0, -2), range(0, 8))
+    """
+    if isinstance(value, RankTuple):
+        return value
+    if isinstance(value, range):
+        _check_range(value)
+        return value
+    if isinstance(value, str | bytes) or not isinstance(value, Iterable):
+        raise MeshError(
+            f"a rank map is a sequence of ints, got {value!r}; pass e.g. range(8) or a list",
+            value=value,
+        )
+    try:
+        ranks = tuple(operator.index(r) for r in value)
+    except TypeError:
+        raise MeshError(
+            f"rank map {value!r} holds a value that is not an int; ranks are ints >= 0",
+            value=value,
+        ) from None
+    if not ranks:
+        raise MeshError("rank map is empty; a mesh needs at least one rank", value=ranks)
+    progression = _as_range(ranks)
+    if progression is not None:
+        _check_range(progression)
+        return progression
+    low = min(ranks)
+    if low < 0:
+        raise MeshError(
+            f"rank map {short_repr(ranks)} holds the negative rank {low}; ranks are ints >= 0",
+            value=ranks,
+        )
+    seen: dict[int, int] = {}
+    for i, r in enumerate(ranks):
+        j = seen.setdefault(r, i)
+        if j != i:
+            raise MeshError(
+                f"rank map {short_repr(ranks)} repeats rank {r} (at positions {j} and {i}); "
+                "every rank may appear once",
+                value=ranks,
+            )
+    out = RankTuple(ranks)
+    out.__dict__["_inv"] = seen
+    return out
+
+
+def _as_range(ranks: tuple[int, ...]) -> range | None:
+    if len(ranks) == 1:
+        return range(ranks[0], ranks[0] + 1)
+    step = ranks[1] - ranks[0]
+    if step == 0:
+        return None
+    for a, b in zip(ranks, ranks[1:]):
+        if b - a != step:
+            return None
+    return range(ranks[0], ranks[-1] + step, step)
+
+
+def _check_range(ranks: range) -> None:
+    if len(ranks) == 0:
+        raise MeshError(
+            f"rank map {ranks!r} is empty; a mesh needs at least one rank", value=ranks
+        )
+    low = ranks[0] if ranks.step > 0 else ranks[-1]
+    if low < 0:
+        raise MeshError(
+            f"rank map {ranks!r} holds the negative rank {low}; ranks are ints >= 0",
+            value=ranks,
+        )
+
+
+def index_of(ranks: RankMap, rank: int) -> int | None:
+    """The layout offset that holds ``rank``, or None (O(1); no world-sized work for ranges)."""
+    if isinstance(ranks, range):
+        if isinstance(rank, int) and rank in ranks:
+            return (rank - ranks.start) // ranks.step
+        return None
+    return ranks._inverse().get(rank)
