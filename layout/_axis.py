@@ -307,7 +307,9 @@ class MeshLayout:
     @classmethod
     def row_major(cls, shape: Sequence[int]) -> MeshLayout:
         shape = tuple(shape)
-        return cls(tuple(Axis.of((s,), (d,)) for s, d in zip(shape, row_major_strides(shape))))
+        return cls(
+            tuple(Axis.of((s,), (d,)) for s, d in zip(shape, row_major_strides(shape), strict=True))
+        )
 
     @property
     def ndim(self) -> int:

@@ -97,7 +97,9 @@ class Mesh:
             ) from None
         for alias, axis in self.aliases.items():
             if not isinstance(alias, str) or not alias:
-                raise MeshError(f"alias names must be non-empty strings, got {alias!r}", value=alias)
+                raise MeshError(
+                    f"alias names must be non-empty strings, got {alias!r}", value=alias
+                )
             if not isinstance(axis, Axis):
                 raise MeshError(f"alias {alias!r} must map to an Axis, got {axis!r}", value=axis)
             if alias in self.names:
@@ -279,9 +281,7 @@ class Mesh:
         chosen = self._resolve(dims)
         layout = MeshLayout(a for _, a in chosen)
         taken = {c for c, _ in chosen}
-        kept = {
-            n: a for n, a in self.aliases.items() if n not in taken and _contained(a, layout)
-        }
+        kept = {n: a for n, a in self.aliases.items() if n not in taken and _contained(a, layout)}
         return Mesh(layout, self.ranks, tuple(n for n, _ in chosen), kept, self.device_type)
 
     def flatten(self, dims: Dims = None, name: str | None = None) -> Mesh:

@@ -116,7 +116,7 @@ def _as_range(ranks: tuple[int, ...]) -> range | None:
     step = ranks[1] - ranks[0]
     if step == 0:
         return None
-    for a, b in zip(ranks, ranks[1:]):
+    for a, b in zip(ranks, ranks[1:], strict=False):
         if b - a != step:
             return None
     return range(ranks[0], ranks[-1] + step, step)
@@ -124,9 +124,7 @@ def _as_range(ranks: tuple[int, ...]) -> range | None:
 
 def _check_range(ranks: range) -> None:
     if len(ranks) == 0:
-        raise MeshError(
-            f"rank map {ranks!r} is empty; a mesh needs at least one rank", value=ranks
-        )
+        raise MeshError(f"rank map {ranks!r} is empty; a mesh needs at least one rank", value=ranks)
     low = ranks[0] if ranks.step > 0 else ranks[-1]
     if low < 0:
         raise MeshError(

@@ -60,10 +60,10 @@ def meshes(
         raise InvalidArgument(f"permuted={permuted!r} must be True, False or None")
     _check_int("max_rank_offset", max_rank_offset, 0)
     _check_int("max_aliases", max_aliases, 0)
-    if max_side ** max_dims > 1 << 16 and permuted is not False:
+    if max_side**max_dims > 1 << 16 and permuted is not False:
         raise InvalidArgument(
             f"max_side={max_side!r} and max_dims={max_dims!r} allow meshes of up to "
-            f"{max_side ** max_dims} ranks, too many to permute; lower them or pass "
+            f"{max_side**max_dims} ranks, too many to permute; lower them or pass "
             "permuted=False"
         )
     return _meshes(min_dims, max_dims, min_side, max_side, permuted, max_rank_offset, max_aliases)
