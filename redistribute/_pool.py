@@ -1,0 +1,461 @@
+"""A long-lived pool of worker processes that share one ``torch.distributed`` world.
+
+Starting a process that imports torch costs seconds; a test suite (or an example, or a
+notebook) that runs many small multi-process checks starts one :class:`WorkerPool` and
+sends it tasks. Every task runs on every rank at once, and ``run`` returns one result per
+rank, ordered by rank.
+
+Workers are forked from a ``forkserver`` that has imported torch once (``spawn`` works
+too, slower), join a world through a ``TCPStore`` served by the parent on 127.0.0.1 (the
+port is chosen by the OS, so there is no port race) and call
+``torch.distributed.init_process_group``. A task is a picklable callable (a module-level
+function: of an installed module, of the main script, or of a test module, because the
+parent's ``sys.path`` travels with every task) plus picklable arguments.
+
+Failures are bounded and loud: a task that raises on some rank, a worker that dies, or a
+task that outlives its timeout ends ``run`` with a :class:`WorkerError` naming each rank's
+fate (the remote traceback included). Such a failure leaves the distributed state of the
+survivors unknown (a rank that skipped a collective desynchronizes every later one), so
+the pool is marked broken and restarts on the next ``run``.
+"""
+
+from __future__ import annotations
+
+import atexit
+import datetime
+import multiprocessing
+import multiprocessing.connection
+import os
+import pickle
+import sys
+import time
+import traceback
+import weakref
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from meshplan.errors import RuntimeShellError
+
+__all__ = ["WorkerError", "WorkerPool", "RemoteError"]
+
+_HOST = "127.0.0.1"
+_PRELOAD = ["__main__", "torch", "torch.distributed", "meshplan.redistribute._pool"]
+
+
+class WorkerError(RuntimeShellError):
+    """A pool task failed on some ranks: it raised, its worker died, or it timed out.
+
+    ``errors`` maps each failed rank to its exception (the remote one, re-raised here
+    with the remote traceback as ``__cause__``); ``results`` maps the other ranks to what
+    they returned.
+    """
+
+    def __init__(
+        self, message: str, *, errors: Mapping[int, BaseException], results: Mapping[int, Any]
+    ) -> None:
+        super().__init__(message, value=dict(errors))
+        self.errors = dict(errors)
+        self.results = dict(results)
+
+
+class RemoteError(RuntimeShellError):
+    """Stands for a worker-side exception that could not travel back by pickle."""
+
+
+class _RemoteTraceback(Exception):
+    def __init__(self, rank: int, text: str) -> None:
+        super().__init__(text)
+        self.rank, self.text = rank, text
+
+    def __str__(self) -> str:
+        return f"\n--- traceback on rank {self.rank} ---\n{self.text}"
+
+
+class WorkerDied(RuntimeShellError):
+    """The worker process of a rank exited while running a task."""
+
+
+class TaskTimeout(RuntimeShellError):
+    """A rank did not finish its task within the task timeout."""
+
+
+class WorkerPool:
+    """``world_size`` worker processes in one ``torch.distributed`` world, started lazily.
+
+    ``run(fn, *args, **kwargs)`` calls ``fn(*args, **kwargs)`` on every rank and returns
+    the results in rank order. Nothing starts before the first ``run`` (or ``start``);
+    ``shutdown`` (or leaving a ``with`` block) stops the workers.
+
+    >>> pool = WorkerPool(4, timeout=30)    # nothing is spawned yet
+    >>> pool.world_size, pool.alive, pool.starts
+    (4, False, 0)
+    >>> pool.shutdown()                     # a no-op on a pool that never started
+    """
+
+    def __init__(
+        self,
+        world_size: int,
+        backend: str = "gloo",
+        *,
+        timeout: float = 120.0,
+        start_timeout: float = 180.0,
+        pg_timeout: float = 60.0,
+        death_grace: float = 10.0,
+        start_method: str = "forkserver",
+        threads: int = 1,
+        env: Mapping[str, str] | None = None,
+    ) -> None:
+        if not isinstance(world_size, int) or isinstance(world_size, bool) or world_size < 1:
+            raise RuntimeShellError(
+                f"a worker pool needs world_size >= 1, got {world_size!r}", value=world_size
+            )
+        if start_method not in multiprocessing.get_all_start_methods():
+            raise RuntimeShellError(
+                f"start method {start_method!r} is not available here; use one of "
+                f"{multiprocessing.get_all_start_methods()!r}",
+                value=start_method,
+            )
+        if start_method == "fork":
+            raise RuntimeShellError(
+                "start method 'fork' would copy the parent's torch.distributed state into "
+                "the workers; use 'forkserver' or 'spawn'",
+                value=start_method,
+            )
+        self.world_size = world_size
+        self.backend = backend
+        self.timeout = float(timeout)
+        self.start_timeout = float(start_timeout)
+        self.pg_timeout = float(pg_timeout)
+        self.death_grace = float(death_grace)
+        self.start_method = start_method
+        self.threads = int(threads)
+        self.env = dict(env or {})
+        self.starts = 0
+        self._procs: list[Any] = []
+        self._conns: list[multiprocessing.connection.Connection] = []
+        self._store: Any = None
+        self._broken = False
+        self._tasks = 0
+        atexit.register(_shutdown_ref, weakref.ref(self))
+
+    # -- lifecycle --------------------------------------------------------------------
+
+    @property
+    def alive(self) -> bool:
+        """True when the workers are up and ready for a task."""
+        return bool(self._procs) and not self._broken
+
+    def __enter__(self) -> WorkerPool:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.shutdown()
+
+    def __repr__(self) -> str:
+        state = "alive" if self.alive else ("broken" if self._broken else "stopped")
+        return f"WorkerPool(world_size={self.world_size}, backend={self.backend!r}, {state})"
+
+    def start(self) -> None:
+        """Spawn the workers and wait until every rank has joined the world."""
+        if self.alive:
+            return
+        if self._procs:
+            self._kill()
+        from torch.distributed import TCPStore
+
+        ctx = multiprocessing.get_context(self.start_method)
+        if self.start_method == "forkserver":
+            ctx.set_forkserver_preload(_PRELOAD)
+        store = TCPStore(
+            _HOST,
+            0,
+            self.world_size,
+            is_master=True,
+            wait_for_workers=False,
+            timeout=datetime.timedelta(seconds=self.start_timeout),
+        )
+        config = {
+            "world_size": self.world_size,
+            "backend": self.backend,
+            "host": _HOST,
+            "port": store.port,
+            "pg_timeout": self.pg_timeout,
+            "start_timeout": self.start_timeout,
+            "threads": self.threads,
+            "env": self.env,
+        }
+        procs, conns = [], []
+        for rank in range(self.world_size):
+            parent_end, child_end = ctx.Pipe(duplex=True)
+            proc = ctx.Process(
+                target=_worker_main,
+                args=(rank, config, child_end),
+                name=f"meshplan-worker-{rank}",
+                daemon=True,
+            )
+            proc.start()
+            child_end.close()
+            procs.append(proc)
+            conns.append(parent_end)
+        self._procs, self._conns, self._store = procs, conns, store
+        self._broken = False
+        self.starts += 1
+        outcomes = self._collect(time.monotonic() + self.start_timeout, "start")
+        failed = {r: o for r, o in outcomes.items() if isinstance(o, BaseException)}
+        if failed:
+            self._kill()
+            raise _error(f"starting a {self.world_size}-rank {self.backend} pool", failed, {})
+
+    def restart(self) -> None:
+        """Stop the workers (forcibly) and start fresh ones."""
+        self._kill()
+        self.start()
+
+    def shutdown(self, timeout: float = 10.0) -> None:
+        """Ask the workers to leave the world and exit; kill any that do not."""
+        if not self._procs:
+            return
+        if not self._broken:
+            for conn in self._conns:
+                try:
+                    conn.send_bytes(pickle.dumps(("stop", None)))
+                except (OSError, ValueError):
+                    pass
+            deadline = time.monotonic() + timeout
+            for proc in self._procs:
+                proc.join(max(0.0, deadline - time.monotonic()))
+        self._kill()
+
+    def _kill(self) -> None:
+        for proc in self._procs:
+            if proc.is_alive():
+                proc.terminate()
+        for proc in self._procs:
+            proc.join(5.0)
+            if proc.is_alive():
+                proc.kill()
+                proc.join(5.0)
+        for conn in self._conns:
+            conn.close()
+        self._procs, self._conns, self._store = [], [], None
+        self._broken = False
+
+    # -- tasks ------------------------------------------------------------------------
+
+    def run(
+        self,
+        fn: Callable[..., Any],
+        *args: Any,
+        timeout: float | None = None,
+        return_exceptions: bool = False,
+        **kwargs: Any,
+    ) -> list[Any]:
+        """Call ``fn(*args, **kwargs)`` on every rank; return the results in rank order.
+
+        Raises :class:`WorkerError` when a rank raises, dies or exceeds ``timeout``
+        (default: the pool's); with ``return_exceptions=True`` the failed ranks' entries
+        hold their exceptions instead. Either way a failed task makes the pool restart
+        before the next one.
+        """
+        try:
+            payload = pickle.dumps((fn, args, kwargs))
+        except Exception as exc:  # noqa: BLE001 - any pickling failure
+            raise RuntimeShellError(
+                f"cannot send task {fn!r} to the workers: {exc}; pass a module-level "
+                "function and picklable arguments",
+                value=fn,
+            ) from exc
+        if not self.alive:
+            self.start()
+        self._tasks += 1
+        task = ("task", (self._tasks, list(sys.path), payload))
+        message = pickle.dumps(task)
+        for conn in self._conns:
+            conn.send_bytes(message)
+        limit = self.timeout if timeout is None else float(timeout)
+        outcomes = self._collect(time.monotonic() + limit, "task", self._tasks)
+        failed = {r: o for r, o in outcomes.items() if isinstance(o, BaseException)}
+        if failed:
+            self._broken = True
+            self._kill_if_stuck(outcomes)
+            if return_exceptions:
+                return [outcomes[r] for r in range(self.world_size)]
+            results = {r: o for r, o in outcomes.items() if r not in failed}
+            raise _error(f"task {_name(fn)}", failed, results)
+        return [outcomes[r] for r in range(self.world_size)]
+
+    def _kill_if_stuck(self, outcomes: Mapping[int, Any]) -> None:
+        if any(isinstance(o, TaskTimeout | WorkerDied) for o in outcomes.values()):
+            self._kill()
+            self._broken = True
+
+    def _collect(self, deadline: float, kind: str, task_id: int | None = None) -> dict[int, Any]:
+        """Wait for one reply per rank until ``deadline``; deaths and silence become errors."""
+        outcomes: dict[int, Any] = {}
+        by_conn = {conn: r for r, conn in enumerate(self._conns)}
+        by_sentinel = {p.sentinel: r for r, p in enumerate(self._procs)}
+        first_death: float | None = None
+        while len(outcomes) < self.world_size:
+            now = time.monotonic()
+            limit = (
+                deadline if first_death is None else min(deadline, first_death + self.death_grace)
+            )
+            if now >= limit:
+                break
+            waiting = [c for c, r in by_conn.items() if r not in outcomes]
+            waiting += [s for s, r in by_sentinel.items() if r not in outcomes]
+            for ready in multiprocessing.connection.wait(waiting, timeout=limit - now):
+                rank = by_conn[ready] if ready in by_conn else by_sentinel[ready]
+                if rank in outcomes:
+                    continue
+                conn = self._conns[rank]
+                try:
+                    # a dead worker's pipe reads as EOF; a live one's holds a reply
+                    data = conn.recv_bytes() if conn.poll(0) else None
+                except (EOFError, OSError):
+                    data = None
+                if data is not None:
+                    try:
+                        outcomes[rank] = _unpack_reply(rank, pickle.loads(data), task_id)
+                    except Exception as exc:  # noqa: BLE001 - an unpicklable reply
+                        outcomes[rank] = RemoteError(
+                            f"rank {rank}'s reply could not be unpickled: {exc!r}"
+                        )
+                    continue
+                proc = self._procs[rank]
+                proc.join(1.0)
+                if proc.is_alive():
+                    continue  # a spurious wake-up; keep waiting
+                outcomes[rank] = WorkerDied(
+                    f"worker of rank {rank} died during {kind} (exit code {proc.exitcode})",
+                    value=proc.exitcode,
+                )
+                first_death = first_death or time.monotonic()
+        for rank in range(self.world_size):
+            if rank not in outcomes:
+                waited = "the grace period after a death" if first_death else "the timeout"
+                outcomes[rank] = TaskTimeout(
+                    f"rank {rank} did not finish {kind} within {waited}", value=rank
+                )
+        return outcomes
+
+
+def _unpack_reply(rank: int, reply: tuple[Any, ...], task_id: int | None) -> Any:
+    status, reply_id, body = reply
+    if task_id is not None and reply_id != task_id:
+        return RemoteError(f"rank {rank} answered task {reply_id}, expected task {task_id}")
+    if status == "ok":
+        return body
+    exc_bytes, text = body
+    try:
+        exc = pickle.loads(exc_bytes) if exc_bytes is not None else None
+    except Exception:  # noqa: BLE001 - an exception class the parent cannot rebuild
+        exc = None
+    if not isinstance(exc, BaseException):
+        first = text.strip().splitlines()[-1] if text.strip() else "unknown error"
+        exc = RemoteError(f"rank {rank} raised {first}")
+    exc.__cause__ = _RemoteTraceback(rank, text)
+    return exc
+
+
+def _error(
+    what: str, failed: Mapping[int, BaseException], results: Mapping[int, Any]
+) -> WorkerError:
+    lines = [f"{what} failed on {len(failed)} rank(s):"]
+    for rank in sorted(failed):
+        exc = failed[rank]
+        lines.append(f"  rank {rank}: {type(exc).__name__}: {exc}")
+    first = min(failed, key=lambda r: (isinstance(failed[r], TaskTimeout | WorkerDied), r))
+    cause = failed[first].__cause__
+    if isinstance(cause, _RemoteTraceback):
+        lines.append(str(cause))
+    lines.append("the pool restarts before its next task")
+    return WorkerError("\n".join(lines), errors=failed, results=results)
+
+
+def _name(fn: Any) -> str:
+    module = getattr(fn, "__module__", None)
+    qualname = getattr(fn, "__qualname__", None)
+    return f"{module}.{qualname}" if module and qualname else repr(fn)
+
+
+def _shutdown_ref(ref: weakref.ref[WorkerPool]) -> None:
+    pool = ref()
+    if pool is not None:
+        pool._kill()
+
+
+# -- worker side ------------------------------------------------------------------------
+
+
+def _worker_main(rank: int, config: dict[str, Any], conn: Any) -> None:
+    """Join the world, then run tasks until told to stop (or the parent goes away)."""
+    os.environ.update(config["env"])
+    try:
+        import torch
+        import torch.distributed as dist
+
+        torch.set_num_threads(config["threads"])
+        store = dist.TCPStore(
+            config["host"],
+            config["port"],
+            config["world_size"],
+            is_master=False,
+            timeout=datetime.timedelta(seconds=config["start_timeout"]),
+        )
+        dist.init_process_group(
+            config["backend"],
+            store=store,
+            rank=rank,
+            world_size=config["world_size"],
+            timeout=datetime.timedelta(seconds=config["pg_timeout"]),
+        )
+    except BaseException as exc:  # noqa: BLE001 - reported to the parent
+        _reply(conn, "err", 0, _pack_exception(exc))
+        return
+    _reply(conn, "ok", 0, rank)
+    while True:
+        try:
+            kind, body = pickle.loads(conn.recv_bytes())
+        except (EOFError, OSError):
+            break  # the parent is gone
+        if kind == "stop":
+            break
+        task_id, parent_path, payload = body
+        _adopt_sys_path(parent_path)
+        try:
+            fn, args, kwargs = pickle.loads(payload)
+            result = fn(*args, **kwargs)
+            out = pickle.dumps(("ok", task_id, result))
+        except BaseException as exc:  # noqa: BLE001 - reported to the parent
+            out = pickle.dumps(("err", task_id, _pack_exception(exc)))
+        try:
+            conn.send_bytes(out)
+        except (OSError, ValueError):
+            break
+    try:
+        dist.destroy_process_group()
+    except Exception:  # noqa: BLE001 - exiting anyway
+        pass
+
+
+def _adopt_sys_path(parent_path: list[str]) -> None:
+    known = set(parent_path)
+    sys.path[:] = list(parent_path) + [p for p in sys.path if p not in known]
+
+
+def _pack_exception(exc: BaseException) -> tuple[bytes | None, str]:
+    text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+    try:
+        data: bytes | None = pickle.dumps(exc)
+        pickle.loads(data)
+    except Exception:  # noqa: BLE001 - sent as text only
+        data = None
+    return data, text
+
+
+def _reply(conn: Any, status: str, task_id: int, body: Any) -> None:
+    try:
+        conn.send_bytes(pickle.dumps((status, task_id, body)))
+    except (OSError, ValueError):
+        pass
