@@ -22,6 +22,7 @@ the pool is marked broken and restarts on the next ``run``.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import datetime
 import multiprocessing
 import multiprocessing.connection
@@ -217,10 +218,8 @@ class WorkerPool:
             return
         if not self._broken:
             for conn in self._conns:
-                try:
+                with contextlib.suppress(OSError, ValueError):
                     conn.send_bytes(pickle.dumps(("stop", None)))
-                except (OSError, ValueError):
-                    pass
             deadline = time.monotonic() + timeout
             for proc in self._procs:
                 proc.join(max(0.0, deadline - time.monotonic()))
@@ -259,7 +258,7 @@ class WorkerPool:
         """
         try:
             payload = pickle.dumps((fn, args, kwargs))
-        except Exception as exc:  # noqa: BLE001 - any pickling failure
+        except Exception as exc:  # any pickling failure
             raise RuntimeShellError(
                 f"cannot send task {fn!r} to the workers: {exc}; pass a module-level "
                 "function and picklable arguments",
@@ -317,7 +316,7 @@ class WorkerPool:
                 if data is not None:
                     try:
                         outcomes[rank] = _unpack_reply(rank, pickle.loads(data), task_id)
-                    except Exception as exc:  # noqa: BLE001 - an unpicklable reply
+                    except Exception as exc:  # an unpicklable reply
                         outcomes[rank] = RemoteError(
                             f"rank {rank}'s reply could not be unpickled: {exc!r}"
                         )
@@ -349,7 +348,7 @@ def _unpack_reply(rank: int, reply: tuple[Any, ...], task_id: int | None) -> Any
     exc_bytes, text = body
     try:
         exc = pickle.loads(exc_bytes) if exc_bytes is not None else None
-    except Exception:  # noqa: BLE001 - an exception class the parent cannot rebuild
+    except Exception:  # an exception class the parent cannot rebuild
         exc = None
     if not isinstance(exc, BaseException):
         first = text.strip().splitlines()[-1] if text.strip() else "unknown error"
@@ -410,7 +409,7 @@ def _worker_main(rank: int, config: dict[str, Any], conn: Any) -> None:
             world_size=config["world_size"],
             timeout=datetime.timedelta(seconds=config["pg_timeout"]),
         )
-    except BaseException as exc:  # noqa: BLE001 - reported to the parent
+    except BaseException as exc:  # reported to the parent
         _reply(conn, "err", 0, _pack_exception(exc))
         return
     _reply(conn, "ok", 0, rank)
@@ -427,16 +426,14 @@ def _worker_main(rank: int, config: dict[str, Any], conn: Any) -> None:
             fn, args, kwargs = pickle.loads(payload)
             result = fn(*args, **kwargs)
             out = pickle.dumps(("ok", task_id, result))
-        except BaseException as exc:  # noqa: BLE001 - reported to the parent
+        except BaseException as exc:  # reported to the parent
             out = pickle.dumps(("err", task_id, _pack_exception(exc)))
         try:
             conn.send_bytes(out)
         except (OSError, ValueError):
             break
-    try:
+    with contextlib.suppress(Exception):  # exiting anyway
         dist.destroy_process_group()
-    except Exception:  # noqa: BLE001 - exiting anyway
-        pass
 
 
 def _adopt_sys_path(parent_path: list[str]) -> None:
@@ -449,13 +446,11 @@ def _pack_exception(exc: BaseException) -> tuple[bytes | None, str]:
     try:
         data: bytes | None = pickle.dumps(exc)
         pickle.loads(data)
-    except Exception:  # noqa: BLE001 - sent as text only
+    except Exception:  # sent as text only
         data = None
     return data, text
 
 
 def _reply(conn: Any, status: str, task_id: int, body: Any) -> None:
-    try:
+    with contextlib.suppress(OSError, ValueError):
         conn.send_bytes(pickle.dumps((status, task_id, body)))
-    except (OSError, ValueError):
-        pass
