@@ -2,8 +2,11 @@
 
 Decides which part of a global tensor each rank holds (``Spec``: placements per mesh
 dim plus shard order), its local shape, offsets and boxes, and gives the pure
-reference ``shard``/``unshard`` over all ranks at once. Never communicates; the
-planning part (``Spec`` and shape/offset/chunk functions) never imports torch.
+reference ``shard``/``unshard`` over all ranks at once; ``Sharded`` pairs one rank's
+local tensor with its spec. Two views of a spec: placements per mesh dim (DTensor)
+and ``PartitionSpec`` (JAX); ``visualize`` draws it; ``to_torch``/``from_torch``
+convert to and from torch DTensor placements. Never communicates; the planning part
+(``Spec``, shape/offset/chunk functions, text, ``visualize``) never imports torch.
 """
 
 from meshplan.errors import PlacementError
@@ -20,8 +23,10 @@ from ._local import (
     local_shape,
     shard_intervals,
 )
+from ._pspec import PartitionSpec, from_partition_spec, partition_spec
 from ._spec import Spec
-from ._text import format_placements, parse_placements
+from ._text import format_placements, format_spec, parse_placements
+from ._torch_compat import from_torch, to_torch, to_torch_shard_order
 from ._types import (
     DTYPES,
     REDUCE_OPS,
@@ -34,14 +39,24 @@ from ._types import (
     dtype_name,
     is_shard_like,
 )
+from ._visualize import visualize
+
+_LAZY = {
+    "shard": "_tensor",
+    "shard_one": "_tensor",
+    "unshard": "_tensor",
+    "partial_keeps": "_tensor",
+    "gather_index": "_tensor",
+    "Sharded": "_sharded",
+}
 
 
 def __getattr__(name):
-    # shard/unshard touch tensor values: import torch only when they are used.
-    if name in ("shard", "unshard", "partial_keeps", "gather_index"):
-        from . import _tensor
+    # shard/unshard/Sharded touch tensor values: import torch only when they are used.
+    if name in _LAZY:
+        import importlib
 
-        return getattr(_tensor, name)
+        return getattr(importlib.import_module(f"{__name__}.{_LAZY[name]}"), name)
     raise AttributeError(f"module 'meshplan.placement' has no attribute {name!r}")
 
 
@@ -50,11 +65,13 @@ __all__ = [
     "DTYPES",
     "Intervals",
     "Partial",
+    "PartitionSpec",
     "Placement",
     "PlacementError",
     "REDUCE_OPS",
     "Replicate",
     "Shard",
+    "Sharded",
     "Spec",
     "StridedShard",
     "chunk_bounds",
@@ -62,6 +79,9 @@ __all__ = [
     "dtype_itemsize",
     "dtype_name",
     "format_placements",
+    "format_spec",
+    "from_partition_spec",
+    "from_torch",
     "global_offset",
     "is_shard_like",
     "local_chunks",
@@ -69,9 +89,14 @@ __all__ = [
     "local_numel",
     "local_shape",
     "parse_placements",
+    "partition_spec",
     "partial_keeps",
     "gather_index",
     "shard",
     "shard_intervals",
+    "shard_one",
+    "to_torch",
+    "to_torch_shard_order",
     "unshard",
+    "visualize",
 ]

@@ -96,8 +96,36 @@ class Spec:
             n *= s
         return n
 
+    @classmethod
+    def from_partition_spec(
+        cls,
+        mesh: Mesh,
+        shape: Sequence[int],
+        pspec: Any,
+        partial: Mapping[Any, str] | None = None,
+        dtype: Any = "float32",
+    ) -> Spec:
+        """A spec from the JAX view: per tensor dim the mesh dims sharding it (major first).
+
+        >>> mesh = Mesh.create((2, 2), ("dp", "tp"))
+        >>> s = Spec.from_partition_spec(mesh, (8, 4), (("dp", "tp"), None))
+        >>> s.placements, s.partition_spec()
+        ((Shard(0), Shard(0)), PartitionSpec(('dp', 'tp'), None))
+        """
+        from ._pspec import from_partition_spec
+
+        return from_partition_spec(mesh, shape, pspec, partial, dtype)
+
+    def partition_spec(self):
+        """The JAX view of this spec (raises for ``StridedShard``); see :class:`PartitionSpec`."""
+        from ._pspec import partition_spec
+
+        return partition_spec(self)
+
     def with_placements(
-        self, placements: Sequence[Placement], shard_order: Mapping[int, Sequence[Any]] | None = None
+        self,
+        placements: Sequence[Placement],
+        shard_order: Mapping[int, Sequence[Any]] | None = None,
     ) -> Spec:
         """The same tensor and mesh with other placements (and shard order)."""
         return Spec(self.mesh, placements, self.shape, self.dtype, shard_order or {})

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import itertools
-import math
 
 import torch
 
@@ -13,7 +12,7 @@ from ._local import Intervals, local_intervals
 from ._spec import Spec
 from ._types import Partial
 
-__all__ = ["shard", "unshard", "gather_index", "partial_keeps"]
+__all__ = ["shard", "shard_one", "unshard", "gather_index", "partial_keeps"]
 
 
 def gather_index(intervals: Intervals, device=None) -> torch.Tensor:
@@ -50,6 +49,29 @@ def partial_keeps(spec: Spec, coordinate: tuple[int, ...]) -> bool:
     )
 
 
+def shard_one(tensor: torch.Tensor, spec: Spec, rank: int) -> torch.Tensor:
+    """Rank ``rank``'s local tensor for ``spec`` (one entry of :func:`shard`).
+
+    >>> from meshplan.layout import Mesh
+    >>> from meshplan.placement import StridedShard
+    >>> spec = Spec(Mesh.create(2), (StridedShard(0, 2),), (8,), "int64")
+    >>> shard_one(torch.arange(8), spec, 1)
+    tensor([2, 3, 6, 7])
+    """
+    _check_tensor(tensor, spec)
+    return _local(tensor, spec, rank)
+
+
+def _local(tensor: torch.Tensor, spec: Spec, rank: int) -> torch.Tensor:
+    local = _select(tensor, local_intervals(spec, rank)).contiguous()
+    if spec.is_partial and not partial_keeps(spec, spec.mesh.coordinate(rank)):
+        return torch.zeros_like(local)
+    # never hand out a view of the input: callers may write to their local tensor
+    if local.numel() and local.untyped_storage().data_ptr() == tensor.untyped_storage().data_ptr():
+        return local.clone()
+    return local
+
+
 def shard(tensor: torch.Tensor, spec: Spec) -> dict[int, torch.Tensor]:
     """Every rank's local tensor for ``spec``: rank -> contiguous local tensor.
 
@@ -62,15 +84,7 @@ def shard(tensor: torch.Tensor, spec: Spec) -> dict[int, torch.Tensor]:
     {0: tensor([0, 1]), 1: tensor([2])}
     """
     _check_tensor(tensor, spec)
-    out: dict[int, torch.Tensor] = {}
-    for rank in _ranks(spec):
-        local = _select(tensor, local_intervals(spec, rank)).contiguous()
-        if spec.is_partial and not partial_keeps(spec, spec.mesh.coordinate(rank)):
-            local = torch.zeros_like(local)
-        elif local.data_ptr() == tensor.data_ptr() and local.numel():
-            local = local.clone()
-        out[rank] = local
-    return out
+    return {rank: _local(tensor, spec, rank) for rank in _ranks(spec)}
 
 
 def unshard(locals_: dict[int, torch.Tensor], spec: Spec) -> torch.Tensor:
@@ -109,17 +123,35 @@ def unshard(locals_: dict[int, torch.Tensor], spec: Spec) -> torch.Tensor:
         _place(parts[key], per_dim, local)
     if not pdims:
         return parts[()]
-    stacked = torch.stack([parts[k] for k in sorted(parts)])
     ops = {spec.placements[i].op for i in pdims}
-    if ops <= {"sum", "avg"}:
-        total = stacked.sum(0)
-        n_avg = math.prod(spec.mesh.shape[i] for i in pdims if spec.placements[i].op == "avg")
-        if n_avg > 1:
-            total = total / n_avg if total.is_floating_point() else total // n_avg
-        return total.to(first.dtype)
     if ops == {"max"}:
-        return stacked.amax(0)
-    return stacked.amin(0)
+        return torch.stack([parts[k] for k in sorted(parts)]).amax(0)
+    if ops == {"min"}:
+        return torch.stack([parts[k] for k in sorted(parts)]).amin(0)
+    return _sum_avg(parts, [spec.placements[i].op == "avg" for i in pdims]).to(first.dtype)
+
+
+def _sum_avg(parts: dict[tuple[int, ...], torch.Tensor], is_avg: list[bool]) -> torch.Tensor:
+    """Sum over the sum dims, then average over the avg dims.
+
+    The average is taken as ``first + sum(other - first) / n``: equal to the plain mean,
+    and exact when the parts agree (as meshplan's canonical split makes them), in every
+    dtype. Integers divide with floor, like ``sum // n``.
+    """
+    groups: dict[tuple[int, ...], torch.Tensor] = {}
+    for key in sorted(parts):
+        part = parts[key]
+        if part.dtype == torch.bool:
+            part = part.to(torch.int64)
+        avg_key = tuple(c for c, a in zip(key, is_avg, strict=True) if a)
+        groups[avg_key] = groups[avg_key] + part if avg_key in groups else part.clone()
+    values = [groups[k] for k in sorted(groups)]
+    base = values[0]
+    if len(values) == 1:
+        return base
+    delta = sum((v - base for v in values[1:]), torch.zeros_like(base))
+    exact = base.is_floating_point() or base.is_complex()
+    return base + (delta / len(values) if exact else delta // len(values))
 
 
 def _place(target: torch.Tensor, per_dim: tuple[Intervals, ...], local: torch.Tensor) -> None:

@@ -154,9 +154,7 @@ def dtype_name(value: object) -> str:
         name = name[len("torch.") :]
     name = _SHORT.get(name, name)
     if name not in DTYPES:
-        raise PlacementError(
-            f"unknown dtype {value!r}; use one of {sorted(DTYPES)!r}", value=value
-        )
+        raise PlacementError(f"unknown dtype {value!r}; use one of {sorted(DTYPES)!r}", value=value)
     return name
 
 
