@@ -1,7 +1,7 @@
 """meshplan.testing — hypothesis strategies for meshplan values, for your own test suites.
 
-Strategies draw valid values (meshes, dim choices, ...) and shrink towards small,
-readable ones; they never touch torch.distributed.
+Strategies draw valid values (meshes, dim choices, shapes, placements, specs) and
+shrink towards small, readable ones; they never touch torch.distributed.
 
 >>> from hypothesis import given
 >>> from meshplan.testing import meshes
@@ -12,5 +12,6 @@ readable ones; they never touch torch.distributed.
 """
 
 from ._mesh import mesh_dims, meshes
+from ._placement import placements, shapes, specs
 
-__all__ = ["mesh_dims", "meshes"]
+__all__ = ["mesh_dims", "meshes", "placements", "shapes", "specs"]
