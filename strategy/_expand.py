@@ -1,0 +1,373 @@
+"""From single-dim rules to N-D strategies: :class:`Strategy`, :func:`expand`.
+
+An N-D strategy picks one filled single-dim strategy per mesh dim. Its input and
+output specs follow by reading the picks column-wise, plus shard orders where a
+tensor dim is sharded by several mesh dims:
+
+* inputs whose dims are linked by the rules (e.g. the contracted dims of ``mm``, or
+  the operands of ``add``) must share one order; the candidates are each input's
+  current order (kept mesh dims first, new ones ascending) and the ascending order;
+* an output dim takes the order of the input dim it comes from; when a view merges
+  several input dims into one, the mesh dims of inner input dims come first (they
+  cut every row of the outer dims, see ``_rules_shape``).
+
+Placeholder constraints (``even``, ``nonempty``, ``aligned``) are checked on the
+specs; strategies breaking them, or mixing ``Partial`` ops a spec cannot hold, are
+left out.
+"""
+
+from __future__ import annotations
+
+import functools
+import itertools
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import attrs
+
+from meshplan.errors import PlacementError, StrategyError
+from meshplan.placement import (
+    Partial,
+    Placement,
+    Shard,
+    Spec,
+    StridedShard,
+    chunk_bounds,
+    format_placements,
+    is_shard_like,
+)
+
+from ._rule import DimStrategy, Meta, fill, meta_of, shard_kinds
+from ._ruleset import OpRule, RuleSet, freeze_args
+
+__all__ = [
+    "Strategy",
+    "Problem",
+    "prepare",
+    "build_problem",
+    "assemble",
+    "expand",
+    "check_constraint",
+]
+
+
+@attrs.frozen(repr=False, cache_hash=True)
+class Strategy:
+    """An N-D sharding strategy: the specs the inputs must have and the outputs' specs.
+
+    ``dims`` holds the filled single-dim strategy picked on each mesh dim.
+
+    >>> from meshplan.layout import Mesh
+    >>> from meshplan.placement import Replicate, Shard
+    >>> mesh = Mesh.create((2, 2))
+    >>> a, b = Spec(mesh, (Shard(0), Replicate()), (4, 6)), Spec(mesh, (Replicate(),) * 2, (6, 2))
+    >>> s = expand("mm", (a, b))[0]
+    >>> print(s)
+    R R, R R -> R R
+    """
+
+    input_specs: tuple[Spec, ...] = attrs.field(converter=tuple)
+    output_specs: tuple[Spec, ...] = attrs.field(converter=tuple)
+    dims: tuple[DimStrategy, ...] = attrs.field(converter=tuple, eq=False)
+
+    @property
+    def output_spec(self) -> Spec:
+        """The (first) output's spec."""
+        return self.output_specs[0]
+
+    def __str__(self) -> str:
+        def text(spec: Spec) -> str:
+            return format_placements(spec.placements, spec.shard_order)
+
+        ins = ", ".join(map(text, self.input_specs))
+        outs = ", ".join(map(text, self.output_specs))
+        return f"{ins} -> {outs}"
+
+    def __repr__(self) -> str:
+        return f"Strategy(input_specs={self.input_specs!r}, output_specs={self.output_specs!r})"
+
+
+@attrs.frozen(repr=False, cache_hash=True)
+class Problem:
+    """One op call, ready to combine: its inputs, outputs and each mesh dim's candidates."""
+
+    op: str
+    args: tuple[tuple[str, Any], ...]
+    sources: tuple[Spec, ...]
+    outputs: tuple[Meta, ...]
+    dim_rules: tuple[tuple[DimStrategy, ...], ...]
+
+    @property
+    def mesh(self):
+        return self.sources[0].mesh
+
+    def n_states(self) -> int:
+        """How many rule combinations (N-D strategies before checks) there are."""
+        n = 1
+        for rules in self.dim_rules:
+            n *= len(rules)
+        return n
+
+
+def _check_inputs(op: str, input_specs: Sequence[Spec]) -> tuple[Spec, ...]:
+    specs = tuple(input_specs) if not isinstance(input_specs, Spec) else (input_specs,)
+    if not specs:
+        raise StrategyError(f"{op}: give at least one input spec", value=input_specs)
+    for s in specs:
+        if not isinstance(s, Spec):
+            raise StrategyError(f"{op}: input {s!r} is not a Spec", value=s)
+    mesh = specs[0].mesh
+    for s in specs[1:]:
+        if s.mesh != mesh:
+            raise StrategyError(
+                f"{op}: inputs lie on different meshes ({mesh} and {s.mesh}); redistribute them "
+                "onto one mesh first",
+                value=s,
+            )
+    return specs
+
+
+def prepare(
+    op: str,
+    input_specs: Sequence[Spec],
+    ruleset: RuleSet | None = None,
+    args: Mapping[str, Any] | None = None,
+) -> Problem:
+    """Run the op's rule on the inputs' metadata and fill its placeholders."""
+    specs = _check_inputs(op, input_specs)
+    return _prepare(op, specs, ruleset or RuleSet.default(), freeze_args(args or {}))
+
+
+@functools.lru_cache(maxsize=4096)
+def _prepare(op: str, specs: tuple[Spec, ...], ruleset: RuleSet, args: tuple) -> Problem:
+    return build_problem(op, ruleset[op], specs, args, shard_kinds(specs))
+
+
+def build_problem(
+    op: str, rule: OpRule, specs: tuple[Spec, ...], args: tuple, kinds: Sequence[int]
+) -> Problem:
+    """A :class:`Problem` from an explicit rule and shard kinds (what ``prepare`` runs)."""
+    metas = tuple(meta_of(s) for s in specs)
+    kwargs = dict(args)
+    raw = tuple(rule.strategies(metas, **kwargs))
+    outputs = tuple(rule.outputs(metas, **kwargs))
+    for m in outputs:
+        if not isinstance(m, Meta):
+            raise StrategyError(f"{op}: the outputs function returned {m!r}, not a Meta", value=m)
+    filled = fill(raw, kinds, len(outputs), len(specs))
+    tensors = (*outputs, *metas)
+    for s in filled:
+        for pos, p in enumerate(s.entries):
+            if is_shard_like(p) and not p.dim < tensors[pos].ndim:
+                raise StrategyError(
+                    f"{op}: strategy {s} shards dim {p.dim} of a {tensors[pos].ndim}-D tensor; "
+                    "the rule is wrong",
+                    value=s,
+                )
+    mesh = specs[0].mesh
+    dim_rules = tuple(filled if size > 1 else filled[:1] for size in mesh.shape)
+    return Problem(op, args, specs, outputs, dim_rules)
+
+
+# -- constraints -------------------------------------------------------------------
+
+
+def _stage(length: int, p: Placement, parts: int) -> list[int]:
+    """Lengths each coordinate keeps when ``p`` cuts a piece of ``length`` over ``parts``."""
+    if isinstance(p, Shard):
+        return [b - a for a, b in (chunk_bounds(length, parts, c) for c in range(parts))]
+    assert isinstance(p, StridedShard)
+    pieces = [
+        b - a for a, b in (chunk_bounds(length, p.split_factor, j) for j in range(p.split_factor))
+    ]
+    return [sum(_part(n, parts, c) for n in pieces) for c in range(parts)]
+
+
+def _part(n: int, parts: int, c: int) -> int:
+    a, b = chunk_bounds(n, parts, c)
+    return b - a
+
+
+def check_constraint(spec: Spec, dim: int, name: str) -> bool:
+    """Whether ``spec`` meets a placeholder constraint on tensor ``dim``.
+
+    >>> from meshplan.layout import Mesh
+    >>> spec = Spec(Mesh.create(4), (Shard(0),), (7,))   # chunks of 2, 2, 2, 1
+    >>> check_constraint(spec, 0, "even"), check_constraint(spec, 0, "nonempty")
+    (False, True)
+    >>> check_constraint(Spec(Mesh.create(4), (Shard(0),), (6,)), 0, "nonempty")  # 2, 2, 2, 0
+    False
+    """
+    lengths = {spec.shape[dim]}
+    for m in spec.order(dim):
+        p, parts = spec.placements[m], spec.mesh.shape[m]
+        new: set[int] = set()
+        for n in lengths:
+            if name == "even" and (
+                n % parts
+                if isinstance(p, Shard)
+                else n % p.split_factor or (n // p.split_factor) % parts
+            ):
+                return False
+            if name == "aligned" and isinstance(p, StridedShard) and n % p.split_factor:
+                return False
+            new.update(_stage(n, p, parts))
+        lengths = new
+    if name == "nonempty":
+        return min(lengths) >= 1
+    return True
+
+
+# -- assembling one combination ----------------------------------------------------
+
+
+def _find(parent: dict, x):
+    while parent[x] != x:
+        parent[x] = parent[parent[x]]
+        x = parent[x]
+    return x
+
+
+def _derived_order(
+    src: Spec, dim: int, mesh_dims: tuple[int, ...], target: tuple[Placement, ...]
+) -> tuple[int, ...]:
+    kept = [m for m in src.order(dim) if m in mesh_dims and src.placements[m] == target[m]]
+    return tuple(kept) + tuple(sorted(set(mesh_dims) - set(kept)))
+
+
+def _partial_ok(placements: tuple[Placement, ...]) -> bool:
+    ops = {p.op for p in placements if isinstance(p, Partial)}
+    return len(ops) <= 1 or ops == {"sum", "avg"}
+
+
+def assemble(problem: Problem, combo: Sequence[int]) -> tuple[Strategy, ...]:
+    """The N-D strategies (one per shard-order choice) of picking ``combo[m]`` on mesh dim m.
+
+    Empty when the combination breaks a constraint or mixes Partial ops.
+    """
+    return _assemble(problem, tuple(combo))
+
+
+@functools.lru_cache(maxsize=65536)
+def _assemble(problem: Problem, combo: tuple[int, ...]) -> tuple[Strategy, ...]:
+    rules = tuple(problem.dim_rules[m][j] for m, j in enumerate(combo))
+    n = len(rules)
+    srcs = problem.sources
+    k_in, k_out = len(srcs), len(problem.outputs)
+    in_pl = [tuple(r.inputs[i] for r in rules) for i in range(k_in)]
+    out_pl = [tuple(r.outputs[o] for r in rules) for o in range(k_out)]
+    if not all(_partial_ok(p) for p in (*in_pl, *out_pl)):
+        return ()
+
+    # mesh dims sharding each (input, tensor dim), and which inputs the rules link
+    sharded: dict[tuple[int, int], tuple[int, ...]] = {}
+    parent: dict[tuple[int, int], tuple[int, int]] = {}
+    link: list[tuple[int, int] | None] = []
+    for m, r in enumerate(rules):
+        first = None
+        for i, p in enumerate(r.inputs):
+            if is_shard_like(p):
+                node = (i, p.dim)
+                sharded[node] = sharded.get(node, ()) + (m,)
+                parent.setdefault(node, node)
+                if first is None:
+                    first = node
+                else:
+                    parent[_find(parent, node)] = _find(parent, first)
+        link.append(first)
+    groups: dict[tuple[int, int], list[tuple[int, int]]] = {}
+    for node in sorted(sharded):
+        groups.setdefault(_find(parent, node), []).append(node)
+
+    choices: list[tuple[list[tuple[int, int]], list[tuple[int, ...]]]] = []
+    for members in groups.values():
+        dims = sharded[members[0]]
+        if any(sharded[x] != dims for x in members):
+            return ()  # linked inputs sharded by different mesh dims cannot agree locally
+        if len(dims) < 2:
+            continue
+        cands: list[tuple[int, ...]] = []
+        for i, d in members:
+            cand = _derived_order(srcs[i], d, dims, in_pl[i])
+            if cand not in cands:
+                cands.append(cand)
+        if tuple(sorted(dims)) not in cands:
+            cands.append(tuple(sorted(dims)))
+        choices.append((members, cands))
+
+    out: list[Strategy] = []
+    for pick in itertools.product(*(c for _, c in choices)):
+        orders: dict[tuple[int, int], tuple[int, ...]] = {}
+        for (members, _), order in zip(choices, pick, strict=True):
+            for node in members:
+                orders[node] = order
+        strategy = _build(problem, rules, in_pl, out_pl, orders, link, n)
+        if strategy is not None:
+            out.append(strategy)
+    return tuple(out)
+
+
+def _build(problem, rules, in_pl, out_pl, orders, link, n) -> Strategy | None:
+    mesh = problem.mesh
+    srcs = problem.sources
+    try:
+        ins = tuple(
+            Spec(mesh, in_pl[i], s.shape, s.dtype, {d: o for (j, d), o in orders.items() if j == i})
+            for i, s in enumerate(srcs)
+        )
+        outs = []
+        for o, meta in enumerate(problem.outputs):
+            by_dim: dict[int, list[int]] = {}
+            for m in range(n):
+                p = out_pl[o][m]
+                if is_shard_like(p):
+                    by_dim.setdefault(p.dim, []).append(m)
+
+            def key(m: int) -> tuple[int, int, int]:
+                src = link[m]
+                if src is None:
+                    return (1, 0, m)
+                order = orders.get(src, (m,))
+                return (0, -src[1], order.index(m) if m in order else m)
+
+            order = {d: tuple(sorted(ms, key=key)) for d, ms in by_dim.items() if len(ms) > 1}
+            outs.append(Spec(mesh, out_pl[o], meta.shape, meta.dtype, order))
+    except PlacementError as e:
+        raise StrategyError(
+            f"{problem.op}: strategy {' | '.join(map(str, rules))} gives an invalid spec: {e}",
+            value=rules,
+        ) from None
+    tensors = (*outs, *ins)
+    seen = set()
+    for r in rules:
+        for pos, dim, name in r.constraints:
+            if (pos, dim, name) in seen:
+                continue
+            seen.add((pos, dim, name))
+            if not check_constraint(tensors[pos], dim, name):
+                return None
+    return Strategy(ins, tuple(outs), rules)
+
+
+def expand(
+    op: str, input_specs: Sequence[Spec], ruleset: RuleSet | None = None, **args: Any
+) -> tuple[Strategy, ...]:
+    """Every N-D strategy of ``op`` for inputs laid out like ``input_specs`` (full enumeration).
+
+    The first strategy replicates everything; the rest follow the rules' order, mesh
+    dim 0 varying slowest.
+
+    >>> from meshplan.layout import Mesh
+    >>> from meshplan.placement import Replicate, Shard
+    >>> mesh = Mesh.create((2, 2))
+    >>> a = Spec(mesh, (Shard(0), Shard(1)), (4, 6))
+    >>> b = Spec(mesh, (Replicate(), Replicate()), (6, 2))
+    >>> ss = expand("mm", (a, b))
+    >>> len(ss), any(s.input_specs[0] == a for s in ss)
+    (65, True)
+    """
+    problem = prepare(op, input_specs, ruleset, args)
+    out: list[Strategy] = []
+    for combo in itertools.product(*(range(len(r)) for r in problem.dim_rules)):
+        out.extend(assemble(problem, combo))
+    return tuple(out)

@@ -1,0 +1,166 @@
+"""Prices for strategy selection: the planner's redistribution cost and its lower bounds.
+
+``redistribute_cost(src, dst, model)`` is the exact price the selection minimizes: the
+cost of the minimum-cost plan from ``src`` to ``dst``, as ``meshplan.redistribute``
+computes it. ``transition_bound(src, m, q, model)`` is a cheap lower bound of the part
+of that price caused by changing mesh dim ``m`` of ``src`` to placement ``q``; bounds of
+different mesh dims add up to a lower bound of the whole price, which is what lets the
+search stop early with a proven minimum.
+
+Why the bound holds: a plan can only change a mesh dim's placement with a step over
+that dim, and some changes need a collective (leaving a shard, reducing a Partial,
+arriving at Replicate), others at least a local step. Every step costs at least its
+price at the smallest local size the tensor can have on the mesh (all steps' prices
+grow with bytes), and a step over several mesh dims (a merged one) is shared among
+the dims it changes.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+
+from meshplan.layout import Mesh
+from meshplan.placement import Partial, Placement, Replicate, Spec, dtype_itemsize
+
+__all__ = ["redistribute_cost", "transition_bound", "default_model", "min_local_bytes"]
+
+
+def default_model():
+    """The cost model used when none is given (the planner's default)."""
+    from meshplan.redistribute._cost import CostModel
+
+    return CostModel.default()
+
+
+@functools.lru_cache(maxsize=65536)
+def redistribute_cost(src: Spec, dst: Spec, model) -> float:
+    """Total price (seconds) of the planner's minimum-cost plan from ``src`` to ``dst``."""
+    if src == dst:
+        return 0.0
+    planner = _planner()
+    if planner is None:
+        return _naive_cost(src, dst, model)
+    plan, cost = planner
+    return cost(plan(src, dst, cost_model=model), model).total
+
+
+@functools.cache
+def _planner():
+    try:
+        from meshplan.redistribute import cost, plan
+    except ImportError:
+        return None
+    return plan, cost
+
+
+def _naive_cost(src: Spec, dst: Spec, model) -> float:
+    # Stand-in while the planner is missing: one step per changed mesh dim, last dim first.
+    from meshplan.redistribute._cost import transition_cost
+
+    total = 0.0
+    cur = src
+    for m in reversed(range(src.mesh.ndim)):
+        p, q = cur.placements[m], dst.placements[m]
+        if p == q:
+            continue
+        pl = list(cur.placements)
+        pl[m] = q
+        try:
+            nxt = Spec(cur.mesh, pl, cur.shape, cur.dtype)
+        except Exception:
+            nxt = cur
+        kp, kq = _kind(p), _kind(q)
+        if kp == "P" and kq != "P":
+            coll = "all_reduce" if kq == "R" else "reduce_scatter"
+        elif kp == "S" and kq == "R":
+            coll = "all_gather"
+        elif kp == "S" and kq == "S":
+            coll = "all_to_all"
+        elif kp == "P" and {p.op, q.op} != {"sum", "avg"}:
+            coll = "all_reduce"
+        else:
+            coll = None
+        total += transition_cost(cur, nxt, m, coll, model).total
+        cur = nxt
+    if cur.shard_order != dst.shard_order:
+        total += transition_cost(cur, dst, tuple(range(src.mesh.ndim)), "all_permute", model).total
+    return total
+
+
+def min_local_bytes(spec: Spec) -> float:
+    """A lower bound of any layout's largest local size of ``spec``'s tensor on its mesh."""
+    n = math.prod(spec.shape)
+    return dtype_itemsize(spec.dtype) * n / math.prod(spec.mesh.shape)
+
+
+@functools.lru_cache(maxsize=16384)
+def _step_bound(model, mesh: Mesh, m: int, collective: str | None, nbytes: float) -> float:
+    from meshplan.redistribute._cost import coefficients
+
+    size = mesh.shape[m]
+    c = coefficients(model, mesh, (m,), collective, size)
+    return c[0] + c[3] + (c[1] + c[2] + c[4] + c[5]) * nbytes
+
+
+@functools.lru_cache(maxsize=1024)
+def _share(mesh: Mesh, m: int) -> int:
+    """How many placement changes one step touching mesh dim ``m`` may make at most."""
+    return _max_step_dims(mesh, m)
+
+
+def _max_step_dims(mesh: Mesh, m: int) -> int:
+    # steps over several mesh dims run on a flattened alias holding them
+    best = 1
+    for axis in mesh.aliases.values():
+        dims = _alias_dims(mesh, axis)
+        if m in dims:
+            best = max(best, len(dims))
+    return best
+
+
+def _alias_dims(mesh: Mesh, axis) -> tuple[int, ...]:
+    covered = set(axis.offsets())
+    return tuple(i for i in range(mesh.ndim) if set(mesh.axis(i).offsets()) <= covered)
+
+
+def _kind(p: Placement) -> str:
+    if isinstance(p, Replicate):
+        return "R"
+    if isinstance(p, Partial):
+        return "P"
+    return "S"
+
+
+@functools.lru_cache(maxsize=65536)
+def transition_bound(src: Spec, m: int, q: Placement, model) -> float:
+    """A lower bound of the price of turning mesh dim ``m`` of ``src`` into ``q``.
+
+    Zero when nothing changes; the bounds of the mesh dims of one redistribution add up
+    to a lower bound of its planned price.
+    """
+    p = src.placements[m]
+    if p == q or src.mesh.shape[m] == 1:
+        return 0.0
+    mesh = src.mesh
+    b = min_local_bytes(src)
+
+    def step(collective: str | None) -> float:
+        return _step_bound(model, mesh, m, collective, b)
+
+    reduce = min(step("all_reduce"), step("reduce_scatter"))
+    leave_shard = min(step("all_gather"), step("all_to_all"), reduce)
+    kp, kq = _kind(p), _kind(q)
+    # every change takes at least one step over m
+    bound = min(step(None), leave_shard, step("all_permute"))
+    share = _share(mesh, m)
+    if kp == "P" and (kq != "P" or {p.op, q.op} not in ({"sum", "avg"}, {p.op})):
+        bound = max(bound, reduce)  # a Partial only leaves by reducing
+    if kp == "S" and kq in ("S", "R"):
+        # a shard only leaves by moving its data (or via Partial, reduced later)
+        bound = max(bound, min(leave_shard, step("all_permute")))
+        if kq == "S":
+            share = mesh.ndim  # one all_permute may re-shard every mesh dim at once
+    if kq == "R":
+        bound = max(bound, min(step("all_gather"), step("all_reduce")))  # arriving at R
+    return bound / share * (1 - 1e-9)

@@ -1,0 +1,251 @@
+"""Single-mesh-dim rules: tensor metadata, :class:`Placeholder`, :class:`DimStrategy`, filling.
+
+A rule describes an op on ONE mesh dim: which combinations of input placements give
+which output placements when every rank runs the op on its local tensors. Shard-like
+placements are written as :class:`Placeholder` s and filled later with every
+shard-like kind the inputs use (``Shard`` and each ``StridedShard`` split factor).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+
+import attrs
+
+from meshplan.errors import StrategyError
+from meshplan.placement import Partial, Placement, Replicate, Shard, Spec, StridedShard
+from meshplan.placement._types import dtype_name
+
+__all__ = [
+    "Meta",
+    "Placeholder",
+    "DimStrategy",
+    "DimPlacement",
+    "meta_of",
+    "fill",
+    "shard_kinds",
+    "replicate_strategy",
+]
+
+
+def _shape(value: Iterable[int]) -> tuple[int, ...]:
+    shape = tuple(value)
+    for s in shape:
+        if isinstance(s, bool) or not isinstance(s, int) or s < 0:
+            raise StrategyError(
+                f"tensor shape {shape!r} holds {s!r}; sizes are ints >= 0", value=shape
+            )
+    return shape
+
+
+@attrs.frozen(repr=False)
+class Meta:
+    """What a rule may look at of a tensor: its global shape and dtype name.
+
+    >>> Meta((4, 3)), Meta((2,), "int64").ndim
+    (Meta((4, 3), 'float32'), 1)
+    """
+
+    shape: tuple[int, ...] = attrs.field(converter=_shape)
+    dtype: str = attrs.field(default="float32", converter=dtype_name)
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    def __repr__(self) -> str:
+        return f"Meta({self.shape!r}, {self.dtype!r})"
+
+
+def meta_of(spec: Spec) -> Meta:
+    """The metadata of a spec's tensor."""
+    return Meta(spec.shape, spec.dtype)
+
+
+def _dim(instance, attribute, value) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise StrategyError(
+            f"Placeholder dim must be an int >= 0 (normalize negative dims in the rule), got "
+            f"{value!r}",
+            value=value,
+        )
+
+
+def _split(instance, attribute, value) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise StrategyError(f"Placeholder split must be an int >= 1, got {value!r}", value=value)
+
+
+@attrs.frozen(repr=False)
+class Placeholder:
+    """A shard-like placement on tensor dim ``dim``, filled with each kind the inputs use.
+
+    Filled with split factor ``sf`` (1 for ``Shard``) it becomes
+    ``StridedShard(dim, sf * split)`` (``Shard(dim)`` when that is 1): ``split`` lets a
+    view rule say "a shard of an inner dim becomes a strided shard of the flattened
+    dim". All placeholders of one strategy take the same kind. Constraints are checked
+    on the N-D spec: ``even`` (every chunking along ``dim`` divides exactly, so all
+    ranks hold equally many), ``nonempty`` (every rank holds at least one index),
+    ``aligned`` (every ``StridedShard`` step splits its piece into equal parts).
+
+    >>> Placeholder(0), str(Placeholder(1, even=True)), str(Placeholder(0, split=3))
+    (Placeholder(0), 'S?(1,even)', 'S?(0)*3')
+    """
+
+    dim: int = attrs.field(validator=_dim)
+    split: int = attrs.field(default=1, validator=_split, kw_only=True)
+    even: bool = attrs.field(default=False, kw_only=True)
+    nonempty: bool = attrs.field(default=False, kw_only=True)
+    aligned: bool = attrs.field(default=False, kw_only=True)
+
+    def fill(self, split_factor: int) -> Shard | StridedShard:
+        """The concrete placement for a kind with ``split_factor`` (1 = ``Shard``)."""
+        sf = split_factor * self.split
+        return Shard(self.dim) if sf == 1 else StridedShard(self.dim, sf)
+
+    @property
+    def constraints(self) -> tuple[str, ...]:
+        flags = (("even", self.even), ("nonempty", self.nonempty), ("aligned", self.aligned))
+        return tuple(name for name, on in flags if on)
+
+    def __str__(self) -> str:
+        extra = "".join("," + c for c in self.constraints)
+        mult = f"*{self.split}" if self.split != 1 else ""
+        return f"S?({self.dim}{extra}){mult}"
+
+    def __repr__(self) -> str:
+        args = [str(self.dim)]
+        if self.split != 1:
+            args.append(f"split={self.split}")
+        args += [f"{c}=True" for c in self.constraints]
+        return f"Placeholder({', '.join(args)})"
+
+
+DimPlacement = Placement | Placeholder
+_PLACEMENT_TYPES = (Shard, StridedShard, Replicate, Partial, Placeholder)
+
+
+def _entries(value: Iterable[DimPlacement]) -> tuple[DimPlacement, ...]:
+    if isinstance(value, _PLACEMENT_TYPES):
+        value = (value,)
+    out = tuple(value)
+    for p in out:
+        if not isinstance(p, _PLACEMENT_TYPES):
+            raise StrategyError(
+                f"{p!r} is not a placement or Placeholder; a single-dim strategy lists one "
+                "placement per output and input",
+                value=p,
+            )
+    return out
+
+
+Constraint = tuple[int, int, str]  # (position among outputs+inputs, tensor dim, name)
+
+
+@attrs.frozen(repr=False, cache_hash=True)
+class DimStrategy:
+    """One mesh dim's strategy: input placements -> output placements.
+
+    ``outputs`` and ``inputs`` hold one placement (or :class:`Placeholder`) per output
+    and per tensor input. Filled strategies carry their placeholders' constraints in
+    ``constraints`` as ``(position, tensor dim, name)`` with positions counting
+    outputs first, then inputs.
+
+    >>> s = DimStrategy([Placeholder(0)], [Placeholder(0), Replicate()])
+    >>> print(s)
+    S?(0), R -> S?(0)
+    >>> print(s.fill(2))
+    SS(0,2), R -> SS(0,2)
+    """
+
+    outputs: tuple[DimPlacement, ...] = attrs.field(converter=_entries)
+    inputs: tuple[DimPlacement, ...] = attrs.field(converter=_entries)
+    constraints: tuple[Constraint, ...] = attrs.field(default=(), converter=tuple, kw_only=True)
+
+    @property
+    def entries(self) -> tuple[DimPlacement, ...]:
+        """Outputs then inputs."""
+        return self.outputs + self.inputs
+
+    @property
+    def has_placeholder(self) -> bool:
+        return any(isinstance(p, Placeholder) for p in self.entries)
+
+    @property
+    def is_replicate(self) -> bool:
+        return all(isinstance(p, Replicate) for p in self.entries)
+
+    def fill(self, split_factor: int) -> DimStrategy:
+        """Every placeholder filled with the kind of ``split_factor`` (1 = ``Shard``)."""
+        filled: list[Placement] = []
+        cons: list[Constraint] = list(self.constraints)
+        for pos, p in enumerate(self.entries):
+            if isinstance(p, Placeholder):
+                filled.append(p.fill(split_factor))
+                cons.extend((pos, p.dim, c) for c in p.constraints)
+            else:
+                filled.append(p)
+        n = len(self.outputs)
+        return DimStrategy(filled[:n], filled[n:], constraints=tuple(cons))
+
+    def __str__(self) -> str:
+        ins = ", ".join(map(str, self.inputs))
+        outs = ", ".join(map(str, self.outputs))
+        return f"{ins} -> {outs}"
+
+    def __repr__(self) -> str:
+        extra = f", constraints={self.constraints!r}" if self.constraints else ""
+        return f"DimStrategy({list(self.outputs)!r}, {list(self.inputs)!r}{extra})"
+
+
+def replicate_strategy(n_outputs: int, n_inputs: int) -> DimStrategy:
+    """The all-``Replicate`` strategy every op has (every rank computes everything)."""
+    return DimStrategy((Replicate(),) * n_outputs, (Replicate(),) * n_inputs)
+
+
+def shard_kinds(specs: Sequence[Spec]) -> tuple[int, ...]:
+    """The shard-like kinds to fill placeholders with, as split factors (1 = ``Shard``).
+
+    ``Shard`` is always offered (a replicated input can be sliced locally); each
+    ``StridedShard`` split factor found in the inputs is added, ascending.
+
+    >>> from meshplan.layout import Mesh
+    >>> mesh = Mesh.create((2, 2))
+    >>> shard_kinds([Spec(mesh, (StridedShard(0, 4), Replicate()), (8, 2))])
+    (1, 4)
+    """
+    found = {1}
+    for spec in specs:
+        for p in spec.placements:
+            if isinstance(p, StridedShard):
+                found.add(p.split_factor)
+    return tuple(sorted(found))
+
+
+def fill(
+    strategies: Sequence[DimStrategy], kinds: Sequence[int], n_outputs: int, n_inputs: int
+) -> tuple[DimStrategy, ...]:
+    """Placeholders filled with every kind, plus the all-``Replicate`` strategy first.
+
+    Duplicates are dropped (first occurrence kept), so the result is deterministic.
+
+    >>> rules = [DimStrategy([Placeholder(0)], [Placeholder(0), Replicate()])]
+    >>> [str(s) for s in fill(rules, (1, 2), 1, 2)]
+    ['R, R -> R', 'S(0), R -> S(0)', 'SS(0,2), R -> SS(0,2)']
+    """
+    out: list[DimStrategy] = [replicate_strategy(n_outputs, n_inputs)]
+    seen = {out[0]}
+    for s in strategies:
+        if not isinstance(s, DimStrategy):
+            raise StrategyError(f"a rule returned {s!r}; rules return DimStrategy values", value=s)
+        if len(s.outputs) != n_outputs or len(s.inputs) != n_inputs:
+            raise StrategyError(
+                f"strategy {s} has {len(s.outputs)} outputs and {len(s.inputs)} inputs; the op "
+                f"has {n_outputs} outputs and {n_inputs} tensor inputs",
+                value=s,
+            )
+        for filled in (s.fill(k) for k in kinds) if s.has_placeholder else (s.fill(1),):
+            if filled not in seen:
+                seen.add(filled)
+                out.append(filled)
+    return tuple(out)
