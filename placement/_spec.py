@@ -16,7 +16,40 @@ __all__ = ["Spec"]
 
 
 def _shape(value: Iterable[int]) -> tuple[int, ...]:
+    if isinstance(value, str) or not isinstance(value, Iterable):
+        raise PlacementError(
+            f"global shape {value!r} is not a sequence of sizes; write e.g. (8, 4)", value=value
+        )
     return tuple(value)
+
+
+def _placements(value: Iterable[Any]) -> tuple[Any, ...]:
+    if isinstance(value, str):
+        raise PlacementError(
+            f"placements {value!r} is a string; parse it with parse_placements first",
+            value=value,
+        )
+    if not isinstance(value, Iterable):
+        raise PlacementError(
+            f"placements {value!r} is not a sequence; give one placement per mesh dim",
+            value=value,
+        )
+    return tuple(value)
+
+
+def _order(value: Any) -> Any:
+    if isinstance(value, FrozenMap):
+        return value
+    if value is None:
+        return {}
+    try:
+        return dict(value)
+    except (TypeError, ValueError):
+        raise PlacementError(
+            f"shard_order {value!r} is not a mapping tensor dim -> mesh dims; write e.g. "
+            "{0: ('tp', 'dp')}",
+            value=value,
+        ) from None
 
 
 @attrs.frozen(repr=False, cache_hash=True)
@@ -43,12 +76,10 @@ class Spec:
     """
 
     mesh: Mesh
-    placements: tuple[Placement, ...] = attrs.field(converter=tuple)
+    placements: tuple[Placement, ...] = attrs.field(converter=_placements)
     shape: tuple[int, ...] = attrs.field(converter=_shape)
     dtype: str = "float32"
-    shard_order: FrozenMap[int, tuple[int, ...]] = attrs.field(
-        factory=FrozenMap, converter=lambda v: v if isinstance(v, FrozenMap) else dict(v or {})
-    )
+    shard_order: FrozenMap[int, tuple[int, ...]] = attrs.field(factory=FrozenMap, converter=_order)
 
     def __attrs_post_init__(self) -> None:
         if not isinstance(self.mesh, Mesh):
@@ -62,7 +93,7 @@ class Spec:
         object.__setattr__(self, "dtype", dtype_name(self.dtype))
         placements = _canonical_placements(self.mesh, self.placements, len(self.shape))
         object.__setattr__(self, "placements", placements)
-        _check_partial_ops(placements)
+        _check_partial_ops(placements, self.dtype)
         order = _canonical_order(self.mesh, placements, self.shard_order, len(self.shape))
         object.__setattr__(self, "shard_order", order)
 
@@ -175,20 +206,32 @@ def _canonical_placements(
             case Partial():
                 out.append(Replicate() if mesh.shape[i] == 1 else p)
             case _:
+                hint = " (convert torch placements with from_torch)" if _from_torch(p) else ""
                 raise PlacementError(
-                    f"{p!r} on mesh dim {mesh.names[i]!r} is not a placement; use Shard, "
-                    "StridedShard, Replicate or Partial",
+                    f"{p!r} on mesh dim {mesh.names[i]!r} is not a meshplan placement; use "
+                    f"Shard, StridedShard, Replicate or Partial{hint}",
                     value=p,
                 )
     return tuple(out)
 
 
-def _check_partial_ops(placements: tuple[Placement, ...]) -> None:
+def _from_torch(p: object) -> bool:
+    return type(p).__module__.startswith("torch")
+
+
+def _check_partial_ops(placements: tuple[Placement, ...], dtype: str) -> None:
     ops = {p.op for p in placements if isinstance(p, Partial)}
     if len(ops) > 1 and ops != {"sum", "avg"}:
         raise PlacementError(
             f"placements {tuple(map(str, placements))} mix Partial ops {sorted(ops)!r}; one "
             "spec may reduce with one op (only sum and avg mix): reduce one of them first",
+            value=placements,
+        )
+    if dtype.startswith("complex") and ops & {"max", "min"}:
+        raise PlacementError(
+            f"placements {tuple(map(str, placements))} reduce {dtype} values with "
+            f"{sorted(ops & {'max', 'min'})!r}, but complex numbers have no order; use "
+            "Partial('sum') or Partial('avg')",
             value=placements,
         )
 
@@ -201,15 +244,31 @@ def _canonical_order(
         if isinstance(p, Shard | StridedShard):
             sharding.setdefault(p.dim, []).append(i)
     order: dict[int, tuple[int, ...]] = {d: tuple(v) for d, v in sharding.items()}
+    seen: set[int] = set()
     for key, dims in dict(given).items():
         if isinstance(key, bool) or not isinstance(key, int) or not -ndim <= key < ndim:
             raise PlacementError(
-                f"shard_order key {key!r} is not a tensor dim of a {ndim}-D tensor",
+                f"shard_order key {key!r} is not a tensor dim of a {ndim}-D tensor; use a "
+                f"dim in [{-ndim}, {ndim})",
                 value=given,
             )
         d = key % ndim
+        if d in seen:
+            raise PlacementError(
+                f"shard_order {dict(given)!r} gives tensor dim {d} twice (as {key!r} and "
+                "another key); give each dim once",
+                value=given,
+            )
+        seen.add(d)
         if isinstance(dims, int | str):
             dims = (dims,)
+        if not isinstance(dims, Iterable):
+            raise PlacementError(
+                f"shard_order {dict(given)!r} maps tensor dim {key!r} to {dims!r}; map it to "
+                "a tuple of mesh dims (names or indices)",
+                value=given,
+            )
+        dims = tuple(dims)
         try:
             idx = tuple(mesh.dim_index(m) for m in dims)
         except ValueError as e:

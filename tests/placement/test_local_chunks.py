@@ -1,0 +1,123 @@
+"""What each rank holds: intervals, chunks, local shapes and offsets (pure, no torch)."""
+
+from __future__ import annotations
+
+import collections
+import itertools
+import math
+
+import pytest
+from _placement_model import expand, held_indices
+from hypothesis import given
+
+from meshplan.errors import PlacementError
+from meshplan.layout import Mesh
+from meshplan.placement import (
+    Shard,
+    Spec,
+    StridedShard,
+    global_offset,
+    local_chunks,
+    local_intervals,
+    local_numel,
+    local_shape,
+    shard_intervals,
+)
+from meshplan.testing import meshes, specs
+
+SPECS = specs(mesh=meshes(max_dims=3, max_side=4, max_rank_offset=3), max_side=13)
+
+
+def _ranks(spec):
+    return [spec.mesh.rank_at(c) for c in itertools.product(*map(range, spec.mesh.shape))]
+
+
+@given(SPECS)
+def test_local_intervals_match_brute_force_chunking(spec):
+    for rank in _ranks(spec):
+        coord = spec.mesh.coordinate(rank)
+        want = held_indices(spec.placements, spec.mesh.shape, spec.shape, coord, spec.shard_order)
+        assert [expand(ivs) for ivs in local_intervals(spec, rank)] == list(want)
+
+
+@given(SPECS)
+def test_local_chunks_of_all_ranks_tile_the_tensor_once_per_replica(spec):
+    replicas = math.prod(
+        size
+        for size, p in zip(spec.mesh.shape, spec.placements, strict=True)
+        if not isinstance(p, Shard | StridedShard)
+    )
+    held: collections.Counter[tuple[int, ...]] = collections.Counter()
+    for rank in _ranks(spec):
+        chunks = local_chunks(spec, rank)
+        assert sum(c.numel() for c in chunks) == local_numel(spec, rank)
+        for c in chunks:
+            bounds = list(zip(c.offsets, c.sizes, spec.shape, strict=True))
+            assert all(o >= 0 and o + s <= n for o, s, n in bounds)
+            assert c.numel() > 0
+            held.update(itertools.product(*(range(o, o + s) for o, s, _ in bounds)))
+    everything = set(itertools.product(*map(range, spec.shape)))
+    assert set(held) == everything
+    assert set(held.values()) <= {replicas}
+
+
+@given(SPECS)
+def test_local_chunks_are_in_local_storage_order(spec):
+    # the local tensor is the row-major cartesian product of per-dim intervals
+    for rank in _ranks(spec):
+        per_dim = local_intervals(spec, rank)
+        chunks = local_chunks(spec, rank)
+        if all(per_dim):
+            boxes = list(itertools.product(*per_dim))
+            assert [c.offsets for c in chunks] == [tuple(a for a, _ in b) for b in boxes]
+        else:
+            assert chunks == ()
+
+
+@given(SPECS)
+def test_local_shape_and_offset_come_from_the_intervals(spec):
+    for rank in _ranks(spec):
+        per_dim = local_intervals(spec, rank)
+        assert local_shape(spec, rank) == tuple(len(expand(ivs)) for ivs in per_dim)
+        offsets = global_offset(spec, rank)
+        for d, ivs in enumerate(per_dim):
+            assert offsets[d] == (ivs[0][0] if ivs else spec.shape[d])
+
+
+def test_uneven_shard_follows_torch_chunk_and_empty_shards_sit_at_the_end():
+    spec = Spec(Mesh.create(4), (Shard(0),), (5, 2))
+    assert [local_shape(spec, r) for r in range(4)] == [(2, 2), (2, 2), (1, 2), (0, 2)]
+    assert [global_offset(spec, r) for r in range(4)] == [(0, 0), (2, 0), (4, 0), (5, 0)]
+    assert local_chunks(spec, 3) == ()
+
+
+def test_shard_order_chunks_in_order():
+    mesh = Mesh.create((2, 3), ("dp", "tp"))
+    spec = Spec(mesh, (Shard(0), Shard(0)), (12,), shard_order={0: ("tp", "dp")})
+    # tp splits 12 into thirds, dp halves each third
+    assert [local_intervals(spec, r)[0] for r in range(6)] == [
+        ((0, 2),), ((4, 6),), ((8, 10),),
+        ((2, 4),), ((6, 8),), ((10, 12),),
+    ]  # fmt: skip
+
+
+def test_uneven_shard_order_gives_several_pieces_only_where_strided():
+    mesh = Mesh.create((2, 2))
+    spec = Spec(mesh, (StridedShard(0, 3), Shard(0)), (7,))
+    # split 7 into 3,3,1; each over d0 (2,1 / 2,1 / 1,0); d1 chunks the rank's 5 or 2
+    assert local_intervals(spec, 0) == (((0, 2), (3, 4)),)
+    assert local_intervals(spec, 1) == (((4, 5), (6, 7)),)
+    assert local_intervals(spec, 2) == (((2, 3),),)
+    assert local_intervals(spec, 3) == (((5, 6),),)
+
+
+def test_shard_intervals_on_a_piece():
+    assert shard_intervals(((0, 3), (6, 9)), Shard(0), 2, 1) == ((6, 9),)
+    assert shard_intervals(((0, 3), (6, 9)), Shard(0), 4, 1) == ((2, 3), (6, 7))
+    assert shard_intervals((), StridedShard(0, 2), 2, 0) == ()
+
+
+def test_rank_outside_the_mesh_raises():
+    spec = Spec(Mesh.create(2, ranks=[4, 5]), (Shard(0),), (4,))
+    with pytest.raises(PlacementError, match="rank 0 is not in mesh"):
+        local_shape(spec, 0)
