@@ -32,7 +32,7 @@ import sys
 import time
 import traceback
 import weakref
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from meshplan.errors import RuntimeShellError
@@ -40,7 +40,15 @@ from meshplan.errors import RuntimeShellError
 __all__ = ["WorkerError", "WorkerPool", "RemoteError"]
 
 _HOST = "127.0.0.1"
-_PRELOAD = ["__main__", "torch", "torch.distributed", "meshplan.redistribute._pool"]
+_PRELOAD = (
+    "__main__",
+    "torch",
+    "torch.distributed",
+    "meshplan.layout",
+    "meshplan.redistribute._pool",
+    "meshplan.redistribute._groups",
+    "meshplan.redistribute._collectives",
+)
 
 
 class WorkerError(RuntimeShellError):
@@ -87,6 +95,12 @@ class WorkerPool:
     the results in rank order. Nothing starts before the first ``run`` (or ``start``);
     ``shutdown`` (or leaving a ``with`` block) stops the workers.
 
+    ``timeout`` bounds each task (seconds), ``pg_timeout`` the world group's collectives,
+    ``death_grace`` how long the survivors of a dead worker get to report. ``preload``
+    names modules the fork server imports once (torch and meshplan's shell always), so
+    that tasks importing them start instantly; ``env`` is set in every worker;
+    ``threads`` is each worker's torch thread count.
+
     >>> pool = WorkerPool(4, timeout=30)    # nothing is spawned yet
     >>> pool.world_size, pool.alive, pool.starts
     (4, False, 0)
@@ -105,6 +119,7 @@ class WorkerPool:
         start_method: str = "forkserver",
         threads: int = 1,
         env: Mapping[str, str] | None = None,
+        preload: Sequence[str] = (),
     ) -> None:
         if not isinstance(world_size, int) or isinstance(world_size, bool) or world_size < 1:
             raise RuntimeShellError(
@@ -131,6 +146,7 @@ class WorkerPool:
         self.start_method = start_method
         self.threads = int(threads)
         self.env = dict(env or {})
+        self.preload = tuple(preload)
         self.starts = 0
         self._procs: list[Any] = []
         self._conns: list[multiprocessing.connection.Connection] = []
@@ -166,7 +182,7 @@ class WorkerPool:
 
         ctx = multiprocessing.get_context(self.start_method)
         if self.start_method == "forkserver":
-            ctx.set_forkserver_preload(_PRELOAD)
+            ctx.set_forkserver_preload([*_PRELOAD, *self.preload])
         store = TCPStore(
             _HOST,
             0,

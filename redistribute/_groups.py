@@ -1,0 +1,322 @@
+"""Process groups for a mesh: one torch group per distinct rank set, ordered by mesh coordinate.
+
+:class:`ProcessGroups` is the shell's process-group table for one :class:`~meshplan.layout.Mesh`.
+``groups.get(dims)`` returns a :class:`Group`: the torch ``ProcessGroup`` that the calling
+rank shares with its neighbours along ``dims`` (mesh dims, indices or flattened aliases),
+together with the members' global ranks in mesh-coordinate order.
+
+Why the order matters: a torch process group numbers its members by its own rank list,
+and torch sorts that list by default, so with a permuted rank map "group rank i" is not
+"mesh coordinate i" and collectives that assume so silently permute data. Every meshplan
+collective takes and returns per-position data (position = coordinate along the group's
+dims) and maps positions to torch group ranks through the :class:`Group` helpers.
+
+How groups are created (torch 2.13, any backend; verified on gloo):
+
+* Lazily, on the first ``get`` that needs them, by the group's members only, with
+  ``torch.distributed.new_group(ranks, use_local_synchronization=True, sort_ranks=False)``.
+  Non-members never enter the call, so a mesh may cover part of the world.
+* One torch group per distinct rank set: two names for the same ranks (a dim and a
+  one-dim alias of it, an alias of ``("a", "c")`` and one of ``("c", "a")``) share one
+  group, whatever order their coordinates list the ranks in.
+* The torch group lists its members in mesh-layout order (the order of ``mesh.ranks``),
+  the same on every member whichever name asked first; for ascending dims of a row-major
+  mesh this is the coordinate order, so the common case needs no reordering.
+* torch names a locally synchronized group after its ranks *and the number of process
+  groups the calling process has created so far*, so a group's members must have created
+  equally many process groups before it. Every rank running the same program (SPMD)
+  guarantees that; :meth:`ProcessGroups.create_all` creates every group up front in one
+  fixed order. If members disagree, creation times out with a :class:`RuntimeShellError`
+  instead of hanging.
+* The same naming makes destroying and re-creating a group unsafe in torch 2.13: once a
+  group is destroyed the count drops, the re-created group gets the old name, and gloo
+  reads the old members' stale addresses from the store ("Connection refused"). So
+  torch groups are never destroyed here: they live in one table per process (the shell's
+  process-group table), keyed by (member set, backend, timeout) and shared by every
+  ``ProcessGroups``, so building ``ProcessGroups`` again for the same or another mesh
+  reuses them instead of opening more connections. The table is dropped when the default
+  group changes (``torch.distributed`` re-initialized).
+* ``torch.distributed.split_group`` (one call per mesh dim) needs a device-bound NCCL
+  default group and every rank of the parent; it does not exist for gloo and is not
+  used here.
+* Every group gets ``timeout`` (seconds): a collective that waits longer on a dead or
+  stuck peer fails, and the collective helpers turn that into a ``RuntimeShellError``.
+"""
+
+from __future__ import annotations
+
+import datetime
+from collections.abc import Sequence
+from typing import Any
+
+import attrs
+
+from meshplan.errors import RuntimeShellError
+from meshplan.layout import Mesh
+
+__all__ = ["DEFAULT_TIMEOUT", "Group", "ProcessGroups"]
+
+DEFAULT_TIMEOUT = 600.0
+"""Seconds a collective may wait for its peers before it fails (NCCL's default too)."""
+
+DimsKey = int | str | Sequence[int | str] | None
+
+
+def _ranks(value: Sequence[int]) -> tuple[int, ...]:
+    return tuple(int(r) for r in value)
+
+
+@attrs.frozen(repr=False)
+class Group:
+    """One rank group of a mesh as the calling rank sees it: a torch group plus coordinate order.
+
+    ``ranks`` lists the members by mesh coordinate along the group's dims (the order of
+    every meshplan collective's per-position data); ``pg_ranks`` lists them in the torch
+    group's own rank order; ``pg`` is the torch ``ProcessGroup``.
+
+    >>> g = Group("tp", ranks=(7, 5, 6), pg_ranks=(5, 6, 7), rank=5, pg=None, timeout=60.0)
+    >>> g.size, g.position, g.group_rank(0), g.position_of(0)
+    (3, 1, 2, 1)
+    >>> g.to_group_order(["from 7", "from 5", "from 6"])
+    ['from 5', 'from 6', 'from 7']
+    >>> g.to_position_order(["from 5", "from 6", "from 7"])
+    ['from 7', 'from 5', 'from 6']
+    """
+
+    name: str
+    ranks: tuple[int, ...] = attrs.field(converter=_ranks)
+    pg_ranks: tuple[int, ...] = attrs.field(converter=_ranks)
+    rank: int
+    pg: Any = attrs.field(eq=False)
+    timeout: float = DEFAULT_TIMEOUT
+    _group_of_position: tuple[int, ...] = attrs.field(init=False, eq=False)
+    _position_of_group: tuple[int, ...] = attrs.field(init=False, eq=False)
+
+    def __attrs_post_init__(self) -> None:
+        if sorted(self.ranks) != sorted(self.pg_ranks) or len(set(self.ranks)) != len(self.ranks):
+            raise RuntimeShellError(
+                f"group {self.name!r}: coordinate order {self.ranks!r} and process-group order "
+                f"{self.pg_ranks!r} must list the same distinct ranks",
+                value=self.ranks,
+            )
+        if self.rank not in self.ranks:
+            raise RuntimeShellError(
+                f"group {self.name!r} over ranks {self.ranks!r} does not contain the calling "
+                f"rank {self.rank}",
+                value=self.rank,
+            )
+        where = {r: g for g, r in enumerate(self.pg_ranks)}
+        to_group = tuple(where[r] for r in self.ranks)
+        to_position = [0] * len(to_group)
+        for p, g in enumerate(to_group):
+            to_position[g] = p
+        object.__setattr__(self, "_group_of_position", to_group)
+        object.__setattr__(self, "_position_of_group", tuple(to_position))
+
+    @property
+    def size(self) -> int:
+        """Number of members."""
+        return len(self.ranks)
+
+    @property
+    def position(self) -> int:
+        """The calling rank's position (mesh coordinate along the group's dims)."""
+        return self.ranks.index(self.rank)
+
+    @property
+    def is_identity(self) -> bool:
+        """True when the torch group's rank order is the coordinate order."""
+        return self.ranks == self.pg_ranks
+
+    def group_rank(self, position: int) -> int:
+        """The torch group rank of the member at ``position``."""
+        return self._group_of_position[self._check(position, "position")]
+
+    def position_of(self, group_rank: int) -> int:
+        """The position (coordinate order) of the member with torch group rank ``group_rank``."""
+        return self._position_of_group[self._check(group_rank, "group rank")]
+
+    def to_group_order(self, items: Sequence[Any]) -> list[Any]:
+        """Reorder per-position ``items`` into torch group-rank order."""
+        self._check_len(items)
+        return [items[p] for p in self._position_of_group]
+
+    def to_position_order(self, items: Sequence[Any]) -> list[Any]:
+        """Reorder per-group-rank ``items`` into position (coordinate) order."""
+        self._check_len(items)
+        return [items[g] for g in self._group_of_position]
+
+    def _check(self, index: int, what: str) -> int:
+        if not isinstance(index, int) or not 0 <= index < self.size:
+            raise RuntimeShellError(
+                f"{what} {index!r} is out of range for group {self.name!r} of size {self.size}",
+                value=index,
+            )
+        return index
+
+    def _check_len(self, items: Sequence[Any]) -> None:
+        if len(items) != self.size:
+            raise RuntimeShellError(
+                f"group {self.name!r} has {self.size} members but got {len(items)} items; "
+                "pass one item per member",
+                value=len(items),
+            )
+
+    def __repr__(self) -> str:
+        return (
+            f"Group({self.name!r}, ranks={self.ranks!r}, pg_ranks={self.pg_ranks!r}, "
+            f"rank={self.rank}, timeout={self.timeout})"
+        )
+
+
+class ProcessGroups:
+    """The process groups of ``mesh`` that the calling rank needs, created on first use.
+
+    Needs ``torch.distributed`` to be initialized (any backend). ``get(dims)`` (or
+    ``groups[dims]``) returns the calling rank's :class:`Group` along ``dims``: a mesh dim
+    name or index, a flattened alias, or several of them (``None``: the whole mesh).
+    ``timeout`` (seconds or a ``timedelta``) bounds every collective on these groups.
+
+    >>> ProcessGroups.__name__   # needs a running torch.distributed world; see the tests
+    'ProcessGroups'
+    """
+
+    def __init__(
+        self,
+        mesh: Mesh,
+        *,
+        timeout: float | datetime.timedelta = DEFAULT_TIMEOUT,
+        backend: str | None = None,
+    ) -> None:
+        import torch.distributed as dist
+
+        if not isinstance(mesh, Mesh):
+            raise RuntimeShellError(f"ProcessGroups needs a Mesh, got {mesh!r}", value=mesh)
+        if not dist.is_available() or not dist.is_initialized():
+            raise RuntimeShellError(
+                "torch.distributed is not initialized; call "
+                "torch.distributed.init_process_group(...) before ProcessGroups(mesh)"
+            )
+        if isinstance(timeout, datetime.timedelta):
+            timeout = timeout.total_seconds()
+        if not isinstance(timeout, int | float) or isinstance(timeout, bool) or timeout <= 0:
+            raise RuntimeShellError(
+                f"timeout must be a positive number of seconds, got {timeout!r}", value=timeout
+            )
+        self.mesh = mesh
+        self.timeout = float(timeout)
+        self.backend = backend
+        self.rank = dist.get_rank()
+        self.world_size = dist.get_world_size()
+        if max(mesh.ranks) >= self.world_size:
+            raise RuntimeShellError(
+                f"mesh {mesh} uses rank {max(mesh.ranks)} but the world has only "
+                f"{self.world_size} ranks; build the mesh over ranks below {self.world_size}",
+                value=mesh,
+            )
+        if not mesh.contains(self.rank):
+            raise RuntimeShellError(
+                f"rank {self.rank} is not in mesh {mesh} (ranks {mesh.ranks!r}); create "
+                "ProcessGroups only on the mesh's ranks",
+                value=self.rank,
+            )
+        self._index: dict[int, int] | None = None
+        self._handles: dict[Any, Group] = {}
+
+    # -- lookup -----------------------------------------------------------------------
+
+    def get(self, dims: DimsKey = None) -> Group:
+        """The calling rank's group along ``dims`` (created, with its members, on first use)."""
+        key = _key(dims)
+        handle = self._handles.get(key)
+        if handle is None:
+            ranks = self.mesh.group_of(self.rank, None if key is None else list(key))
+            name = ",".join(self.mesh.names) if key is None else ",".join(map(str, key))
+            pg, pg_ranks = self._process_group(ranks, name)
+            handle = Group(name, ranks, pg_ranks, self.rank, pg, self.timeout)
+            self._handles[key] = handle
+        return handle
+
+    def __getitem__(self, dims: DimsKey) -> Group:
+        return self.get(dims)
+
+    def create_all(self) -> tuple[Group, ...]:
+        """Create every mesh dim's and alias's group now, in one fixed order on every rank.
+
+        Order: the mesh dims in order, then the aliases by name. Use it at start-up when
+        ranks might otherwise first need groups in different orders.
+        """
+        keys = list(self.mesh.names) + sorted(self.mesh.aliases)
+        return tuple(self.get(k) for k in keys)
+
+    @property
+    def process_groups(self) -> dict[tuple[int, ...], Any]:
+        """The torch groups this object has used so far, keyed by their sorted member ranks."""
+        return {tuple(sorted(h.ranks)): h.pg for h in self._handles.values()}
+
+    def __repr__(self) -> str:
+        return (
+            f"ProcessGroups({self.mesh}, rank={self.rank}, timeout={self.timeout}, "
+            f"groups={len(self.process_groups)})"
+        )
+
+    # -- creation ---------------------------------------------------------------------
+
+    def _layout_index(self, rank: int) -> int:
+        ranks = self.mesh.ranks
+        if isinstance(ranks, range):
+            return ranks.index(rank)
+        if self._index is None:
+            self._index = {r: i for i, r in enumerate(ranks)}
+        return self._index[rank]
+
+    def _process_group(self, ranks: tuple[int, ...], name: str) -> tuple[Any, tuple[int, ...]]:
+        import torch.distributed as dist
+
+        world = dist.group.WORLD
+        if _TABLE.get("world") is not world:
+            _TABLE.clear()
+            _TABLE["world"] = world
+        key = (tuple(sorted(ranks)), self.backend, self.timeout)
+        found = _TABLE.get(key)
+        if found is not None:
+            return found
+        order = tuple(sorted(ranks, key=self._layout_index))
+        try:
+            pg = dist.new_group(
+                list(order),
+                timeout=datetime.timedelta(seconds=self.timeout),
+                backend=self.backend,
+                use_local_synchronization=True,
+                sort_ranks=False,
+                group_desc=f"meshplan:{name}",
+            )
+        except (RuntimeError, ValueError) as exc:
+            raise RuntimeShellError(
+                f"creating the process group {name!r} over ranks {order!r} failed on rank "
+                f"{self.rank}: {_first_line(exc)}. Every member must create it too, after "
+                "creating equally many process groups before it (run the same program on "
+                "every rank, or call ProcessGroups.create_all() on all of them first)",
+                value=order,
+            ) from exc
+        _TABLE[key] = (pg, order)
+        return pg, order
+
+
+# The shell's process-group table: (sorted ranks, backend, timeout) -> (torch group, its
+# rank order), plus "world" -> the default group it belongs to. Shared by every
+# ProcessGroups in the process; entries are never destroyed (see the module docstring).
+_TABLE: dict[Any, Any] = {}
+
+
+def _key(dims: DimsKey) -> Any:
+    if dims is None:
+        return None
+    if isinstance(dims, int | str):
+        return (dims,)
+    return tuple(dims)
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
