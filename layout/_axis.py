@@ -20,7 +20,7 @@ import attrs
 
 from meshplan.errors import MeshError
 
-__all__ = ["Axis", "MeshLayout", "coalesce", "complement", "compose"]
+__all__ = ["Axis", "MeshLayout", "coalesce", "complement", "compose", "modes_of"]
 
 Mode = tuple[int, int]  # (size, stride)
 
@@ -240,16 +240,68 @@ def complement(modes: Iterable[Mode], world: int) -> Axis:
 def compose(outer: Axis, inner: Axis) -> Axis:
     """``outer ∘ inner``: index ``i`` maps to ``outer.offset(inner.offset(i))``.
 
-    Exists as a layout when ``inner``'s strides and sizes divide ``outer``'s modes;
-    otherwise :class:`MeshError`.
+    Mode by mode when ``inner``'s strides and sizes divide ``outer``'s modes (CuTe's
+    admissible case, O(modes)); otherwise by enumerating the ``inner.size()`` offsets.
+    Raises :class:`MeshError` when the composite is not a layout.
 
     >>> compose(Axis.of((2, 4), (1, 2)), Axis.of(2, 4))   # every 4th index of outer
     Axis(sizes=(2,), strides=(1,))
+    >>> compose(Axis.of((2, 3), (1, 2)), Axis.of(2, 2))   # offsets 0, 4: not admissible
+    Axis(sizes=(2,), strides=(4,))
     """
     result: list[Mode] = []
-    for size, stride in inner.modes:
-        result.extend(_compose_mode(outer, size, stride))
-    return Axis.from_modes(result)
+    try:
+        for size, stride in inner.modes:
+            result.extend(_compose_mode(outer, size, stride))
+    except _NotAdmissible:
+        pass
+    else:
+        return Axis.from_modes(result)
+    offsets = [outer.offset(inner.offset(i)) for i in range(inner.size())]
+    modes = modes_of(offsets)
+    if modes is None:
+        raise MeshError(
+            f"{outer} composed with {inner} is not a layout (its offsets "
+            f"{_short(offsets)} are not a mixed-radix progression); choose sizes that split "
+            "the layout's modes evenly",
+            value=(outer, inner),
+        )
+    return Axis.from_modes(modes)
+
+
+def modes_of(offsets: Sequence[int]) -> tuple[Mode, ...] | None:
+    """The coalesced modes that enumerate ``offsets`` in order, or None if no layout does.
+
+    >>> modes_of([0, 1, 4, 5]), modes_of([0, 1, 3])
+    (((2, 4), (2, 1)), None)
+    """
+    out: list[Mode] = []
+    offsets = list(offsets)
+    while len(offsets) > 1:
+        if offsets[0] != 0:
+            return None
+        n, d = len(offsets), offsets[1]
+        run = next((i for i in range(n) if offsets[i] != i * d), n)
+        if n % run or d < 0:
+            return None
+        for j in range(0, n, run):
+            if any(offsets[j + i] != offsets[j] + i * d for i in range(run)):
+                return None
+        out.append((run, d))
+        offsets = offsets[::run]
+    if offsets and offsets[0] != 0:
+        return None
+    return tuple(reversed(out))
+
+
+def _short(values: Sequence[int], limit: int = 8) -> str:
+    if len(values) <= limit:
+        return repr(tuple(values))
+    return f"({', '.join(map(str, values[:limit]))}, ...)"
+
+
+class _NotAdmissible(Exception):
+    pass
 
 
 def _compose_mode(outer: Axis, size: int, stride: int) -> list[Mode]:
@@ -276,11 +328,7 @@ def _compose_mode(outer: Axis, size: int, stride: int) -> list[Mode]:
         rest_size //= avail
         rest_stride = 1
     if rest_size != 1:
-        raise MeshError(
-            f"cannot take {size}:{stride} of layout {outer}: the sizes do not divide its "
-            "modes (or run past its size); choose sizes that split the dim evenly",
-            value=(outer, size, stride),
-        )
+        raise _NotAdmissible
     return list(reversed(pieces))
 
 

@@ -357,12 +357,15 @@ class Mesh:
                 for s, d in zip(sizes, row_major_strides(sizes), strict=True)
             )
         except MeshError:
+            parts = None
+        if parts is None or Axis.from_modes(m for p in parts for m in p.modes) != axis:
             raise MeshError(
                 f"cannot unflatten dim {self.names[i]!r} (layout {axis}, a flattening of "
                 f"non-adjacent dims) into sizes {sizes!r}: the sizes do not split its modes "
-                f"{axis.sizes!r} evenly; choose sizes that divide them, e.g. {axis.sizes!r}",
+                f"{axis.sizes!r} into layouts that add up to it; choose sizes that split "
+                f"those modes, e.g. {axis.sizes!r}",
                 value=sizes,
-            ) from None
+            )
         axes = self.layout.axes[:i] + parts + self.layout.axes[i + 1 :]
         new_names = self.names[:i] + names + self.names[i + 1 :]
         return Mesh(MeshLayout(axes), self.ranks, new_names, self.aliases, self.device_type)
