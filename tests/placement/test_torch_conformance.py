@@ -51,6 +51,7 @@ from meshplan.placement import (
 )
 from meshplan.testing import meshes, specs
 
+
 def _value(spec: Spec) -> torch.Tensor:
     # distinct, exactly representable values
     return torch.arange(math.prod(spec.shape), dtype=torch.float64).reshape(spec.shape)
@@ -207,7 +208,7 @@ def test_shard_order_sweep(capsys):
         for order in itertools.permutations(range(len(shape_m))):
             if list(order) == sorted(order):
                 continue
-            for n in (0, 1, 3, 4, 5, 7, 8, 13):
+            for n in (0, 1, 3, 4, 5, 7):
                 spec = Spec(mesh, [Shard(0)] * len(shape_m), (n,), "float64", {0: order})
                 counts[classify(spec)] += 1
     with capsys.disabled():
