@@ -23,6 +23,12 @@ Dims = DimKey | Sequence[DimKey] | slice | None
 def _names(value: Iterable[str] | str) -> tuple[str, ...]:
     if isinstance(value, str):
         return (value,)
+    return _tuple(value, "names")
+
+
+def _tuple(value: Iterable, what: str) -> tuple:
+    if isinstance(value, str | bytes) or not isinstance(value, Iterable):
+        raise MeshError(f"{what} must be a sequence, got {value!r}", value=value)
     return tuple(value)
 
 
@@ -330,7 +336,7 @@ class Mesh:
         ((2, 2, 4), ('dp', 'cp', 'tp'), (0, 4))
         """
         i = self.dim_index(dim)
-        sizes, names = tuple(sizes), _names(names)
+        sizes, names = _tuple(sizes, "unflatten sizes"), _names(names)
         if len(sizes) != len(names):
             raise MeshError(
                 f"unflatten got {len(sizes)} sizes {sizes!r} but {len(names)} names "
@@ -419,7 +425,7 @@ class Mesh:
         >>> m.rank_at((1, 2)), m["dp"].rank_at((1,), at=3)
         (6, 7)
         """
-        coordinate = tuple(coordinate)
+        coordinate = _tuple(coordinate, "a coordinate")
         if len(coordinate) != self.ndim or any(
             isinstance(c, bool) or not isinstance(c, int) or not 0 <= c < s
             for c, s in zip(coordinate, self.shape, strict=True)

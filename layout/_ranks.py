@@ -50,11 +50,13 @@ RankMap = range | RankTuple
 def short_repr(seq: Sequence[Any], limit: int = 12) -> str:
     """``repr`` of a sequence, eliding the middle of long ones.
 
-    >>> short_repr(range(100)), short_repr(tuple(range(20)), limit=4)
-    ('range(0, 100)', '(0, 1, ..., 18, 19) (20 items)')
+    >>> short_repr(range(3)), short_repr(range(100)), short_repr(tuple(range(20)), limit=4)
+    ('(0, 1, 2)', 'range(0, 100)', '(0, 1, ..., 18, 19) (20 items)')
     """
-    if isinstance(seq, range) or len(seq) <= limit:
-        return repr(tuple(seq) if isinstance(seq, RankTuple) else seq)
+    if len(seq) <= limit:
+        return repr(tuple(seq))
+    if isinstance(seq, range):
+        return repr(seq)
     half = limit // 2
     head = ", ".join(map(repr, seq[:half]))
     tail = ", ".join(map(repr, seq[-half:]))
