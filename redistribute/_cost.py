@@ -1,0 +1,417 @@
+"""The cost model: alpha-beta prices for collectives per mesh dim, plus local compute.
+
+One pricing function (:func:`_price`) serves the planner, :func:`step_cost`,
+:func:`cost`, ``explain()`` and strategy selection, so estimates agree everywhere.
+
+Model (per step over the mesh dims ``G``; ``n`` ranks in the group, ``b_in``/``b_out``
+the padded local bytes before/after — the largest rank's, as collectives pad to it):
+
+===============  ==========================================  ===========================
+collective       bytes received per rank                     time
+===============  ==========================================  ===========================
+local (None)     0                                           launch_local + b_out/copy
+all_gather       (n-1) * b_in                                launch + a*L + recv/bw
+reduce_scatter   (n-1) * b_out                               ... + recv/reduce
+all_reduce       2 (n-1)/n * b_in                            launch + 2a*L + recv/bw + ...
+all_to_all,      (k-1)/k * b_out (k: ranks that send, i.e.   launch + a*ceil(log2 k)
+all_permute      the dims sharded in the source)             + recv/bw + b_out/copy
+===============  ==========================================  ===========================
+
+``L = ceil(log2 n)`` (latency of a tree / recursive-doubling schedule; bandwidth terms of
+a ring). ``a``/``bw`` are the latency and bandwidth of the group's link: the slowest of
+its mesh dims (a dim spanning nodes is inter-node). No torch here.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from collections.abc import Sequence
+
+import attrs
+
+from meshplan.errors import PlanError
+from meshplan.layout import Mesh
+from meshplan.placement import Spec, StridedShard, dtype_itemsize, is_shard_like
+
+__all__ = [
+    "Link",
+    "HardwareProfile",
+    "CostModel",
+    "Cost",
+    "cost",
+    "step_cost",
+    "transition_cost",
+    "padded_local_bytes",
+    "chain_extent",
+]
+
+
+def _positive(instance, attribute, value) -> None:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
+        raise PlanError(
+            f"{type(instance).__name__}.{attribute.name} must be a number > 0, got {value!r}",
+            value=value,
+        )
+
+
+def _non_negative(instance, attribute, value) -> None:
+    if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
+        raise PlanError(
+            f"{type(instance).__name__}.{attribute.name} must be a number >= 0, got {value!r}",
+            value=value,
+        )
+
+
+@attrs.frozen(cache_hash=True)
+class Link:
+    """The alpha-beta parameters of one kind of connection: latency (s) and bandwidth (B/s).
+
+    >>> Link(2e-6, 100e9).seconds(1e9)
+    0.010002
+    """
+
+    latency_s: float = attrs.field(validator=_non_negative, converter=float)
+    bytes_per_s: float = attrs.field(validator=_positive, converter=float)
+
+    def seconds(self, nbytes: float) -> float:
+        """Time to send ``nbytes`` over one hop."""
+        return self.latency_s + nbytes / self.bytes_per_s
+
+
+def _links(value) -> tuple[Link, ...] | None:
+    if value is None:
+        return None
+    return tuple(v if isinstance(v, Link) else Link(*v) for v in value)
+
+
+@attrs.frozen(cache_hash=True)
+class HardwareProfile:
+    """Measured or assumed hardware numbers the cost model prices steps with.
+
+    Either per-node links (``intra`` within a node of ``ranks_per_node`` consecutive
+    global ranks, ``inter`` across nodes; ``ranks_per_node=None`` means one node), or
+    explicit per-mesh-dim links ``dims`` (what ``calibrate`` measures; they win when
+    given). Plus per-kernel launch overheads and local memory / reduction throughput.
+
+    >>> hw = HardwareProfile.nvlink_ib(gpus_per_node=8)
+    >>> hw.ranks_per_node, hw.inter.bytes_per_s < hw.intra.bytes_per_s
+    (8, True)
+    >>> HardwareProfile.from_dims([(1e-6, 100e9), (5e-6, 20e9)]).dims[1]
+    Link(latency_s=5e-06, bytes_per_s=20000000000.0)
+    """
+
+    intra: Link = Link(1e-6, 150e9)
+    inter: Link = Link(5e-6, 25e9)
+    ranks_per_node: int | None = None
+    dims: tuple[Link, ...] | None = attrs.field(default=None, converter=_links)
+    launch_s: float = attrs.field(default=8e-6, validator=_non_negative, converter=float)
+    local_launch_s: float = attrs.field(default=2e-6, validator=_non_negative, converter=float)
+    copy_bytes_per_s: float = attrs.field(default=1e12, validator=_positive, converter=float)
+    reduce_bytes_per_s: float = attrs.field(default=5e11, validator=_positive, converter=float)
+
+    def __attrs_post_init__(self) -> None:
+        rpn = self.ranks_per_node
+        if rpn is not None and (isinstance(rpn, bool) or not isinstance(rpn, int) or rpn < 1):
+            raise PlanError(f"ranks_per_node must be an int >= 1 or None, got {rpn!r}", value=rpn)
+
+    @classmethod
+    def nvlink_ib(cls, gpus_per_node: int = 8) -> HardwareProfile:
+        """GPU nodes: NVLink within a node of ``gpus_per_node`` ranks, InfiniBand across."""
+        return cls(
+            intra=Link(1e-6, 150e9),
+            inter=Link(5e-6, 25e9),
+            ranks_per_node=gpus_per_node,
+            launch_s=8e-6,
+            local_launch_s=2e-6,
+            copy_bytes_per_s=1.5e12,
+            reduce_bytes_per_s=7e11,
+        )
+
+    @classmethod
+    def gloo_cpu(cls) -> HardwareProfile:
+        """CPU processes on one host talking through gloo (loopback TCP)."""
+        return cls(
+            intra=Link(40e-6, 3e9),
+            inter=Link(100e-6, 1e9),
+            ranks_per_node=None,
+            launch_s=60e-6,
+            local_launch_s=5e-6,
+            copy_bytes_per_s=8e9,
+            reduce_bytes_per_s=4e9,
+        )
+
+    @classmethod
+    def from_dims(cls, links: Sequence[tuple[float, float] | Link], **kwargs) -> HardwareProfile:
+        """A profile with one measured ``(latency_s, bytes_per_s)`` per mesh dim."""
+        links = _links(links)
+        if not links:
+            raise PlanError("from_dims needs one (latency_s, bytes_per_s) per mesh dim", value=links)
+        return cls(dims=links, **kwargs)
+
+
+@attrs.frozen(cache_hash=True)
+class CostModel:
+    """Prices steps and plans on a :class:`HardwareProfile` (see the module docs).
+
+    >>> CostModel.default().profile == HardwareProfile.nvlink_ib()
+    True
+    >>> CostModel(HardwareProfile.gloo_cpu()).profile.launch_s
+    6e-05
+    """
+
+    profile: HardwareProfile = attrs.field(factory=HardwareProfile.nvlink_ib)
+
+    @classmethod
+    def default(cls) -> CostModel:
+        """The model ``plan()`` uses when given none: :meth:`HardwareProfile.nvlink_ib`."""
+        return _DEFAULT
+
+    @classmethod
+    def from_profile(cls, profile: HardwareProfile) -> CostModel:
+        return cls(profile)
+
+
+_DEFAULT = CostModel()
+
+
+@attrs.frozen
+class Cost:
+    """A price: seconds of communication and of local compute, their sum, and bytes received.
+
+    ``bytes`` counts what the busiest rank receives (padded), summed over steps.
+
+    >>> Cost(1.0, 0.5, 10) + Cost(2.0, 0.0, 5)
+    Cost(comm=3.0, compute=0.5, bytes=15, total=3.5)
+    """
+
+    comm: float = 0.0
+    compute: float = 0.0
+    bytes: int = 0
+    total: float = attrs.field(init=False)
+
+    def __attrs_post_init__(self) -> None:
+        object.__setattr__(self, "total", self.comm + self.compute)
+
+    def __add__(self, other: Cost) -> Cost:
+        if not isinstance(other, Cost):
+            return NotImplemented
+        return Cost(self.comm + other.comm, self.compute + other.compute, self.bytes + other.bytes)
+
+
+# -- local sizes --------------------------------------------------------------------------
+
+
+@functools.lru_cache(maxsize=65536)
+def chain_extent(length: int, kinds: tuple[tuple[int, int], ...]) -> int:
+    """The largest local length of a tensor dim of ``length`` sharded by a chain of mesh dims.
+
+    ``kinds`` lists ``(mesh_dim_size, split_factor)`` in shard order (1 for ``Shard``).
+
+    >>> chain_extent(5, ((2, 1), (2, 1))), chain_extent(8, ((2, 2),)), chain_extent(3, ())
+    (2, 4, 3)
+    """
+    lengths = {length}
+    for n, sf in kinds:
+        nxt: set[int] = set()
+        for L in lengths:
+            if sf == 1:
+                nxt.update(_chunk_lengths(L, n))
+            else:
+                pieces = _chunk_lengths(L, sf)
+                for c in range(n):
+                    nxt.add(sum(_chunk_length(p, n, c) for p in pieces))
+        lengths = nxt
+    return max(lengths)
+
+
+def _chunk_length(length: int, parts: int, index: int) -> int:
+    size = -(-length // parts)
+    start = min(size * index, length)
+    return min(start + size, length) - start
+
+
+def _chunk_lengths(length: int, parts: int) -> tuple[int, ...]:
+    return tuple(_chunk_length(length, parts, c) for c in range(parts))
+
+
+def _kinds(spec: Spec, tensor_dim: int) -> tuple[tuple[int, int], ...]:
+    sizes = spec.mesh.shape
+    out = []
+    for m in spec.order(tensor_dim):
+        p = spec.placements[m]
+        out.append((sizes[m], p.split_factor if isinstance(p, StridedShard) else 1))
+    return tuple(out)
+
+
+@functools.lru_cache(maxsize=16384)
+def padded_local_bytes(spec: Spec) -> int:
+    """Bytes of the largest local tensor of ``spec`` (per dim the longest shard).
+
+    >>> from meshplan.placement import Shard
+    >>> padded_local_bytes(Spec(Mesh.create(4), [Shard(0)], (5, 3)))  # 2 rows x 3 x 4 B
+    24
+    """
+    n = dtype_itemsize(spec.dtype)
+    for d, length in enumerate(spec.shape):
+        n *= chain_extent(length, _kinds(spec, d))
+    return n
+
+
+# -- links ----------------------------------------------------------------------------------
+
+
+@functools.lru_cache(maxsize=4096)
+def _spans_nodes(mesh: Mesh, dims: tuple[int, ...], ranks_per_node: int) -> bool:
+    for group in mesh.groups(dims):
+        node = group[0] // ranks_per_node
+        if any(r // ranks_per_node != node for r in group):
+            return True
+    return False
+
+
+def group_link(model: CostModel, mesh: Mesh, dims: tuple[int, ...]) -> Link:
+    """The link a group over ``dims`` communicates on: the slowest of its dims' links."""
+    hw = model.profile
+    if hw.dims is not None:
+        if len(hw.dims) != mesh.ndim:
+            raise PlanError(
+                f"hardware profile has links for {len(hw.dims)} mesh dims, but mesh "
+                f"{mesh} has {mesh.ndim}; calibrate it on this mesh",
+                value=hw,
+            )
+        links = [hw.dims[m] for m in dims]
+        return Link(max(x.latency_s for x in links), min(x.bytes_per_s for x in links))
+    if hw.ranks_per_node is not None and _spans_nodes(mesh, tuple(dims), hw.ranks_per_node):
+        return hw.inter
+    return hw.intra
+
+
+# -- the one pricing function ---------------------------------------------------------------
+
+
+@functools.lru_cache(maxsize=16384)
+def coefficients(
+    model: CostModel, mesh: Mesh, dims: tuple[int, ...], collective: str | None, n_send: int
+) -> tuple[float, float, float, float, float, float, float]:
+    """Linear coefficients of a step's price in its padded local bytes ``b_in``, ``b_out``.
+
+    Returns ``(comm0, comm_in, comm_out, comp0, comp_in, comp_out, recv)``: comm =
+    comm0 + comm_in*b_in + comm_out*b_out, compute likewise, and bytes received =
+    recv * b_in for all_gather/all_reduce, recv * b_out otherwise.
+
+    >>> coefficients(CostModel(), Mesh.create(2), (0,), None, 1)[:3]
+    (0.0, 0.0, 0.0)
+    """
+    hw = model.profile
+    if collective is None:
+        return (0.0, 0.0, 0.0, hw.local_launch_s, 0.0, 1.0 / hw.copy_bytes_per_s, 0.0)
+    link = group_link(model, mesh, dims)
+    n = math.prod(mesh.shape[m] for m in dims)
+    lat, bw = link.latency_s, link.bytes_per_s
+    steps = math.ceil(math.log2(n)) if n > 1 else 0
+    if collective == "all_gather":
+        k = n_send
+        return (hw.launch_s + lat * steps, (k - 1) / bw, 0.0, 0.0, 0.0, 0.0, float(k - 1))
+    if collective == "reduce_scatter":
+        red = (n - 1) / hw.reduce_bytes_per_s
+        return (hw.launch_s + lat * steps, 0.0, (n - 1) / bw, 0.0, 0.0, red, float(n - 1))
+    if collective == "all_reduce":
+        f = (n - 1) / n
+        red = f / hw.reduce_bytes_per_s
+        return (hw.launch_s + 2 * lat * steps, 2 * f / bw, 0.0, 0.0, red, 0.0, 2 * f)
+    if collective in ("all_to_all", "all_permute"):
+        k = n_send
+        f = (k - 1) / k
+        ksteps = math.ceil(math.log2(k)) if k > 1 else 0
+        copy = 1.0 / hw.copy_bytes_per_s
+        return (hw.launch_s + lat * ksteps, 0.0, f / bw, 0.0, 0.0, copy, f)
+    raise PlanError(f"cannot price collective {collective!r}", value=collective)
+
+
+def _price(
+    model: CostModel,
+    mesh: Mesh,
+    dims: tuple[int, ...],
+    collective: str | None,
+    b_in: int,
+    b_out: int,
+    n_send: int,
+    scaled: bool = False,
+) -> Cost:
+    """The price of a step from its padded local bytes (``scaled``: divides by avg_scale)."""
+    c = coefficients(model, mesh, dims, collective, n_send)
+    comm = c[0] + c[1] * b_in + c[2] * b_out
+    compute = c[3] + c[4] * b_in + c[5] * b_out
+    if scaled:
+        compute += b_out / model.profile.copy_bytes_per_s
+    recv = c[6] * (b_in if collective in ("all_gather", "all_reduce") else b_out)
+    return Cost(comm, compute, int(round(recv)))
+
+
+def _n_send(src: Spec, dims: tuple[int, ...]) -> int:
+    sizes = src.mesh.shape
+    return math.prod(sizes[m] for m in dims if is_shard_like(src.placements[m])) or 1
+
+
+def transition_cost(
+    src: Spec,
+    dst: Spec,
+    mesh_dims: Sequence[int] | int,
+    collective: str | None,
+    model: CostModel | None = None,
+) -> Cost:
+    """The price of one step from ``src`` to ``dst`` over ``mesh_dims`` (no Step needed).
+
+    >>> from meshplan.placement import Replicate, Shard
+    >>> mesh = Mesh.create(4)
+    >>> a = Spec(mesh, [Shard(0)], (1024, 1024))
+    >>> b = Spec(mesh, [Replicate()], (1024, 1024))
+    >>> c = transition_cost(a, b, 0, "all_gather")
+    >>> c.bytes, c.comm > 0, c.compute
+    (3145728, True, 0.0)
+    """
+    dims = (mesh_dims,) if isinstance(mesh_dims, int) else tuple(mesh_dims)
+    model = model or _DEFAULT
+    scaled = collective in ("all_reduce", "reduce_scatter") and any(
+        getattr(src.placements[m], "op", None) == "avg" for m in dims
+    )
+    return _price(
+        model,
+        src.mesh,
+        dims,
+        collective,
+        padded_local_bytes(src),
+        padded_local_bytes(dst),
+        _n_send(src, dims),
+        scaled,
+    )
+
+
+def step_cost(step, model: CostModel | None = None) -> Cost:
+    """The price of one :class:`~meshplan.redistribute.Step`.
+
+    >>> from meshplan.placement import Partial, Replicate
+    >>> from meshplan.redistribute import Step
+    >>> mesh = Mesh.create(2)
+    >>> a, b = Spec(mesh, [Replicate()], (4,)), Spec(mesh, [Partial()], (4,))
+    >>> step_cost(Step(0, a, b, None)).compute > 0   # Replicate -> Partial is not free
+    True
+    """
+    return transition_cost(step.src, step.dst, step.mesh_dims, step.collective, model)
+
+
+def cost(plan, model: CostModel | None = None) -> Cost:
+    """The price of a plan: the sum of its steps' prices.
+
+    >>> from meshplan.placement import Replicate, Shard
+    >>> from meshplan.redistribute import plan as make_plan
+    >>> mesh = Mesh.create(2)
+    >>> p = make_plan(Spec(mesh, [Shard(0)], (8,)), Spec(mesh, [Replicate()], (8,)))
+    >>> cost(p).bytes
+    16
+    """
+    total = Cost()
+    for step in plan.steps:
+        total = total + step_cost(step, model)
+    return total

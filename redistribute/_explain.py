@@ -1,0 +1,163 @@
+"""``explain(plan)``: a readable table of a plan's steps, groups, traffic, memory and cost."""
+
+from __future__ import annotations
+
+import attrs
+
+from meshplan.placement import dtype_itemsize, format_placements, local_numel
+
+from ._cost import Cost, CostModel, step_cost
+from ._step import Plan, Step, _orders_for
+
+__all__ = ["explain", "StepReport", "step_report"]
+
+_EXACT_LIMIT = 1024  # ranks: beyond this, traffic comes from the cost model
+
+
+@attrs.frozen
+class StepReport:
+    """The facts ``explain`` prints for one step (max over ranks where per rank)."""
+
+    group: str  # alias name or mesh dim names
+    group_size: int
+    example_group: tuple[int, ...]
+    recv_bytes: int
+    sent_bytes: int
+    peak_bytes: int
+    cost: Cost
+
+
+def _ranks(mesh) -> tuple[int, ...]:
+    if mesh.size() == mesh.world_size:
+        return tuple(mesh.ranks)
+    return mesh.group_of(mesh.rank_at((0,) * mesh.ndim), None)
+
+
+def step_report(step: Step, model: CostModel | None = None) -> StepReport:
+    """Groups, bytes sent/received and peak memory per rank, and the price of one step.
+
+    >>> from meshplan.layout import Mesh
+    >>> from meshplan.placement import Replicate, Shard, Spec
+    >>> mesh = Mesh.create(2)
+    >>> s = Step(0, Spec(mesh, [Shard(0)], (4,)), Spec(mesh, [Replicate()], (4,)), "all_gather")
+    >>> r = step_report(s)
+    >>> r.group, r.example_group, r.recv_bytes, r.peak_bytes
+    ('d0', (0, 1), 8, 24)
+    """
+    from .exchange import transfers_to
+
+    src, dst = step.src, step.dst
+    mesh = src.mesh
+    item = dtype_itemsize(src.dtype)
+    ranks = _ranks(mesh)
+    first = ranks[0]
+    group = mesh.group_of(first, step.mesh_dims)
+    names = ",".join(mesh.names[m] for m in step.mesh_dims)
+    label = f"{step.alias}=({names})" if step.alias else names
+    price = step_cost(step, model)
+    exact = len(ranks) <= _EXACT_LIMIT
+    sample = ranks if exact else group
+    peak = max((local_numel(src, r) + local_numel(dst, r)) * item for r in sample)
+    recv = sent = 0
+    if step.collective in ("all_gather", "all_to_all", "all_permute") and exact:
+        got: dict[int, int] = {}
+        out: dict[int, int] = {}
+        for r in ranks:
+            for t in transfers_to(step, r):
+                if t.sender != t.receiver:
+                    got[r] = got.get(r, 0) + t.numel() * item
+                    out[t.sender] = out.get(t.sender, 0) + t.numel() * item
+        recv = max(got.values(), default=0)
+        sent = max(out.values(), default=0)
+    elif step.collective is not None:
+        recv = sent = price.bytes
+    return StepReport(label, len(group), group, recv, sent, peak, price)
+
+
+def _fmt_bytes(n: int) -> str:
+    for unit, size in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= size:
+            return f"{n / size:.1f} {unit}"
+    return f"{n} B"
+
+
+def _fmt_time(seconds: float) -> str:
+    if seconds >= 1e-3:
+        return f"{seconds * 1e3:.2f} ms"
+    return f"{seconds * 1e6:.1f} us"
+
+
+def _placements(step: Step) -> str:
+    dims = step.mesh_dims
+    a = format_placements([step.src.placements[m] for m in dims], _orders_for(step.src, dims))
+    b = format_placements([step.dst.placements[m] for m in dims], _orders_for(step.dst, dims))
+    scale = f" /{step.avg_scale}" if step.avg_scale != 1 else ""
+    return f"{a} -> {b}{scale}"
+
+
+def explain(plan: Plan, model: CostModel | None = None) -> str:
+    """A table of ``plan``'s steps: process groups, bytes per rank, peak local memory, cost.
+
+    >>> from meshplan.layout import Mesh
+    >>> from meshplan.placement import Replicate, Shard, Spec
+    >>> from meshplan.redistribute import plan as make_plan
+    >>> mesh = Mesh.create((2, 4), ("dp", "tp"))
+    >>> p = make_plan(Spec(mesh, [Shard(0), Shard(1)], (8, 8)), Spec(mesh, [Replicate(), Shard(1)], (8, 8)))
+    >>> print(explain(p))  # doctest: +ELLIPSIS
+    Plan f32[8,8](S(0) S(1)) -> f32[8,8](R S(1)) on Mesh((2, 4), names=('dp', 'tp'))
+     #  step        placements  group  size  example group  recv/rank  sent/rank  peak/rank  cost
+     0  all_gather  S(0) -> R   dp     2     (0, 4)         32 B       32 B       96 B       9.0 us
+    total: 1 step (1 collective), recv 32 B/rank, peak 96 B/rank, cost 9.0 us (comm 9.0 us, compute 0.0 us)
+    """
+    head = f"Plan {plan.src} -> {plan.dst} on {plan.src.mesh}"
+    if not plan.steps:
+        return head + ": nothing to do (the specs are equal)"
+    rows = [
+        (
+            "#",
+            "step",
+            "placements",
+            "group",
+            "size",
+            "example group",
+            "recv/rank",
+            "sent/rank",
+            "peak/rank",
+            "cost",
+        )
+    ]
+    total = Cost()
+    recv = 0
+    peak = 0
+    for i, step in enumerate(plan.steps):
+        r = step_report(step, model)
+        total = total + r.cost
+        recv += r.recv_bytes
+        peak = max(peak, r.peak_bytes)
+        rows.append(
+            (
+                str(i),
+                step.collective or "local",
+                _placements(step),
+                r.group,
+                str(r.group_size),
+                str(r.example_group),
+                _fmt_bytes(r.recv_bytes),
+                _fmt_bytes(r.sent_bytes),
+                _fmt_bytes(r.peak_bytes),
+                _fmt_time(r.cost.total),
+            )
+        )
+    widths = [max(len(row[k]) for row in rows) for k in range(len(rows[0]))]
+    lines = [head]
+    for row in rows:
+        cells = [row[0].rjust(widths[0])] + [c.ljust(w) for c, w in zip(row[1:], widths[1:])]
+        lines.append((" " + "  ".join(cells)).rstrip())
+    n_coll = len(plan.collectives)
+    lines.append(
+        f"total: {len(plan.steps)} step{'s' if len(plan.steps) != 1 else ''} "
+        f"({n_coll} collective{'s' if n_coll != 1 else ''}), recv {_fmt_bytes(recv)}/rank, "
+        f"peak {_fmt_bytes(peak)}/rank, cost {_fmt_time(total.total)} "
+        f"(comm {_fmt_time(total.comm)}, compute {_fmt_time(total.compute)})"
+    )
+    return "\n".join(lines)

@@ -1,0 +1,343 @@
+"""``merge(plan)``: run like-kind collectives over several mesh dims as one, on a flattened alias.
+
+Rules (torch 2.13's flattened-mesh optimization, then bettered):
+
+* Adjacent steps of one kind — ``all_reduce``, ``all_gather``, ``reduce_scatter`` and,
+  beyond torch, ``all_to_all`` — over disjoint mesh dims merge into one step over their
+  union when the mesh has an alias flattening exactly those dims (``mesh.alias_for``).
+  Partial sum and avg merge (a sum-reduction then a divide by the avg dims' sizes:
+  ``Step.avg_scale``); no other mix of ops exists in a valid spec.
+* A merge happens only when the merged step is a valid transform of its source into its
+  target (every rank's target data lies in its group; the data each rank moves is derived
+  from the specs, so uneven shards and any shard order are exact, unlike torch's merged
+  all_gather) and when it is not more expensive under the cost model than the steps it
+  replaces (a merged step runs on the slowest link of its dims).
+* Beyond torch: single-dim steps commute past steps on other mesh dims when both orders
+  are valid transforms, so like-kind collectives separated by other steps can meet and
+  merge — kept only when the whole plan gets cheaper.
+* A merge that would help but has no alias is reported once per mesh shape with a
+  :class:`MergeWarning` naming the ``mesh.flatten(...)`` call that enables it.
+
+The once-per-mesh-shape memory (``_WARNED``) is the only module state;
+:func:`reset_merge_warnings` clears it.
+"""
+
+from __future__ import annotations
+
+import itertools
+import warnings
+
+from meshplan.errors import PlanError
+from meshplan.placement import Partial, Replicate, is_shard_like
+
+from ._cost import CostModel, step_cost
+from ._step import Plan, Step
+
+__all__ = ["merge", "merge_plan", "MergeWarning", "reset_merge_warnings", "MERGEABLE"]
+
+MERGEABLE = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all")
+
+_WARNED: set[tuple[int, ...]] = set()
+
+
+class MergeWarning(UserWarning):
+    """Like-kind collectives run one after another because the mesh lacks a flattened alias."""
+
+
+def reset_merge_warnings() -> None:
+    """Forget which mesh shapes were warned about (so the next missed merge warns again)."""
+    _WARNED.clear()
+
+
+def merge(plan: Plan, cost_model: CostModel | None = None) -> Plan:
+    """Merge like-kind collectives of ``plan`` onto the mesh's flattened aliases.
+
+    >>> from meshplan.layout import Mesh
+    >>> from meshplan.placement import Partial, Replicate, Spec
+    >>> from meshplan.redistribute import plan as make_plan
+    >>> mesh = Mesh.create((2, 2, 2), ("a", "b", "c")).flatten(("a", "c"), "ac")
+    >>> src = Spec(mesh, [Partial(), Replicate(), Partial()], (8, 8))
+    >>> dst = Spec(mesh, [Replicate()] * 3, (8, 8))
+    >>> unmerged = make_plan(src, dst, merge=False)
+    >>> len(unmerged), len(merge(unmerged))
+    (2, 1)
+    >>> print(merge(unmerged).steps[0])
+    all_reduce[ac=a,c]: P(sum) P(sum) -> R R
+    """
+    merged, missed = merge_plan(plan, cost_model or CostModel.default())
+    if missed:
+        warn_missed(merged, missed)
+    return merged
+
+
+def merge_plan(plan: Plan, model: CostModel) -> tuple[Plan, tuple]:
+    """``merge`` without the warning: the merged plan and the merges an alias would enable."""
+    best = plan
+    best_cost = _total(plan, model)
+    missed: list = []
+    # beyond torch: let like-kind steps meet by commuting, keep what gets cheaper
+    for candidate in _reorderings(plan):
+        merged, miss = _merge_adjacent(candidate, model)
+        c = _total(merged, model)
+        if c < best_cost * (1 - 1e-12):
+            best, best_cost = merged, c
+    merged, miss = _merge_adjacent(best, model)
+    missed.extend(miss)
+    if _total(merged, model) <= best_cost:
+        best = merged
+    return best, tuple(dict.fromkeys(missed))
+
+
+def _total(plan: Plan, model: CostModel) -> float:
+    return sum(step_cost(s, model).total for s in plan.steps)
+
+
+# -- adjacent merging -----------------------------------------------------------------------
+
+
+def _merge_adjacent(plan: Plan, model: CostModel) -> tuple[Plan, list]:
+    steps = list(plan.steps)
+    out: list[Step] = []
+    missed: list = []
+    i = 0
+    while i < len(steps):
+        kind = steps[i].collective
+        j = i + 1
+        if kind in MERGEABLE:
+            used = set(steps[i].mesh_dims)
+            while (
+                j < len(steps)
+                and steps[j].collective == kind
+                and not used & set(steps[j].mesh_dims)
+            ):
+                used |= set(steps[j].mesh_dims)
+                j += 1
+        run = steps[i:j]
+        if len(run) > 1:
+            best, miss = _best_split(run, model)
+            out.extend(best)
+            missed.extend(miss)
+        else:
+            out.extend(run)
+        i = j
+    if len(out) == len(steps):
+        return plan, missed
+    return Plan(plan.src, plan.dst, tuple(out)), missed
+
+
+def _best_split(run: list[Step], model: CostModel) -> tuple[list[Step], list]:
+    """Partition a run of like-kind steps into merged segments of least total cost."""
+    n = len(run)
+    costs = [step_cost(s, model).total for s in run]
+    # best[i] = (cost, steps, missed) for run[:i]
+    best: list = [(0.0, [], [])] + [None] * n
+    for end in range(1, n + 1):
+        for start in range(end):
+            prev = best[start]
+            seg = run[start:end]
+            if len(seg) == 1:
+                option = (prev[0] + costs[start], prev[1] + seg, prev[2])
+            else:
+                step, missed = _merged_step(seg, model)
+                if step is None:
+                    if missed is None:
+                        continue
+                    option = (prev[0] + sum(costs[start:end]), prev[1] + seg, prev[2] + [missed])
+                else:
+                    c = step_cost(step, model).total
+                    if c > sum(costs[start:end]):
+                        continue
+                    option = (prev[0] + c, prev[1] + [step], prev[2])
+            if best[end] is None or option[0] < best[end][0] - 1e-18:
+                best[end] = option
+    _, steps, missed = best[n]
+    # report a missed merge only if no merge covers those steps
+    return steps, missed
+
+
+def _merged_step(seg: list[Step], model: CostModel):
+    """The merged step for ``seg`` (or None) and, if only an alias is lacking, a missed-merge note."""
+    src, dst = seg[0].src, seg[-1].dst
+    mesh = src.mesh
+    dims = tuple(sorted(m for s in seg for m in s.mesh_dims))
+    kind = seg[0].collective
+    if not _valid_merge(src, dst, dims, kind):
+        return None, None
+    from ._planner import alias_dims
+
+    names = alias_dims(mesh)
+    alias = None
+    order = dims
+    for name, adims in names.items():
+        if sorted(adims) == list(dims) and (alias is None or adims == dims):
+            alias, order = name, adims
+    if alias is None:
+        hypothetical = Step(dims, src, dst, kind)
+        if step_cost(hypothetical, model).total <= sum(step_cost(s, model).total for s in seg):
+            return None, (mesh.shape, tuple(mesh.names[m] for m in dims), kind, len(seg))
+        return None, None
+    return Step(order, src, dst, kind, alias=alias), None
+
+
+def _valid_merge(src, dst, dims, kind) -> bool:
+    """Whether one ``kind`` step over ``dims`` turns ``src`` into ``dst`` (structural rule,
+    exact check through the exchange bookkeeping when shards are tiny)."""
+    sp, dp = src.placements, dst.placements
+    for m in dims:
+        a, b = sp[m], dp[m]
+        if kind == "all_reduce":
+            ok = isinstance(a, Partial) and isinstance(b, Replicate)
+        elif kind == "reduce_scatter":
+            ok = isinstance(a, Partial) and is_shard_like(b)
+        elif kind == "all_gather":
+            ok = is_shard_like(a) and isinstance(b, Replicate)
+        else:
+            ok = is_shard_like(a) and is_shard_like(b)
+        if not ok:
+            return False
+    if kind == "all_reduce":
+        return True
+    dimset = set(dims)
+    for d in range(src.ndim):
+        a, b = src.order(d), dst.order(d)
+        k = 0
+        while k < len(a) and k < len(b) and a[k] == b[k] and sp[a[k]] == dp[b[k]]:
+            k += 1
+        if not set(a[k:]) <= dimset or not set(b[k:]) <= dimset:
+            return _exact_valid(src, dst, dims, kind)
+    return True
+
+
+def _exact_valid(src, dst, dims, kind) -> bool:
+    from .exchange import reduce_blocks, transfers_to
+
+    step = Step(dims, src, dst, kind)
+    try:
+        for r in _ranks(src.mesh):
+            if kind == "reduce_scatter":
+                reduce_blocks(step, r)
+            else:
+                transfers_to(step, r)
+    except PlanError:
+        return False
+    return True
+
+
+def _ranks(mesh):
+    if mesh.size() == mesh.world_size:
+        return tuple(mesh.ranks)
+    return mesh.group_of(mesh.rank_at((0,) * mesh.ndim), None)
+
+
+# -- commuting steps so that like-kind ones meet --------------------------------------------
+
+
+def _reorderings(plan: Plan):
+    """Plans equal to ``plan`` with one step moved next to a like-kind step it commutes to."""
+    steps = plan.steps
+    n = len(steps)
+    for i, j in itertools.combinations(range(n), 2):
+        if j == i + 1 or steps[i].collective != steps[j].collective:
+            continue
+        if steps[i].collective not in MERGEABLE:
+            continue
+        if set(steps[i].mesh_dims) & set(steps[j].mesh_dims):
+            continue
+        for moved in (_move(steps, j, i + 1), _move(steps, i, j - 1)):
+            if moved is not None:
+                yield Plan(plan.src, plan.dst, moved)
+
+
+def _move(steps, frm: int, to: int):
+    """``steps`` with step ``frm`` commuted to position ``to`` (None if some swap is invalid)."""
+    steps = list(steps)
+    k = frm
+    while k != to:
+        a, b = (k - 1, k) if to < k else (k, k + 1)
+        swapped = _swap(steps[a], steps[b])
+        if swapped is None:
+            return None
+        steps[a], steps[b] = swapped
+        k += -1 if to < k else 1
+    return tuple(steps)
+
+
+def _swap(x: Step, y: Step):
+    """Run ``y`` before ``x`` (disjoint single mesh dims): the two new steps, or None."""
+    if len(x.mesh_dims) != 1 or len(y.mesh_dims) != 1 or x.mesh_dims == y.mesh_dims:
+        return None
+    from ._planner import _spec, _state
+    from ._planner import _step as fast_step
+
+    s0 = _state(x.src)
+    s2 = _state(y.dst)
+    my = y.mesh_dims[0]
+    mid = _apply(s0, my, _state(y.dst)[0][my])
+    if mid is None:
+        return None
+    mx = x.mesh_dims[0]
+    end = _apply(mid, mx, _state(x.dst)[0][mx])
+    if end != s2:
+        return None
+    mid_spec = _spec(x.src, mid)
+    try:
+        y2 = Step(y.mesh_dims, x.src, mid_spec, y.collective)
+        x2 = Step(x.mesh_dims, mid_spec, y.dst, x.collective)
+    except PlanError:
+        return None
+    for s in (y2, x2):
+        if not _valid_single(s):
+            return None
+    return fast_step(y2.mesh_dims, y2.src, y2.dst, y2.collective), fast_step(
+        x2.mesh_dims, x2.src, x2.dst, x2.collective
+    )
+
+
+def _apply(state, m, code):
+    """The state after mesh dim ``m`` takes placement ``code`` (taken out of its order, and
+    appended last to the new one); None if ``m`` is not last in its old order."""
+    codes, chains = state
+    old = codes[m]
+    chains = list(chains)
+    if type(old) is tuple:
+        chain = chains[old[0]]
+        if chain[-1] != m:
+            return None
+        chains[old[0]] = chain[:-1]
+    if type(code) is tuple:
+        chains[code[0]] = chains[code[0]] + (m,)
+    codes = codes[:m] + (code,) + codes[m + 1 :]
+    return codes, tuple(chains)
+
+
+def _valid_single(step: Step) -> bool:
+    from ._planner import _context, _state, _universe
+
+    src, dst = step.src, step.dst
+    shards, ptargets = _universe(src, dst, src.ndim)
+    ctx = _context(src.mesh, src.shape, src.dtype, CostModel.default(), shards, ptargets, None)
+    t = _state(dst)
+    for _, nxt, dims, collective in ctx.successors(_state(src), t):
+        if nxt == t and dims == step.mesh_dims and collective == step.collective:
+            return True
+    return False
+
+
+# -- the warning ----------------------------------------------------------------------------
+
+
+def warn_missed(plan: Plan, missed) -> None:
+    """Warn (once per mesh shape) about merges a flattened alias would enable."""
+    for shape, names, kind, count in missed:
+        if shape in _WARNED:
+            continue
+        _WARNED.add(shape)
+        quoted = ", ".join(repr(n) for n in names)
+        alias = "_".join(names)
+        warnings.warn(
+            f"plan {plan.src} -> {plan.dst} runs {count} {kind} steps over mesh dims "
+            f"({quoted}) one after another; flatten them so they run as one collective: "
+            f'mesh = mesh.flatten(({quoted}), "{alias}")',
+            MergeWarning,
+            stacklevel=3,
+        )

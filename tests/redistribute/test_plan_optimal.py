@@ -1,0 +1,294 @@
+"""plan() is optimal: its cost equals a brute-force shortest path over every spec.
+
+The brute force knows nothing of the planner's rules. It enumerates every spec on the
+mesh (every placement of a generous universe on every mesh dim, every shard order) and
+every step between two of them that changes one mesh dim's placement and position in
+the shard orders (the others keep their relative order; the collective follows from the
+placement kinds), or that rearranges several sharded mesh dims (an all_permute); a step is an edge when the exchange bookkeeping delivers every rank's
+target data (collectives) or when the simulator turns random data into the target
+(local steps). Dijkstra over that graph, priced with the same cost model, gives the
+minimum that ``plan(..., merge=False)`` must match.
+"""
+
+from __future__ import annotations
+
+import functools
+import heapq
+import itertools
+import math
+import os
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from meshplan.errors import PlanError
+from meshplan.layout import Mesh
+from meshplan.placement import (
+    Partial,
+    Replicate,
+    Shard,
+    Spec,
+    StridedShard,
+    is_shard_like,
+    shard,
+    unshard,
+)
+from meshplan.redistribute import CostModel, HardwareProfile, Step, cost, plan, simulate
+from meshplan.redistribute._cost import step_cost
+from meshplan.redistribute.exchange import reduce_blocks, transfers_to
+
+# -- the brute force ------------------------------------------------------------------------
+
+
+def _universe(src: Spec, dst: Spec):
+    out = [Replicate()]
+    for d in range(src.ndim):
+        out.append(Shard(d))
+    for spec in (src, dst):
+        for p in spec.placements:
+            if isinstance(p, StridedShard | Partial) and p not in out:
+                out.append(p)
+    return out
+
+
+def _all_specs(src: Spec, dst: Spec) -> list[Spec]:
+    mesh = src.mesh
+    universe = _universe(src, dst)
+    active = [m for m, n in enumerate(mesh.shape) if n > 1]
+    out = []
+    for combo in itertools.product(universe, repeat=len(active)):
+        placements = [Replicate()] * mesh.ndim
+        for m, p in zip(active, combo, strict=True):
+            placements[m] = p
+        ops = {p.op for p in placements if isinstance(p, Partial)}
+        if len(ops) > 1 and ops != {"sum", "avg"}:
+            continue
+        by_dim: dict[int, list[int]] = {}
+        for m, p in enumerate(placements):
+            if is_shard_like(p):
+                by_dim.setdefault(p.dim, []).append(m)
+        dims = sorted(by_dim)
+        for orders in itertools.product(*(itertools.permutations(by_dim[d]) for d in dims)):
+            out.append(Spec(mesh, placements, src.shape, src.dtype, dict(zip(dims, orders))))
+    return out
+
+
+def _kind(a, b) -> str | None | bool:
+    """The collective a single-dim change from ``a`` to ``b`` calls for (False: none can)."""
+    if isinstance(a, Replicate):
+        return None  # slice, or Replicate -> Partial
+    if isinstance(a, Partial):
+        if isinstance(b, Replicate):
+            return "all_reduce"
+        if is_shard_like(b):
+            return "reduce_scatter"
+        return None if {a.op, b.op} <= {"sum", "avg"} else False
+    if isinstance(b, Replicate):
+        return "all_gather"
+    if is_shard_like(b):
+        return "all_to_all"
+    return None  # Shard -> Partial, locally
+
+
+def _ranks(mesh: Mesh):
+    return tuple(mesh.ranks)
+
+
+def _delivers(step: Step) -> bool:
+    """An independent validity check: exchange bookkeeping for collectives, the simulator
+    on random data for local steps."""
+    src, dst = step.src, step.dst
+    try:
+        if step.collective in ("all_gather", "all_to_all", "all_permute"):
+            for r in _ranks(src.mesh):
+                transfers_to(step, r)
+            return True
+        if step.collective == "reduce_scatter":
+            for r in _ranks(src.mesh):
+                reduce_blocks(step, r)
+            return True
+        if step.collective == "all_reduce":
+            return src.shard_order == dst.shard_order
+    except PlanError:
+        return False
+    # distinct non-zero values: a wrong element can never pass for a right one
+    x = torch.arange(1, 1 + math.prod(src.shape), dtype=torch.float64).reshape(src.shape)
+    try:
+        out = simulate(step, shard(x, src))
+    except PlanError:
+        return False
+    if dst.is_partial:
+        return torch.allclose(unshard(out, dst), x)
+    want = shard(x, dst)
+    return all(out[r].shape == want[r].shape and torch.equal(out[r], want[r]) for r in want)
+
+
+def brute_force_cost(src: Spec, dst: Spec, model: CostModel) -> float:
+    """The minimum price of any path of valid steps from ``src`` to ``dst``."""
+    return brute_force(src, dst, model)[0]
+
+
+def brute_force(src: Spec, dst: Spec, model: CostModel) -> tuple[float, list[Step]]:
+    specs = _all_specs(src, dst)
+    assert src in specs and dst in specs
+    mesh = src.mesh
+    active = [m for m, n in enumerate(mesh.shape) if n > 1]
+    by_rest: dict = {}
+    for s in specs:
+        for m in active:
+            key = (m, tuple(p for i, p in enumerate(s.placements) if i != m))
+            by_rest.setdefault(key, []).append(s)
+
+    def edges(s: Spec):
+        for m in active:
+            key = (m, tuple(p for i, p in enumerate(s.placements) if i != m))
+            for t in by_rest[key]:
+                if t == s or t.placements[m] == s.placements[m]:
+                    continue
+                kind = _kind(s.placements[m], t.placements[m])
+                if kind is not False and _only_moves(s, t, m):
+                    yield Step((m,), s, t, kind)
+        shard_dims = [m for m in active if is_shard_like(s.placements[m])]
+        for t in specs:
+            diff = [m for m in active if s.placements[m] != t.placements[m]]
+            moved = {m for d in range(s.ndim) for m in _suffix_dims(s, t, d)}
+            g = tuple(sorted(set(diff) | moved))
+            if len(g) < 2 or t == s:
+                continue
+            if all(m in shard_dims and is_shard_like(t.placements[m]) for m in g):
+                yield Step(g, s, t, "all_permute")
+
+    best = {src: 0.0}
+    parent: dict = {src: None}
+    heap = [(0.0, 0, src)]
+    count = itertools.count(1)
+    done = set()
+    while heap:
+        c, _, s = heapq.heappop(heap)
+        if s == dst:
+            path = []
+            while parent[s] is not None:
+                path.append(parent[s])
+                s = parent[s].src
+            return c, path[::-1]
+        if s in done:
+            continue
+        done.add(s)
+        for step in edges(s):
+            t = step.dst
+            nc = c + step_cost(step, model).total
+            if nc < best.get(t, math.inf) and _valid(step):
+                best[t] = nc
+                parent[t] = step
+                heapq.heappush(heap, (nc, next(count), t))
+    raise AssertionError(f"brute force found no path from {src} to {dst}")
+
+
+@functools.lru_cache(maxsize=None)
+def _valid(step: Step) -> bool:
+    return _delivers(step)
+
+
+def _only_moves(s: Spec, t: Spec, m: int) -> bool:
+    """A single-dim step moves mesh dim ``m`` only: the others keep their relative order."""
+    for d in range(s.ndim):
+        if [x for x in s.order(d) if x != m] != [x for x in t.order(d) if x != m]:
+            return False
+    return True
+
+
+def _suffix_dims(s: Spec, t: Spec, d: int):
+    a, b = s.order(d), t.order(d)
+    k = 0
+    while k < len(a) and k < len(b) and a[k] == b[k] and s.placements[a[k]] == t.placements[b[k]]:
+        k += 1
+    return set(a[k:]) | set(b[k:])
+
+
+# -- strategies -----------------------------------------------------------------------------
+
+MODELS = [
+    CostModel(HardwareProfile.nvlink_ib(gpus_per_node=2)),
+    CostModel(HardwareProfile.gloo_cpu()),
+]
+
+
+@st.composite
+def small_pairs(draw, max_ranks=6, allow_partial=True):
+    shape_mesh = draw(
+        st.sampled_from(
+            [(2,), (3,), (4,), (2, 2), (2, 3), (3, 2), (1, 2), (2, 1, 2), (2, 2, 2), (2, 4)]
+        ).filter(
+            lambda s: math.prod(s) <= max_ranks
+        )
+    )
+    mesh = Mesh.create(shape_mesh, tuple("abc"[: len(shape_mesh)]))
+    ndim = draw(st.integers(1, 2))
+    shape = tuple(draw(st.sampled_from([0, 1, 2, 3, 4, 5, 6, 8, 64])) for _ in range(ndim))
+    ops = ["sum", "avg", "max", "min"]
+    op = draw(st.sampled_from(ops))
+    dst_op = op if draw(st.booleans()) else draw(st.sampled_from(ops))
+
+    def placement(which_op):
+        kinds = ["R", "S", "S", "SS"] + (["P"] if allow_partial else [])
+        k = draw(st.sampled_from(kinds))
+        if k == "R":
+            return Replicate()
+        d = draw(st.integers(0, ndim - 1))
+        if k == "S":
+            return Shard(d)
+        if k == "SS":
+            return StridedShard(d, 2)
+        if which_op in ("sum", "avg"):
+            return Partial(draw(st.sampled_from(["sum", "avg"])))
+        return Partial(which_op)
+
+    def spec(which_op):
+        pl = [placement(which_op) for _ in shape_mesh]
+        order = {}
+        for d in range(ndim):
+            dims = [m for m, p in enumerate(pl) if getattr(p, "dim", None) == d and shape_mesh[m] > 1]
+            if len(dims) > 1:
+                order[d] = tuple(draw(st.permutations(dims)))
+        return Spec(mesh, pl, shape, "float64", order)
+
+    return spec(op), spec(dst_op), draw(st.sampled_from(MODELS))
+
+
+@settings(max_examples=int(os.environ.get("BF_EXAMPLES", 25)), deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(small_pairs(max_ranks=int(os.environ.get("BF_MAX_RANKS", 6))))
+def test_plan_cost_equals_brute_force_minimum(case):
+    src, dst, model = case
+    p = plan(src, dst, cost_model=model, merge=False)
+    want = brute_force_cost(src, dst, model)
+    got = cost(p, model).total
+    assert got == pytest.approx(want, rel=1e-9, abs=1e-15), (str(p), got, want)
+
+
+@pytest.mark.parametrize(
+    "src_text, dst_text, mesh_shape, shape",
+    [
+        ("S(0) S(0)", "S(0)[1,0] S(0)", (2, 2), (8, 4)),
+        ("S(0) S(1)", "S(1) S(0)", (2, 2), (8, 8)),
+        ("P R", "R R", (3, 2), (64, 64)),
+        ("S(0) P(sum)", "R S(0)", (2, 2), (8, 8)),
+        ("SS(0,2) R", "S(0) R", (2, 2), (8, 3)),
+        ("P(max) R", "R P(sum)", (2, 2), (4, 4)),
+        ("S(0) R", "R S(0)", (2, 3), (5, 3)),
+    ],
+)
+def test_documented_cases_are_optimal(src_text, dst_text, mesh_shape, shape):
+    from meshplan.placement import parse_placements
+
+    mesh = Mesh.create(mesh_shape, tuple("abc"[: len(mesh_shape)]))
+
+    def spec(text):
+        pl, order = parse_placements(text)
+        return Spec(mesh, pl, shape, "float64", order)
+
+    src, dst = spec(src_text), spec(dst_text)
+    for model in MODELS:
+        p = plan(src, dst, cost_model=model, merge=False)
+        assert cost(p, model).total == pytest.approx(brute_force_cost(src, dst, model), rel=1e-9)
