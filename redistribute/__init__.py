@@ -8,6 +8,10 @@ torch.distributed process groups. The planning part never imports torch.
 from meshplan.errors import PlanError
 
 from . import exchange
+from ._cost import Cost, CostModel, HardwareProfile, Link, cost, step_cost, transition_cost
+from ._explain import explain
+from ._merge import MergeWarning, merge, reset_merge_warnings
+from ._planner import check_plannable, clear_plan_cache, plan
 from ._step import COLLECTIVES, Plan, Step, reduce_op
 
 
@@ -22,11 +26,25 @@ def __getattr__(name):
 
 __all__ = [
     "COLLECTIVES",
+    "Cost",
+    "CostModel",
+    "HardwareProfile",
+    "Link",
+    "MergeWarning",
     "Plan",
     "PlanError",
     "Step",
+    "check_plannable",
+    "clear_plan_cache",
+    "cost",
     "exchange",
+    "explain",
+    "merge",
+    "plan",
     "reduce_op",
+    "reset_merge_warnings",
+    "step_cost",
+    "transition_cost",
     "simulate",
     "simulate_step",
 ]

@@ -13,6 +13,8 @@ __all__ = ["pack", "unpack_into", "apply_local", "neutral_value", "empty_target"
 
 
 def _index(segs: Segments, which: int, device) -> torch.Tensor:
+    if not segs:  # nothing overlaps along this dim (an empty shard)
+        return torch.empty(0, dtype=torch.long, device=device)
     return torch.cat([torch.arange(s[which], s[which] + s[2], device=device) for s in segs])
 
 

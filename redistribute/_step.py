@@ -185,6 +185,12 @@ class Plan:
         """The collectives the plan issues, in order (local steps left out)."""
         return tuple(s.collective for s in self.steps if s.collective is not None)
 
+    def explain(self, model=None) -> str:
+        """A table of the steps, their process groups, bytes per rank, peak memory and cost."""
+        from ._explain import explain
+
+        return explain(self, model)
+
     def __str__(self) -> str:
         head = f"Plan {self.src} -> {self.dst}"
         if not self.steps:
