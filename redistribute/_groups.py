@@ -11,34 +11,38 @@ and torch sorts that list by default, so with a permuted rank map "group rank i"
 collective takes and returns per-position data (position = coordinate along the group's
 dims) and maps positions to torch group ranks through the :class:`Group` helpers.
 
-How groups are created (torch 2.13, any backend; verified on gloo):
+How groups are created (torch 2.13; verified on gloo, written for any backend):
 
-* Lazily, on the first ``get`` that needs them, by the group's members only, with
-  ``torch.distributed.new_group(ranks, use_local_synchronization=True, sort_ranks=False)``.
-  Non-members never enter the call, so a mesh may cover part of the world.
 * One torch group per distinct rank set: two names for the same ranks (a dim and a
   one-dim alias of it, an alias of ``("a", "c")`` and one of ``("c", "a")``) share one
-  group, whatever order their coordinates list the ranks in.
-* The torch group lists its members in mesh-layout order (the order of ``mesh.ranks``),
-  the same on every member whichever name asked first; for ascending dims of a row-major
-  mesh this is the coordinate order, so the common case needs no reordering.
-* torch names a locally synchronized group after its ranks *and the number of process
-  groups the calling process has created so far*, so a group's members must have created
-  equally many process groups before it. Every rank running the same program (SPMD)
-  guarantees that; :meth:`ProcessGroups.create_all` creates every group up front in one
-  fixed order. If members disagree, creation times out with a :class:`RuntimeShellError`
-  instead of hanging.
-* The same naming makes destroying and re-creating a group unsafe in torch 2.13: once a
-  group is destroyed the count drops, the re-created group gets the old name, and gloo
-  reads the old members' stale addresses from the store ("Connection refused"). So
-  torch groups are never destroyed here: they live in one table per process (the shell's
-  process-group table), keyed by (member set, backend, timeout) and shared by every
-  ``ProcessGroups``, so building ``ProcessGroups`` again for the same or another mesh
-  reuses them instead of opening more connections. The table is dropped when the default
-  group changes (``torch.distributed`` re-initialized).
-* ``torch.distributed.split_group`` (one call per mesh dim) needs a device-bound NCCL
-  default group and every rank of the parent; it does not exist for gloo and is not
-  used here.
+  group, whatever order their coordinates list the ranks in. The torch group lists its
+  members in mesh-layout order (the order of ``mesh.ranks``), so for ascending dims of a
+  row-major mesh -- permuted rank map or not -- no reordering is needed at all.
+* Groups are created on first use of a dim or alias (``get``), or all at once with
+  :meth:`ProcessGroups.create_all`, and kept for the life of the process in one table
+  (the shell's process-group table, keyed by member set, backend and timeout, shared by
+  every ``ProcessGroups``), so building ``ProcessGroups`` again reuses them.
+* Default ("world" creation): like ``DeviceMesh``, every rank of the world takes part in
+  creating the groups of a dim -- each rank calls ``new_group(ranks, sort_ranks=False)``
+  for every group of that dim, in one order; ranks outside a group return at once
+  without communicating, and only a group's members connect to each other. torch names
+  these groups by a counter that every rank advances identically, so this is robust;
+  the price is that every rank of the world must call ``get`` (or ``create``) for a new
+  dim in the same order -- which SPMD programs do -- including ranks outside the mesh,
+  which call ``create``/``create_all`` (they get no group).
+* ``local=True`` creates a group with only its members, via
+  ``new_group(ranks, use_local_synchronization=True, sort_ranks=False)``. It works on
+  gloo, but torch 2.13 names such a group after its ranks *and the number of process
+  groups the calling process has created so far*, so it is only safe when every member
+  has created equally many process groups before (e.g. every process calls
+  ``create_all()`` for the same meshes in the same order right after
+  ``init_process_group``). If the counts differ the members wait under different names;
+  creation then fails after ``timeout`` with a ``RuntimeShellError`` instead of hanging.
+* Groups are never destroyed: with torch 2.13's naming a destroyed and re-created group
+  can get its old name back, and gloo then reads the old members' stale addresses from
+  the store ("Connection refused").
+* ``torch.distributed.split_group`` (one call per dim) requires a device-bound NCCL
+  default group; it is not available on gloo and not used.
 * Every group gets ``timeout`` (seconds): a collective that waits longer on a dead or
   stuck peer fails, and the collective helpers turn that into a ``RuntimeShellError``.
 """
@@ -170,12 +174,15 @@ class Group:
 
 
 class ProcessGroups:
-    """The process groups of ``mesh`` that the calling rank needs, created on first use.
+    """The process groups of ``mesh`` for the calling rank, created on first use.
 
     Needs ``torch.distributed`` to be initialized (any backend). ``get(dims)`` (or
     ``groups[dims]``) returns the calling rank's :class:`Group` along ``dims``: a mesh dim
     name or index, a flattened alias, or several of them (``None``: the whole mesh).
     ``timeout`` (seconds or a ``timedelta``) bounds every collective on these groups.
+    Every rank of the world builds it and asks for new dims in the same order (ranks
+    outside the mesh call ``create``); with ``local=True`` only the mesh's ranks do (see
+    the module docs for when that is safe).
 
     >>> ProcessGroups.__name__   # needs a running torch.distributed world; see the tests
     'ProcessGroups'
@@ -187,6 +194,7 @@ class ProcessGroups:
         *,
         timeout: float | datetime.timedelta = DEFAULT_TIMEOUT,
         backend: str | None = None,
+        local: bool = False,
     ) -> None:
         import torch.distributed as dist
 
@@ -206,6 +214,7 @@ class ProcessGroups:
         self.mesh = mesh
         self.timeout = float(timeout)
         self.backend = backend
+        self.local = bool(local)
         self.rank = dist.get_rank()
         self.world_size = dist.get_world_size()
         if max(mesh.ranks) >= self.world_size:
@@ -214,49 +223,83 @@ class ProcessGroups:
                 f"{self.world_size} ranks; build the mesh over ranks below {self.world_size}",
                 value=mesh,
             )
-        if not mesh.contains(self.rank):
+        if self.local and not mesh.contains(self.rank):
             raise RuntimeShellError(
-                f"rank {self.rank} is not in mesh {mesh} (ranks {mesh.ranks!r}); create "
-                "ProcessGroups only on the mesh's ranks",
+                f"rank {self.rank} is not in mesh {mesh} (ranks {mesh.ranks!r}); with "
+                "local=True create ProcessGroups only on the mesh's ranks",
                 value=self.rank,
             )
         self._index: dict[int, int] | None = None
-        self._handles: dict[Any, Group] = {}
+        self._handles: dict[Any, Group | None] = {}
+
+    @property
+    def is_member(self) -> bool:
+        """True when the calling rank is in the mesh (and so has groups)."""
+        return self.mesh.contains(self.rank)
 
     # -- lookup -----------------------------------------------------------------------
 
     def get(self, dims: DimsKey = None) -> Group:
-        """The calling rank's group along ``dims`` (created, with its members, on first use)."""
-        key = _key(dims)
-        handle = self._handles.get(key)
-        if handle is None:
-            ranks = self.mesh.group_of(self.rank, None if key is None else list(key))
-            name = ",".join(self.mesh.names) if key is None else ",".join(map(str, key))
-            pg, pg_ranks = self._process_group(ranks, name)
-            handle = Group(name, ranks, pg_ranks, self.rank, pg, self.timeout)
-            self._handles[key] = handle
-        return handle
+        """The calling rank's group along ``dims`` (created on first use)."""
+        if not self.is_member:
+            raise RuntimeShellError(
+                f"rank {self.rank} is not in mesh {self.mesh} (ranks {self.mesh.ranks!r}), "
+                "so it has no group; call groups.create(dims) on it to take part in "
+                "creating the mesh's groups",
+                value=self.rank,
+            )
+        group = self.create(dims)
+        assert group is not None  # a member always has a group
+        return group
 
     def __getitem__(self, dims: DimsKey) -> Group:
         return self.get(dims)
 
-    def create_all(self) -> tuple[Group, ...]:
-        """Create every mesh dim's and alias's group now, in one fixed order on every rank.
+    def create(self, dims: DimsKey = None) -> Group | None:
+        """Take part in creating the groups along ``dims``; the calling rank's, or None.
 
-        Order: the mesh dims in order, then the aliases by name. Use it at start-up when
-        ranks might otherwise first need groups in different orders.
+        Every rank of the world calls it (or ``get``) for a new ``dims`` in the same order;
+        with ``local=True`` only the mesh's ranks do.
+        """
+        key = _key(dims)
+        if key in self._handles:
+            return self._handles[key]
+        picked = None if key is None else list(key)
+        name = ",".join(self.mesh.names) if key is None else ",".join(map(str, key))
+        if self.local:
+            family = (self.mesh.group_of(self.rank, picked),)
+        else:
+            family = self.mesh.groups(picked)
+        table = _table(self.local)
+        handle = None
+        for ranks in family:
+            entry = (tuple(sorted(ranks)), self.backend, self.timeout)
+            if entry not in table:
+                table[entry] = self._new_group(ranks, name)
+            if self.rank in ranks:
+                pg, order = table[entry]
+                handle = Group(name, ranks, order, self.rank, pg, self.timeout)
+        self._handles[key] = handle
+        return handle
+
+    def create_all(self) -> tuple[Group, ...]:
+        """Create every mesh dim's and alias's groups now: dims in order, then aliases by name.
+
+        Returns the calling rank's groups (none for a rank outside the mesh).
         """
         keys = list(self.mesh.names) + sorted(self.mesh.aliases)
-        return tuple(self.get(k) for k in keys)
+        made = [self.create(k) for k in keys]
+        return tuple(g for g in made if g is not None)
 
     @property
     def process_groups(self) -> dict[tuple[int, ...], Any]:
-        """The torch groups this object has used so far, keyed by their sorted member ranks."""
-        return {tuple(sorted(h.ranks)): h.pg for h in self._handles.values()}
+        """The torch groups this object has handed out, keyed by their sorted member ranks."""
+        return {tuple(sorted(h.ranks)): h.pg for h in self._handles.values() if h is not None}
 
     def __repr__(self) -> str:
+        mode = ", local=True" if self.local else ""
         return (
-            f"ProcessGroups({self.mesh}, rank={self.rank}, timeout={self.timeout}, "
+            f"ProcessGroups({self.mesh}, rank={self.rank}, timeout={self.timeout}{mode}, "
             f"groups={len(self.process_groups)})"
         )
 
@@ -270,43 +313,53 @@ class ProcessGroups:
             self._index = {r: i for i, r in enumerate(ranks)}
         return self._index[rank]
 
-    def _process_group(self, ranks: tuple[int, ...], name: str) -> tuple[Any, tuple[int, ...]]:
+    def _new_group(self, ranks: tuple[int, ...], name: str) -> tuple[Any, tuple[int, ...]]:
         import torch.distributed as dist
 
-        world = dist.group.WORLD
-        if _TABLE.get("world") is not world:
-            _TABLE.clear()
-            _TABLE["world"] = world
-        key = (tuple(sorted(ranks)), self.backend, self.timeout)
-        found = _TABLE.get(key)
-        if found is not None:
-            return found
         order = tuple(sorted(ranks, key=self._layout_index))
         try:
             pg = dist.new_group(
                 list(order),
                 timeout=datetime.timedelta(seconds=self.timeout),
                 backend=self.backend,
-                use_local_synchronization=True,
+                use_local_synchronization=self.local,
                 sort_ranks=False,
                 group_desc=f"meshplan:{name}",
             )
         except (RuntimeError, ValueError) as exc:
+            if self.local:
+                hint = (
+                    "with local=True every member must create it after creating equally "
+                    "many process groups before it"
+                )
+            else:
+                hint = (
+                    "every rank of the world must take part, asking for new dims in the "
+                    "same order (ranks outside the mesh call groups.create(dims))"
+                )
             raise RuntimeShellError(
                 f"creating the process group {name!r} over ranks {order!r} failed on rank "
-                f"{self.rank}: {_first_line(exc)}. Every member must create it too, after "
-                "creating equally many process groups before it (run the same program on "
-                "every rank, or call ProcessGroups.create_all() on all of them first)",
+                f"{self.rank}: {_first_line(exc)}; {hint}",
                 value=order,
             ) from exc
-        _TABLE[key] = (pg, order)
-        return pg, order
+        return (pg if self.rank in order else None), order
 
 
-# The shell's process-group table: (sorted ranks, backend, timeout) -> (torch group, its
-# rank order), plus "world" -> the default group it belongs to. Shared by every
-# ProcessGroups in the process; entries are never destroyed (see the module docstring).
-_TABLE: dict[Any, Any] = {}
+# The shell's process-group table, one per creation mode: (sorted ranks, backend, timeout)
+# -> (torch group or None for a non-member, its rank order). Shared by every
+# ProcessGroups of the process and dropped when torch.distributed is re-initialized;
+# groups are never destroyed (see the module docstring).
+_TABLES: dict[Any, Any] = {}
+
+
+def _table(local: bool) -> dict[Any, Any]:
+    import torch.distributed as dist
+
+    world = dist.group.WORLD
+    if _TABLES.get("world") is not world:
+        _TABLES.clear()
+        _TABLES["world"] = world
+    return _TABLES.setdefault(local, {})
 
 
 def _key(dims: DimsKey) -> Any:

@@ -32,7 +32,7 @@ def pool8():
     yield from _pool(8)
 
 
-@pytest.fixture(params=[4, 8], ids=["world4", "world8"])
+@pytest.fixture(scope="session", params=[4, 8], ids=["world4", "world8"])
 def pool(request):
     """Each of the two worlds in turn."""
     return request.getfixturevalue(f"pool{request.param}")
