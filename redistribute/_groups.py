@@ -166,6 +166,19 @@ class Group:
                 value=len(items),
             )
 
+    def __getstate__(self) -> dict[str, Any]:
+        # a torch process group does not travel between processes: it arrives as None
+        return {
+            "name": self.name,
+            "ranks": self.ranks,
+            "pg_ranks": self.pg_ranks,
+            "rank": self.rank,
+            "timeout": self.timeout,
+        }
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__init__(pg=None, **state)  # type: ignore[misc]
+
     def __repr__(self) -> str:
         return (
             f"Group({self.name!r}, ranks={self.ranks!r}, pg_ranks={self.pg_ranks!r}, "

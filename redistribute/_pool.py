@@ -458,13 +458,28 @@ def _adopt_sys_path(parent_path: list[str]) -> None:
 
 
 def _pack_exception(exc: BaseException) -> tuple[bytes | None, str]:
+    """The exception pickled (attributes that cannot travel become their repr), and its text."""
     text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
-    try:
-        data: bytes | None = pickle.dumps(exc)
-        pickle.loads(data)
-    except Exception:  # sent as text only
-        data = None
-    return data, text
+    for candidate in (exc, _travel_copy(exc)):
+        try:
+            data = pickle.dumps(candidate)
+            pickle.loads(data)
+            return data, text
+        except Exception:  # sent as text only
+            continue
+    return None, text
+
+
+def _travel_copy(exc: BaseException) -> BaseException:
+    clone = type(exc).__new__(type(exc))
+    clone.args = exc.args
+    for key, value in vars(exc).items():
+        try:
+            pickle.dumps(value)
+        except Exception:  # keep what can be shown
+            value = repr(value)
+        setattr(clone, key, value)
+    return clone
 
 
 def _reply(conn: Any, status: str, task_id: int, body: Any) -> None:
