@@ -11,6 +11,7 @@ equal. A size-1 axis has no modes at all.
 
 from __future__ import annotations
 
+import functools
 import math
 import operator
 from collections.abc import Iterable, Iterator, Sequence
@@ -59,7 +60,7 @@ def coalesce(modes: Iterable[Mode]) -> tuple[Mode, ...]:
     return tuple(out)
 
 
-@attrs.frozen(repr=False)
+@attrs.frozen(repr=False, cache_hash=True)
 class Axis:
     """One mesh dimension as a normalized CuTe layout (last mode fastest).
 
@@ -73,6 +74,8 @@ class Axis:
 
     sizes: tuple[int, ...] = attrs.field(converter=_int_tuple)
     strides: tuple[int, ...] = attrs.field(converter=_int_tuple)
+    modes: tuple[Mode, ...] = attrs.field(init=False, eq=False, repr=False)
+    """The ``(size, stride)`` pairs, slowest first."""
 
     def __attrs_post_init__(self) -> None:
         if len(self.sizes) != len(self.strides):
@@ -90,6 +93,7 @@ class Axis:
         modes = coalesce(zip(self.sizes, self.strides, strict=True))
         object.__setattr__(self, "sizes", tuple(m[0] for m in modes))
         object.__setattr__(self, "strides", tuple(m[1] for m in modes))
+        object.__setattr__(self, "modes", modes)
 
     @classmethod
     def of(cls, sizes: Iterable[int] | int, strides: Iterable[int] | int | None = None) -> Axis:
@@ -101,12 +105,15 @@ class Axis:
 
     @classmethod
     def from_modes(cls, modes: Iterable[Mode]) -> Axis:
-        modes = tuple(modes)
-        return cls(tuple(m[0] for m in modes), tuple(m[1] for m in modes))
+        """Build an axis from ``(size, stride)`` pairs, slowest first (cached for int modes).
 
-    @property
-    def modes(self) -> tuple[Mode, ...]:
-        return tuple(zip(self.sizes, self.strides, strict=True))
+        >>> Axis.from_modes([(2, 4), (4, 1)]) is Axis.from_modes(((2, 4), (4, 1)))
+        True
+        """
+        modes = tuple(map(tuple, modes))
+        if all(len(m) == 2 and type(m[0]) is int and type(m[1]) is int for m in modes):
+            return _axis_of(modes)
+        return cls(tuple(m[0] for m in modes), tuple(m[1] for m in modes))
 
     def size(self) -> int:
         """Number of indices (ranks) the axis enumerates."""
@@ -124,14 +131,27 @@ class Axis:
             out += c * stride
         return out
 
-    def offsets(self) -> tuple[int, ...]:
-        """Every offset in index order (size of the axis, not of the world)."""
-        if not self.sizes:
-            return (0,)
-        return tuple(
-            sum(c * d for c, d in zip(coord, self.strides, strict=True))
-            for coord in product(*(range(s) for s in self.sizes))
-        )
+    def offsets(self, base: int = 0) -> tuple[int, ...]:
+        """Every offset (plus ``base``) in index order: size of the axis, not of the world."""
+        return tuple(self._offsets(base))
+
+    def _offsets(self, base: int) -> Sequence[int]:
+        modes = self.modes
+        if not modes:
+            return (base,)
+        starts: Sequence[int] = (base,)
+        for size, stride in modes[:-1]:
+            steps = range(0, size * stride, stride) if stride else (0,) * size
+            starts = [o + c for o in starts for c in steps]
+        size, stride = modes[-1]
+        if not stride:
+            return [o for o in starts for _ in range(size)]
+        if len(starts) == 1:
+            return range(base, base + size * stride, stride)
+        out: list[int] = []
+        for o in starts:
+            out.extend(range(o, o + size * stride, stride))
+        return out
 
     def is_injective(self) -> bool:
         """True when no two indices share an offset (the modes do not overlap)."""
@@ -148,6 +168,11 @@ class Axis:
         return f"Axis(sizes={self.sizes!r}, strides={self.strides!r})"
 
 
+@functools.lru_cache(maxsize=8192)
+def _axis_of(modes: tuple[Mode, ...]) -> Axis:
+    return Axis(tuple(m[0] for m in modes), tuple(m[1] for m in modes))
+
+
 def row_major_strides(sizes: Sequence[int]) -> tuple[int, ...]:
     """Suffix products: the strides of a row-major (lexicographic) layout.
 
@@ -162,7 +187,8 @@ def row_major_strides(sizes: Sequence[int]) -> tuple[int, ...]:
     return tuple(reversed(out))
 
 
-def _is_injective(modes: Sequence[Mode]) -> bool:
+@functools.lru_cache(maxsize=8192)
+def _is_injective(modes: tuple[Mode, ...]) -> bool:
     live = sorted((d, s) for s, d in modes if s > 1)
     if any(d == 0 for d, _ in live):
         return False
@@ -203,9 +229,13 @@ def complement(modes: Iterable[Mode], world: int) -> Axis:
     >>> complement([(2, 4), (2, 1)], 8)
     Axis(sizes=(2,), strides=(2,))
     """
-    modes = tuple(modes)
     if isinstance(world, bool) or not isinstance(world, int) or world < 1:
         raise MeshError(f"world size must be an int >= 1, got {world!r}", value=world)
+    return _complement(tuple(map(tuple, modes)), world)
+
+
+@functools.lru_cache(maxsize=8192)
+def _complement(modes: tuple[Mode, ...], world: int) -> Axis:
     live = sorted((d, s) for s, d in modes if s > 1)
     out: list[Mode] = []
     current = 1
@@ -345,12 +375,14 @@ class MeshLayout:
 
     axes: tuple[Axis, ...] = attrs.field(converter=tuple)
     shape: tuple[int, ...] = attrs.field(init=False, eq=False)
+    _all_modes: tuple[Mode, ...] = attrs.field(init=False, eq=False, repr=False)
 
     def __attrs_post_init__(self) -> None:
         for a in self.axes:
             if not isinstance(a, Axis):
                 raise MeshError(f"mesh layout axes must be Axis values, got {a!r}", value=a)
         object.__setattr__(self, "shape", tuple(a.size() for a in self.axes))
+        object.__setattr__(self, "_all_modes", tuple(m for a in self.axes for m in a.modes))
 
     @classmethod
     def row_major(cls, shape: Sequence[int]) -> MeshLayout:
@@ -370,12 +402,14 @@ class MeshLayout:
         return self.collapse().cosize()
 
     def modes(self, dims: Sequence[int] | None = None) -> tuple[Mode, ...]:
-        dims = range(len(self.axes)) if dims is None else dims
+        """The modes of all (or the chosen) axes, in dim order."""
+        if dims is None:
+            return self._all_modes
         return tuple(m for i in dims for m in self.axes[i].modes)
 
     def collapse(self, dims: Sequence[int] | None = None) -> Axis:
         """All (or the chosen) axes as one flattened axis, in the given dim order."""
-        return Axis.from_modes(self.modes(dims))
+        return _axis_of(self.modes(dims))
 
     def complement(self, world: int) -> Axis:
         return complement(self.modes(), world)

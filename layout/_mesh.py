@@ -12,7 +12,7 @@ from meshplan.errors import MeshError
 
 from ._axis import Axis, MeshLayout, complement, compose, row_major_strides
 from ._frozen import FrozenMap, frozen_map
-from ._ranks import RankMap, index_of, rank_map, short_repr
+from ._ranks import RankMap, index_of, rank_map, short_repr, trusted_rank_map
 
 __all__ = ["Mesh", "flatten", "unflatten", "DimKey"]
 
@@ -452,10 +452,8 @@ class Mesh:
         chosen = self._resolve(dims)
         index = self._require(rank)
         axes = [a for _, a in chosen]
-        base = _base(index, axes)
-        offsets = Axis.from_modes(m for a in axes for m in a.modes).offsets()
-        ranks = self.ranks
-        return tuple(ranks[base + o] for o in offsets)
+        sub = Axis.from_modes(m for a in axes for m in a.modes)
+        return _gather(self.ranks, sub._offsets(_base(index, axes)))
 
     def groups(self, dims: Dims = None) -> tuple[tuple[int, ...], ...]:
         """Every rank group along ``dims``: the process groups to create for them.
@@ -471,8 +469,8 @@ class Mesh:
         inner = sub.offsets()
         ranks = self.ranks
         return tuple(
-            tuple(ranks[base + o] for o in inner)
-            for base in complement(sub.modes, len(ranks)).offsets()
+            _gather(ranks, [base + o for o in inner])
+            for base in complement(sub.modes, len(ranks))._offsets(0)
         )
 
     def submesh(self, dims: Dims = None, *, at: int) -> Mesh:
@@ -495,7 +493,11 @@ class Mesh:
             if moved is not None:
                 aliases[name] = moved
         return Mesh(
-            MeshLayout.row_major(family.shape), group, family.names, aliases, self.device_type
+            MeshLayout.row_major(family.shape),
+            trusted_rank_map(group),
+            family.names,
+            aliases,
+            self.device_type,
         )
 
     # -- printing ---------------------------------------------------------------------
@@ -512,6 +514,20 @@ class Mesh:
             extra += f", device_type={self.device_type!r}"
         ranks = tuple(self.ranks) if not isinstance(self.ranks, range) else self.ranks
         return f"Mesh(layout={self.layout!r}, ranks={ranks!r}, names={self.names!r}{extra})"
+
+
+def _gather(ranks: RankMap, offsets: Sequence[int]) -> tuple[int, ...]:
+    """The ranks at ``offsets`` of the rank map, in time linear in ``len(offsets)``."""
+    if isinstance(ranks, range):
+        if isinstance(offsets, range):
+            return tuple(ranks[offsets.start : offsets.stop : offsets.step])
+        if ranks.step == 1:
+            return tuple(map(ranks.start.__add__, offsets) if ranks.start else offsets)
+        start, step = ranks.start, ranks.step
+        return tuple(start + step * o for o in offsets)
+    if len(offsets) == 1:
+        return (ranks[offsets[0]],)
+    return operator.itemgetter(*offsets)(ranks)
 
 
 def _digits(index: int, axis: Axis) -> int:

@@ -15,7 +15,7 @@ from typing import Any
 
 from meshplan.errors import MeshError
 
-__all__ = ["RankMap", "RankTuple", "rank_map", "index_of", "short_repr"]
+__all__ = ["RankMap", "RankTuple", "rank_map", "trusted_rank_map", "index_of", "short_repr"]
 
 
 class RankTuple(tuple):
@@ -29,7 +29,7 @@ class RankTuple(tuple):
     def _inverse(self) -> dict[int, int]:
         inv = self.__dict__.get("_inv")
         if inv is None:
-            inv = {r: i for i, r in enumerate(self)}
+            inv = dict(zip(self, range(len(self)), strict=True))
             self.__dict__["_inv"] = inv
         return inv
 
@@ -98,18 +98,22 @@ def rank_map(value: Iterable[int]) -> RankMap:
             f"rank map {short_repr(ranks)} holds the negative rank {low}; ranks are ints >= 0",
             value=ranks,
         )
-    seen: dict[int, int] = {}
-    for i, r in enumerate(ranks):
-        j = seen.setdefault(r, i)
-        if j != i:
-            raise MeshError(
-                f"rank map {short_repr(ranks)} repeats rank {r} (at positions {j} and {i}); "
-                "every rank may appear once",
-                value=ranks,
-            )
-    out = RankTuple(ranks)
-    out.__dict__["_inv"] = seen
-    return out
+    if len(set(ranks)) != len(ranks):
+        seen: dict[int, int] = {}
+        for i, r in enumerate(ranks):
+            j = seen.setdefault(r, i)
+            if j != i:
+                raise MeshError(
+                    f"rank map {short_repr(ranks)} repeats rank {r} (at positions {j} and "
+                    f"{i}); every rank may appear once",
+                    value=ranks,
+                )
+    return RankTuple(ranks)
+
+
+def trusted_rank_map(ranks: tuple[int, ...]) -> RankMap:
+    """Canonicalize ranks drawn from a validated rank map (distinct ints >= 0): no checks."""
+    return _as_range(ranks) or RankTuple(ranks)
 
 
 def _as_range(ranks: tuple[int, ...]) -> range | None:
@@ -118,10 +122,8 @@ def _as_range(ranks: tuple[int, ...]) -> range | None:
     step = ranks[1] - ranks[0]
     if step == 0:
         return None
-    for a, b in zip(ranks, ranks[1:], strict=False):
-        if b - a != step:
-            return None
-    return range(ranks[0], ranks[-1] + step, step)
+    candidate = range(ranks[0], ranks[0] + len(ranks) * step, step)
+    return candidate if ranks == tuple(candidate) else None
 
 
 def _check_range(ranks: range) -> None:
