@@ -3,9 +3,10 @@
 Decides, for an op and the current layouts of its inputs, which layouts the inputs
 should be redistributed to and what layout the output gets: rules are written for
 ONE mesh dim with shard :class:`Placeholder` s, filled with the shard kinds the
-inputs use, combined over the mesh, and the cheapest combination is found by a
-best-first search. Never communicates; the planning part never imports torch (the
-rule checker and ``propagate`` run tensors and import it lazily).
+inputs use, combined over the mesh (:func:`expand`), and the cheapest combination
+under the planner's cost model is found by a best-first search (:func:`select`).
+Never communicates; the planning part never imports torch (the rule checker
+:func:`check_rule` and :func:`propagate` run tensors and import it lazily).
 """
 
 from meshplan.errors import StrategyError
@@ -13,22 +14,55 @@ from meshplan.errors import StrategyError
 from ._expand import Strategy, check_constraint, expand
 from ._rule import DimStrategy, Meta, Placeholder, fill, meta_of, replicate_strategy, shard_kinds
 from ._ruleset import OpRule, RuleSet
-from ._select import Choice, select
+from ._select import METHODS, Choice, clear_strategy_cache, select
+
+_LAZY = {
+    "check_rule": "_check",
+    "RuleReport": "_check",
+    "Failure": "_check",
+    "Gap": "_check",
+    "random_locals": "_check",
+    "propagate": "_propagate",
+    "propagate_simulated": "_propagate",
+    "OPS": "_reference",
+    "run_local": "_reference",
+}
+
+
+def __getattr__(name):
+    # the checker and propagate touch tensors: import torch only when they are used
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(f"{__name__}.{_LAZY[name]}"), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 __all__ = [
+    "METHODS",
+    "OPS",
     "Choice",
     "DimStrategy",
+    "Failure",
+    "Gap",
     "Meta",
     "OpRule",
     "Placeholder",
+    "RuleReport",
     "RuleSet",
     "Strategy",
     "StrategyError",
     "check_constraint",
+    "check_rule",
+    "clear_strategy_cache",
     "expand",
     "fill",
     "meta_of",
+    "propagate",
+    "propagate_simulated",
+    "random_locals",
     "replicate_strategy",
+    "run_local",
     "select",
     "shard_kinds",
 ]

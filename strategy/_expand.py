@@ -41,6 +41,9 @@ from ._rule import DimStrategy, Meta, fill, meta_of, shard_kinds
 from ._ruleset import OpRule, RuleSet, freeze_args
 
 __all__ = [
+    "Candidate",
+    "candidates",
+    "realize",
     "Strategy",
     "Problem",
     "prepare",
@@ -198,24 +201,9 @@ def check_constraint(spec: Spec, dim: int, name: str) -> bool:
     >>> check_constraint(Spec(Mesh.create(4), (Shard(0),), (6,)), 0, "nonempty")  # 2, 2, 2, 0
     False
     """
-    lengths = {spec.shape[dim]}
-    for m in spec.order(dim):
-        p, parts = spec.placements[m], spec.mesh.shape[m]
-        new: set[int] = set()
-        for n in lengths:
-            if name == "even" and (
-                n % parts
-                if isinstance(p, Shard)
-                else n % p.split_factor or (n // p.split_factor) % parts
-            ):
-                return False
-            if name == "aligned" and isinstance(p, StridedShard) and n % p.split_factor:
-                return False
-            new.update(_stage(n, p, parts))
-        lengths = new
-    if name == "nonempty":
-        return min(lengths) >= 1
-    return True
+    sizes = spec.mesh.shape
+    stages = [(spec.placements[m], sizes[m]) for m in spec.order(dim)]
+    return _chain_ok(spec.shape[dim], stages, name)
 
 
 # -- assembling one combination ----------------------------------------------------
@@ -240,22 +228,51 @@ def _partial_ok(placements: tuple[Placement, ...]) -> bool:
     return len(ops) <= 1 or ops == {"sum", "avg"}
 
 
+@attrs.frozen
+class Candidate:
+    """An assembled combination before its output specs are built (cheap to price)."""
+
+    input_specs: tuple[Spec, ...]
+    output_placements: tuple[tuple[Placement, ...], ...]
+    output_orders: tuple[tuple[tuple[int, tuple[int, ...]], ...], ...]
+    rules: tuple[DimStrategy, ...]
+
+
+def realize(problem: Problem, cand: Candidate) -> Strategy:
+    """The :class:`Strategy` of a candidate (builds its output specs)."""
+    mesh = problem.mesh
+    try:
+        outs = tuple(
+            Spec(mesh, pl, meta.shape, meta.dtype, dict(order))
+            for pl, order, meta in zip(
+                cand.output_placements, cand.output_orders, problem.outputs, strict=True
+            )
+        )
+    except PlacementError as e:
+        raise StrategyError(
+            f"{problem.op}: strategy {' | '.join(map(str, cand.rules))} gives an invalid output "
+            f"spec: {e}",
+            value=cand.rules,
+        ) from None
+    return Strategy(cand.input_specs, outs, cand.rules)
+
+
 def assemble(problem: Problem, combo: Sequence[int]) -> tuple[Strategy, ...]:
     """The N-D strategies (one per shard-order choice) of picking ``combo[m]`` on mesh dim m.
 
     Empty when the combination breaks a constraint or mixes Partial ops.
     """
-    return _assemble(problem, tuple(combo))
+    return tuple(realize(problem, c) for c in candidates(problem, tuple(combo)))
 
 
 @functools.lru_cache(maxsize=65536)
-def _assemble(problem: Problem, combo: tuple[int, ...]) -> tuple[Strategy, ...]:
+def candidates(problem: Problem, combo: tuple[int, ...]) -> tuple[Candidate, ...]:
+    """The shard-order variants of a combination that meet every constraint."""
     rules = tuple(problem.dim_rules[m][j] for m, j in enumerate(combo))
-    n = len(rules)
     srcs = problem.sources
     k_in, k_out = len(srcs), len(problem.outputs)
     in_pl = [tuple(r.inputs[i] for r in rules) for i in range(k_in)]
-    out_pl = [tuple(r.outputs[o] for r in rules) for o in range(k_out)]
+    out_pl = tuple(tuple(r.outputs[o] for r in rules) for o in range(k_out))
     if not all(_partial_ok(p) for p in (*in_pl, *out_pl)):
         return ()
 
@@ -295,58 +312,101 @@ def _assemble(problem: Problem, combo: tuple[int, ...]) -> tuple[Strategy, ...]:
             cands.append(tuple(sorted(dims)))
         choices.append((members, cands))
 
-    out: list[Strategy] = []
+    out: list[Candidate] = []
     for pick in itertools.product(*(c for _, c in choices)):
         orders: dict[tuple[int, int], tuple[int, ...]] = {}
         for (members, _), order in zip(choices, pick, strict=True):
             for node in members:
                 orders[node] = order
-        strategy = _build(problem, rules, in_pl, out_pl, orders, link, n)
-        if strategy is not None:
-            out.append(strategy)
+        cand = _candidate(problem, rules, in_pl, out_pl, orders, link)
+        if cand is not None:
+            out.append(cand)
     return tuple(out)
 
 
-def _build(problem, rules, in_pl, out_pl, orders, link, n) -> Strategy | None:
+@functools.lru_cache(maxsize=65536)
+def _spec(mesh, placements, shape, dtype, order) -> Spec:
+    return Spec(mesh, placements, shape, dtype, dict(order))
+
+
+def _chain_ok(length: int, stages: Sequence[tuple[Placement, int]], name: str) -> bool:
+    lengths = {length}
+    for p, parts in stages:
+        new: set[int] = set()
+        for n in lengths:
+            if name == "even" and (
+                n % parts
+                if isinstance(p, Shard)
+                else n % p.split_factor or (n // p.split_factor) % parts
+            ):
+                return False
+            if name == "aligned" and isinstance(p, StridedShard) and n % p.split_factor:
+                return False
+            new.update(_stage(n, p, parts))
+        lengths = new
+    if name == "nonempty":
+        return min(lengths) >= 1
+    return True
+
+
+def _candidate(problem, rules, in_pl, out_pl, orders, link) -> Candidate | None:
     mesh = problem.mesh
-    srcs = problem.sources
+    sizes = mesh.shape
+    n = len(rules)
     try:
         ins = tuple(
-            Spec(mesh, in_pl[i], s.shape, s.dtype, {d: o for (j, d), o in orders.items() if j == i})
-            for i, s in enumerate(srcs)
+            _spec(
+                mesh,
+                in_pl[i],
+                s.shape,
+                s.dtype,
+                tuple(sorted((d, o) for (j, d), o in orders.items() if j == i)),
+            )
+            for i, s in enumerate(problem.sources)
         )
-        outs = []
-        for o, meta in enumerate(problem.outputs):
-            by_dim: dict[int, list[int]] = {}
-            for m in range(n):
-                p = out_pl[o][m]
-                if is_shard_like(p):
-                    by_dim.setdefault(p.dim, []).append(m)
-
-            def key(m: int) -> tuple[int, int, int]:
-                src = link[m]
-                if src is None:
-                    return (1, 0, m)
-                order = orders.get(src, (m,))
-                return (0, -src[1], order.index(m) if m in order else m)
-
-            order = {d: tuple(sorted(ms, key=key)) for d, ms in by_dim.items() if len(ms) > 1}
-            outs.append(Spec(mesh, out_pl[o], meta.shape, meta.dtype, order))
     except PlacementError as e:
         raise StrategyError(
-            f"{problem.op}: strategy {' | '.join(map(str, rules))} gives an invalid spec: {e}",
+            f"{problem.op}: strategy {' | '.join(map(str, rules))} gives an invalid input spec: "
+            f"{e}",
             value=rules,
         ) from None
-    tensors = (*outs, *ins)
+
+    def key(m: int) -> tuple[int, int, int]:
+        src = link[m]
+        if src is None:
+            return (1, 0, m)
+        order = orders.get(src, (m,))
+        return (0, -src[1], order.index(m) if m in order else m)
+
+    out_orders = []
+    full_orders: list[dict[int, tuple[int, ...]]] = []
+    for o in range(len(problem.outputs)):
+        by_dim: dict[int, list[int]] = {}
+        for m in range(n):
+            p = out_pl[o][m]
+            if is_shard_like(p) and sizes[m] > 1:
+                by_dim.setdefault(p.dim, []).append(m)
+        full = {d: tuple(sorted(ms, key=key)) for d, ms in by_dim.items()}
+        full_orders.append(full)
+        out_orders.append(tuple(sorted((d, ms) for d, ms in full.items() if len(ms) > 1)))
+
     seen = set()
+    k_out = len(problem.outputs)
     for r in rules:
         for pos, dim, name in r.constraints:
             if (pos, dim, name) in seen:
                 continue
             seen.add((pos, dim, name))
-            if not check_constraint(tensors[pos], dim, name):
+            if pos < k_out:
+                length = problem.outputs[pos].shape[dim]
+                stages = [(out_pl[pos][m], sizes[m]) for m in full_orders[pos].get(dim, ())]
+            else:
+                spec = ins[pos - k_out]
+                length = spec.shape[dim]
+                stages = [(spec.placements[m], sizes[m]) for m in spec.order(dim)]
+            if not _chain_ok(length, stages, name):
                 return None
-    return Strategy(ins, tuple(outs), rules)
+    return Candidate(ins, out_pl, tuple(out_orders), rules)
 
 
 def expand(

@@ -18,12 +18,19 @@ the dims it changes.
 from __future__ import annotations
 
 import functools
+import itertools
 import math
 
 from meshplan.layout import Mesh
 from meshplan.placement import Partial, Placement, Replicate, Spec, dtype_itemsize
 
-__all__ = ["redistribute_cost", "transition_bound", "default_model", "min_local_bytes"]
+__all__ = [
+    "redistribute_cost",
+    "transition_bound",
+    "input_bound",
+    "default_model",
+    "min_local_bytes",
+]
 
 
 def default_model():
@@ -51,7 +58,15 @@ def _planner():
         from meshplan.redistribute import cost, plan
     except ImportError:
         return None
-    return plan, cost
+    try:  # the same plans without the "flatten to merge" warnings: candidates never run
+        from meshplan.redistribute._planner import _plan_cached
+
+        def quiet(src: Spec, dst: Spec, cost_model) -> object:
+            return _plan_cached(src, dst, cost_model, True, None)[0]
+
+        return quiet, cost
+    except ImportError:
+        return plan, cost
 
 
 def _naive_cost(src: Spec, dst: Spec, model) -> float:
@@ -96,11 +111,18 @@ def min_local_bytes(spec: Spec) -> float:
 
 @functools.lru_cache(maxsize=16384)
 def _step_bound(model, mesh: Mesh, m: int, collective: str | None, nbytes: float) -> float:
+    """The least a ``collective`` step over a group holding mesh dim ``m`` can cost.
+
+    ``nbytes`` bounds every local size from below; a side of the step where ``m``
+    does not shard (Partial or Replicate) holds ``mesh.shape[m]`` times as much.
+    """
     from meshplan.redistribute._cost import coefficients
 
     size = mesh.shape[m]
     c = coefficients(model, mesh, (m,), collective, size)
-    return c[0] + c[3] + (c[1] + c[2] + c[4] + c[5]) * nbytes
+    b_in = nbytes * size if collective in ("all_reduce", "reduce_scatter") else nbytes
+    b_out = nbytes * size if collective == "all_gather" else nbytes
+    return c[0] + c[3] + (c[1] + c[4]) * b_in + (c[2] + c[5]) * b_out
 
 
 @functools.lru_cache(maxsize=1024)
@@ -133,15 +155,11 @@ def _kind(p: Placement) -> str:
 
 
 @functools.lru_cache(maxsize=65536)
-def transition_bound(src: Spec, m: int, q: Placement, model) -> float:
-    """A lower bound of the price of turning mesh dim ``m`` of ``src`` into ``q``.
-
-    Zero when nothing changes; the bounds of the mesh dims of one redistribution add up
-    to a lower bound of its planned price.
-    """
+def _dim_bound(src: Spec, m: int, q: Placement, model) -> tuple[float, bool]:
+    """(least price of the steps changing mesh dim ``m`` to ``q``, whether it is shard -> shard)."""
     p = src.placements[m]
     if p == q or src.mesh.shape[m] == 1:
-        return 0.0
+        return 0.0, False
     mesh = src.mesh
     b = min_local_bytes(src)
 
@@ -149,18 +167,56 @@ def transition_bound(src: Spec, m: int, q: Placement, model) -> float:
         return _step_bound(model, mesh, m, collective, b)
 
     reduce = min(step("all_reduce"), step("reduce_scatter"))
-    leave_shard = min(step("all_gather"), step("all_to_all"), reduce)
+    leave_shard = min(step("all_gather"), step("all_to_all"), step("all_permute"), reduce)
     kp, kq = _kind(p), _kind(q)
-    # every change takes at least one step over m
-    bound = min(step(None), leave_shard, step("all_permute"))
-    share = _share(mesh, m)
-    if kp == "P" and (kq != "P" or {p.op, q.op} not in ({"sum", "avg"}, {p.op})):
+    bound = min(step(None), leave_shard)  # every change takes at least one step over m
+    if kp == "P" and (kq != "P" or {p.op, q.op} != {"sum", "avg"}):
         bound = max(bound, reduce)  # a Partial only leaves by reducing
     if kp == "S" and kq in ("S", "R"):
-        # a shard only leaves by moving its data (or via Partial, reduced later)
-        bound = max(bound, min(leave_shard, step("all_permute")))
-        if kq == "S":
-            share = mesh.ndim  # one all_permute may re-shard every mesh dim at once
+        bound = max(bound, leave_shard)  # a shard leaves by moving data (or reducing later)
     if kq == "R":
         bound = max(bound, min(step("all_gather"), step("all_reduce")))  # arriving at R
-    return bound / share * (1 - 1e-9)
+    return bound * (1 - 1e-9), kp == "S" and kq == "S"
+
+
+def transition_bound(src: Spec, m: int, q: Placement, model) -> float:
+    """A lower bound of the price of turning mesh dim ``m`` of ``src`` into ``q``.
+
+    Zero when nothing changes; the bounds of the mesh dims of one redistribution add up
+    to a lower bound of its planned price (a step changing several mesh dims at once
+    is shared among them: a merged one over an alias, or an all_permute re-sharding
+    several dims).
+    """
+    bound, ss = _dim_bound(src, m, q, model)
+    if not bound:
+        return 0.0
+    return bound / (src.mesh.ndim if ss else _share(src.mesh, m))
+
+
+@functools.lru_cache(maxsize=65536)
+def input_bound(src: Spec, placements: tuple[Placement, ...], model) -> float:
+    """A lower bound of the planned price from ``src`` to any spec with ``placements``.
+
+    At least the sum of :func:`transition_bound`, and tighter when several mesh dims
+    change shard -> shard: one all_permute may do them all, so they count as the most
+    expensive of them (or as their shares, when merged steps witness some).
+    """
+    fixed = 0.0
+    ss: list[tuple[float, int]] = []
+    for m, q in enumerate(placements):
+        bound, is_ss = _dim_bound(src, m, q, model)
+        if not bound:
+            continue
+        share = _share(src.mesh, m)
+        if is_ss:
+            ss.append((bound, share))
+        else:
+            fixed += bound / share
+    if not ss:
+        return fixed
+    best = sum(b / s for b, s in ss)  # every shard -> shard change witnessed by a merged step
+    for k in range(1, len(ss) + 1):
+        for chosen in itertools.combinations(range(len(ss)), k):
+            rest = sum(b / s for j, (b, s) in enumerate(ss) if j not in chosen)
+            best = min(best, rest + max(ss[j][0] for j in chosen))
+    return fixed + best

@@ -25,11 +25,11 @@ import attrs
 from meshplan.errors import StrategyError
 from meshplan.placement import Spec
 
-from ._expand import Problem, Strategy, assemble, prepare
-from ._price import default_model, redistribute_cost, transition_bound
+from ._expand import Candidate, Problem, Strategy, candidates, prepare, realize
+from ._price import default_model, input_bound, redistribute_cost, transition_bound
 from ._ruleset import RuleSet
 
-__all__ = ["Choice", "select", "METHODS"]
+__all__ = ["Choice", "select", "METHODS", "clear_strategy_cache"]
 
 METHODS = ("search", "enumerate")
 
@@ -39,7 +39,8 @@ class Choice:
     """The selected strategy with its price and how much work finding it took.
 
     ``cost`` is the total price in seconds (``input_costs`` per input), ``visited``
-    the combinations priced, ``states`` the size of the full enumeration.
+    the combinations (states) examined, ``priced`` the redistributions priced with the
+    planner, ``states`` the size of the full enumeration.
 
     >>> from meshplan.layout import Mesh
     >>> from meshplan.placement import Replicate, Shard
@@ -57,6 +58,7 @@ class Choice:
     cost: float
     input_costs: tuple[float, ...]
     visited: int
+    priced: int
     states: int
     method: str
 
@@ -81,14 +83,19 @@ class Choice:
 
 
 class _Pricer:
-    """Exact prices of combinations, memoized per input target within one selection."""
+    """Exact input prices (memoized per target within one selection) and their bounds."""
 
     def __init__(self, problem: Problem, model: Any) -> None:
         self.problem = problem
         self.model = model
         self.memo: dict[tuple[int, Spec], float] = {}
+        for i, src in enumerate(problem.sources):
+            self.memo[(i, src)] = 0.0
 
-    def input_cost(self, i: int, spec: Spec) -> float:
+    def known(self, i: int, spec: Spec) -> float | None:
+        return self.memo.get((i, spec))
+
+    def price(self, i: int, spec: Spec) -> float:
         key = (i, spec)
         c = self.memo.get(key)
         if c is None:
@@ -96,15 +103,11 @@ class _Pricer:
             self.memo[key] = c
         return c
 
-    def best(self, combo: tuple[int, ...]) -> tuple[float, int, Strategy, tuple[float, ...]] | None:
-        """The cheapest shard-order variant of a combination (None if it has none)."""
-        found = None
-        for v, strategy in enumerate(assemble(self.problem, combo)):
-            costs = tuple(self.input_cost(i, s) for i, s in enumerate(strategy.input_specs))
-            total = sum(costs)
-            if found is None or total < found[0]:
-                found = (total, v, strategy, costs)
-        return found
+    def bound(self, i: int, spec: Spec) -> float:
+        return input_bound(self.problem.sources[i], spec.placements, self.model)
+
+    def priced(self) -> int:
+        return len(self.memo) - len(self.problem.sources)
 
 
 def select(
@@ -140,22 +143,29 @@ def select(
     return _search(problem, pricer)
 
 
-def _choice(problem: Problem, found, visited: int, method: str) -> Choice:
-    total, _, strategy, costs = found
-    return Choice(strategy, total, costs, visited, problem.n_states(), method)
+def _choice(
+    problem: Problem, pricer: _Pricer, cand: Candidate, visited: int, method: str
+) -> Choice:
+    costs = tuple(pricer.price(i, s) for i, s in enumerate(cand.input_specs))
+    strategy = realize(problem, cand)
+    return Choice(strategy, sum(costs), costs, visited, pricer.priced(), problem.n_states(), method)
 
 
 def _enumerate(problem: Problem, pricer: _Pricer) -> Choice:
-    best = None
+    best: tuple[float, Candidate] | None = None
     visited = 0
     for combo in itertools.product(*(range(len(r)) for r in problem.dim_rules)):
         visited += 1
-        found = pricer.best(combo)
-        if found is not None and (best is None or found[0] < best[0]):
-            best = found
+        for cand in candidates(problem, combo):
+            total = sum(pricer.price(i, s) for i, s in enumerate(cand.input_specs))
+            if best is None or total < best[0]:
+                best = (total, cand)
     if best is None:
         raise StrategyError(f"{problem.op}: no valid strategy at all", value=problem)
-    return _choice(problem, best, visited, "enumerate")
+    return _choice(problem, pricer, best[1], visited, "enumerate")
+
+
+_BOUND, _PARTIAL, _EXACT = 0, 1, 2
 
 
 def _search(problem: Problem, pricer: _Pricer) -> Choice:
@@ -172,25 +182,62 @@ def _search(problem: Problem, pricer: _Pricer) -> Choice:
         bounds.append(lb)
         orders.append(sorted(range(len(rules)), key=lambda j, lb=lb: (lb[j], j)))
     n = len(bounds)
+    heap: list[tuple] = []
 
-    def entry(pos: tuple[int, ...], last: int):
+    def push_combo(pos: tuple[int, ...], last: int) -> None:
         combo = tuple(orders[m][pos[m]] for m in range(n))
         key = sum(bounds[m][combo[m]] for m in range(n))
-        return (key, 0, combo, pos, last)
+        heapq.heappush(heap, (key, _BOUND, combo, -1, (pos, last)))
 
-    heap: list[tuple] = [entry((0,) * n, 0)]
+    def push_candidate(combo: tuple[int, ...], v: int, cand: Candidate) -> None:
+        # exact prices where known, bounds elsewhere: refined one input per pop
+        key = 0.0
+        kind = _EXACT
+        for i, spec in enumerate(cand.input_specs):
+            c = pricer.known(i, spec)
+            if c is None:
+                c = pricer.bound(i, spec)
+                kind = _PARTIAL
+            key += c
+        if kind == _EXACT:
+            key = sum(pricer.price(i, s) for i, s in enumerate(cand.input_specs))
+        heapq.heappush(heap, (key, kind, combo, v, cand))
+
+    push_combo((0,) * n, 0)
     visited = 0
     while heap:
-        item = heapq.heappop(heap)
-        if item[1] == 1:
-            return _choice(problem, item[3], visited, "search")
-        _, _, combo, pos, last = item
+        key, kind, combo, v, payload = heapq.heappop(heap)
+        if kind == _EXACT:
+            return _choice(problem, pricer, payload, visited, "search")
+        if kind == _PARTIAL:
+            for i, spec in enumerate(payload.input_specs):
+                if pricer.known(i, spec) is None:
+                    pricer.price(i, spec)  # one planner call, then back in line
+                    break
+            push_candidate(combo, v, payload)
+            continue
         visited += 1
-        found = pricer.best(combo)
-        if found is not None:
-            heapq.heappush(heap, (found[0], 1, combo, found))
+        pos, last = payload
+        for v, cand in enumerate(candidates(problem, combo)):
+            push_candidate(combo, v, cand)
         for m in range(last, n):
             if pos[m] + 1 < len(orders[m]):
-                nxt = pos[:m] + (pos[m] + 1,) + pos[m + 1 :]
-                heapq.heappush(heap, entry(nxt, m))
+                push_combo(pos[:m] + (pos[m] + 1,) + pos[m + 1 :], m)
     raise StrategyError(f"{problem.op}: no valid strategy at all", value=problem)
+
+
+def clear_strategy_cache() -> None:
+    """Forget every cached rule evaluation, assembly and price (the planner's plans stay)."""
+    from . import _expand, _price
+
+    for fn in (
+        _expand._prepare,
+        _expand.candidates,
+        _expand._spec,
+        _price.redistribute_cost,
+        _price._dim_bound,
+        _price.input_bound,
+        _price._step_bound,
+        _price._share,
+    ):
+        fn.cache_clear()

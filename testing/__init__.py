@@ -13,5 +13,15 @@ shrink towards small, readable ones; they never touch torch.distributed.
 
 from ._mesh import mesh_dims, meshes
 from ._placement import placements, shapes, specs
+from ._strategy import BUILTIN_OPS, OpCall, op_calls
 
-__all__ = ["mesh_dims", "meshes", "placements", "shapes", "specs"]
+__all__ = [
+    "BUILTIN_OPS",
+    "OpCall",
+    "mesh_dims",
+    "meshes",
+    "op_calls",
+    "placements",
+    "shapes",
+    "specs",
+]

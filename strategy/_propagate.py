@@ -1,0 +1,118 @@
+"""Running an op under its selected strategy: on one rank (``propagate``) or all (simulated).
+
+Both select the strategy, redistribute each input to the strategy's input spec with
+the planner's plan, and run the op's torch implementation on the local tensors. The
+simulated variant runs every rank in this process through the simulator — the
+reference the property tests hold the selection to.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import torch
+
+from meshplan.errors import StrategyError
+from meshplan.placement import Spec
+
+from ._reference import run_local
+from ._ruleset import RuleSet
+from ._select import Choice, select
+
+__all__ = ["propagate", "propagate_simulated"]
+
+
+def _outputs(result: Any, n: int) -> tuple[torch.Tensor, ...]:
+    return tuple(result) if n > 1 else (result,)
+
+
+def propagate_simulated(
+    op: str,
+    locals_: Sequence[Mapping[int, torch.Tensor]],
+    input_specs: Sequence[Spec],
+    ruleset: RuleSet | None = None,
+    cost_model: Any = None,
+    method: str = "search",
+    **args: Any,
+) -> tuple[dict[int, torch.Tensor], Choice]:
+    """Run ``op`` on every rank's local inputs at once: (rank -> local output, the choice).
+
+    ``locals_[i]`` maps each rank to its local part of input ``i`` laid out per
+    ``input_specs[i]``. Inputs are redistributed in the simulator with the planner's
+    plans; for ops with several outputs each rank's value is a tuple.
+
+    >>> import torch
+    >>> from meshplan.layout import Mesh
+    >>> from meshplan.placement import Replicate, Shard, shard, unshard
+    >>> mesh = Mesh.create(2)
+    >>> a = Spec(mesh, (Shard(1),), (2, 4), "float64")
+    >>> b = Spec(mesh, (Replicate(),), (4, 3), "float64")
+    >>> x, y = torch.randn(2, 4, dtype=torch.float64), torch.randn(4, 3, dtype=torch.float64)
+    >>> out, choice = propagate_simulated("mm", [shard(x, a), shard(y, b)], [a, b])
+    >>> print(choice.output_spec)
+    f64[2,3](P(sum))
+    >>> torch.allclose(unshard(out, choice.output_spec), x @ y)
+    True
+    """
+    if len(locals_) != len(input_specs):
+        raise StrategyError(
+            f"{op}: {len(locals_)} local inputs for {len(input_specs)} specs", value=locals_
+        )
+    choice = select(op, input_specs, ruleset, cost_model, method, **args)
+    from meshplan.redistribute import plan, simulate
+
+    moved = []
+    for loc, src, dst in zip(locals_, input_specs, choice.input_specs, strict=True):
+        moved.append(
+            simulate(plan(src, dst, cost_model=cost_model), loc) if src != dst else dict(loc)
+        )
+    ranks = sorted(moved[0])
+    n_out = len(choice.output_specs)
+    out = {}
+    for r in ranks:
+        result = run_local(op, [m[r] for m in moved], args, choice.output_specs, r)
+        out[r] = result if n_out == 1 else tuple(_outputs(result, n_out))
+    return out, choice
+
+
+def propagate(
+    op: str,
+    inputs: Sequence[Any],
+    groups: Any,
+    ruleset: RuleSet | None = None,
+    cost_model: Any = None,
+    **args: Any,
+):
+    """Run ``op`` on this rank's :class:`~meshplan.placement.Sharded` inputs; Sharded output(s).
+
+    Selects the cheapest strategy for the inputs' specs, redistributes each input that
+    needs it with ``meshplan.redistribute.redistribute`` over ``groups`` (every rank
+    must call this together, as with any collective), and runs the op locally.
+    """
+    from meshplan.placement import Sharded
+
+    if isinstance(inputs, Sharded):
+        inputs = (inputs,)
+    inputs = tuple(inputs)
+    if not inputs or not all(isinstance(x, Sharded) for x in inputs):
+        raise StrategyError(f"{op}: propagate takes a sequence of Sharded inputs, got {inputs!r}")
+    rank = inputs[0].rank
+    if any(x.rank != rank for x in inputs):
+        raise StrategyError(
+            f"{op}: inputs belong to ranks {[x.rank for x in inputs]!r}; pass one rank's inputs",
+            value=inputs,
+        )
+    choice = select(op, [x.spec for x in inputs], ruleset, cost_model, "search", **args)
+    locals_ = []
+    for x, dst in zip(inputs, choice.input_specs, strict=True):
+        if x.spec == dst:
+            locals_.append(x.local)
+        else:
+            from meshplan.redistribute import redistribute
+
+            locals_.append(redistribute(x.local, x.spec, dst, groups))
+    result = run_local(op, locals_, args, choice.output_specs, rank)
+    outs = _outputs(result, len(choice.output_specs))
+    sharded = tuple(Sharded(t, s, rank) for t, s in zip(outs, choice.output_specs, strict=True))
+    return sharded[0] if len(sharded) == 1 else sharded
