@@ -14,6 +14,15 @@ from ._merge import MergeWarning, merge, reset_merge_warnings
 from ._planner import check_plannable, clear_plan_cache, plan
 from ._step import COLLECTIVES, Plan, Step, reduce_op
 
+# The runtime shell imports torch.distributed: loaded on first use, like simulate.
+_SHELL = {
+    "Group": "_groups",
+    "ProcessGroups": "_groups",
+    "WorkerError": "_pool",
+    "WorkerPool": "_pool",
+    "calibrate": "_calibrate",
+}
+
 
 def __getattr__(name):
     # simulate touches tensor values: import torch only when it is used.
@@ -21,6 +30,10 @@ def __getattr__(name):
         from . import _simulate
 
         return getattr(_simulate, name)
+    if name in _SHELL:
+        import importlib
+
+        return getattr(importlib.import_module(f"{__name__}.{_SHELL[name]}"), name)
     raise AttributeError(f"module 'meshplan.redistribute' has no attribute {name!r}")
 
 
@@ -47,4 +60,9 @@ __all__ = [
     "transition_cost",
     "simulate",
     "simulate_step",
+    "Group",
+    "ProcessGroups",
+    "WorkerError",
+    "WorkerPool",
+    "calibrate",
 ]

@@ -372,3 +372,40 @@ def test_a_group_of_one_needs_no_process_group():
     _close(C.all_to_all([x], alone)[0], x)
     _close(C.permute(x, alone, dst=0, src=0), x)
     assert C.permute(x, alone, dst=None, src=None) is None
+
+
+# -- calibrate ----------------------------------------------------------------------------
+
+
+def _calibrate(mesh):
+    from meshplan.redistribute._calibrate import calibrate
+
+    groups = ProcessGroups(mesh)
+    return calibrate(groups, nbytes=1 << 16, repeats=3)
+
+
+def test_calibrate_measures_one_link_per_mesh_dim_and_agrees_across_ranks(pool8):
+    from meshplan.redistribute import CostModel, HardwareProfile
+
+    mesh = Mesh.create((2, 1, 4), ("dp", "one", "tp"), ranks=(3, 1, 0, 2, 7, 5, 4, 6))
+    profiles = pool8.run(_calibrate, mesh)
+    first = profiles[0]
+    assert isinstance(first, HardwareProfile)
+    assert all(p == first for p in profiles)  # one profile everywhere: plans agree
+    assert len(first.dims) == mesh.ndim
+    dp, one, tp = first.dims
+    for link in (dp, tp):
+        assert 0 < link.latency_s < 1.0
+        assert 1e5 < link.bytes_per_s < 1e13
+    assert one.latency_s == 0.0  # a dim of size 1 never communicates
+    assert first.launch_s == 0.0 and first.local_launch_s > 0
+    assert first.copy_bytes_per_s > 0 and first.reduce_bytes_per_s > 0
+    CostModel(first)  # usable by the planner
+
+
+def test_calibrate_on_a_mesh_over_part_of_the_world(pool8):
+    mesh = Mesh.create((2, 2), ("a", "b"), ranks=(4, 6, 5, 7))
+    profiles = pool8.run(_calibrate, mesh)
+    assert profiles[:4] == [None] * 4
+    assert all(p == profiles[4] for p in profiles[4:])
+    assert len(profiles[4].dims) == 2
