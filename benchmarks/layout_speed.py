@@ -23,6 +23,7 @@ import argparse
 import itertools
 import json
 import math
+import os
 import platform
 import random
 import statistics
@@ -216,7 +217,10 @@ def main(argv: list[str] | None = None) -> int:
                 }
             )
 
-    print(f"meshplan.layout vs torch {_torch_version()} DeviceMesh, mesh {shape} = {world} ranks")
+    print(
+        f"meshplan.layout vs torch {_torch_version()} DeviceMesh, mesh {shape} = {world} ranks "
+        f"({os.cpu_count()} cpus, load {os.getloadavg()[0]:.1f})"
+    )
     header = f"{'rank map':9} {'operation':43} {'ranks out':>9} {'meshplan':>11} {'peak':>9} {'torch':>12} {'torch/mp':>9}  note"
     print(header)
     print("-" * len(header))
@@ -243,6 +247,8 @@ def main(argv: list[str] | None = None) -> int:
         "python": platform.python_version(),
         "machine": platform.machine(),
         "processor": platform.processor(),
+        "cpus": os.cpu_count(),
+        "load_average": os.getloadavg(),
     }
     args.out.write_text(json.dumps({"meta": meta, "rows": rows}, indent=2))
     print(f"wrote {args.out}")
