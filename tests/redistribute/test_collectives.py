@@ -15,7 +15,7 @@ from meshplan.errors import RuntimeShellError
 from meshplan.layout import Mesh
 from meshplan.redistribute import _collectives as C
 from meshplan.redistribute._groups import Group, ProcessGroups
-from meshplan.redistribute._pool import WorkerDied
+from meshplan.redistribute._pool import WorkerDied, WorkerPool
 from meshplan.testing import mesh_dims
 
 DTYPES = ["float32", "float64", "int64", "bfloat16"]
@@ -409,3 +409,32 @@ def test_calibrate_on_a_mesh_over_part_of_the_world(pool8):
     assert profiles[:4] == [None] * 4
     assert all(p == profiles[4] for p in profiles[4:])
     assert len(profiles[4].dims) == 2
+
+
+# -- torch.compile ------------------------------------------------------------------------
+
+
+def _compiled():
+    g = _group(Mesh.create(2, ("x",), ranks=(1, 0)), "x")  # coordinate order != torch's
+
+    def collectives(x):
+        y = C.all_gather_concat(x * 2, g)
+        z = C.all_reduce(y, g, "avg")
+        w = C.reduce_scatter(z, g, "sum")
+        return torch.cat(C.all_to_all(list(w.chunk(2)), g)) + 1
+
+    def point_to_point(x):
+        return C.permute(x, g, dst=1 - g.position, src=1 - g.position) * 3
+
+    x = torch.arange(4.0) + dist.get_rank()
+    full = torch.compile(collectives, backend="eager", fullgraph=True)
+    p2p = torch.compile(point_to_point, backend="eager")  # graph breaks allowed
+    return collectives(x), full(x), point_to_point(x), p2p(x)
+
+
+def test_collectives_trace_under_torch_compile():
+    with WorkerPool(2, timeout=120) as fresh:
+        results = fresh.run(_compiled)
+    for eager, compiled, eager_p2p, compiled_p2p in results:
+        _close(compiled, eager)
+        _close(compiled_p2p, eager_p2p)
