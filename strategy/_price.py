@@ -103,6 +103,7 @@ def _naive_cost(src: Spec, dst: Spec, model) -> float:
     return total
 
 
+@functools.lru_cache(maxsize=16384)
 def min_local_bytes(spec: Spec) -> float:
     """A lower bound of any layout's largest local size of ``spec``'s tensor on its mesh."""
     n = math.prod(spec.shape)
@@ -154,28 +155,34 @@ def _kind(p: Placement) -> str:
     return "S"
 
 
+_COLLECTIVES = (None, "all_gather", "all_to_all", "all_permute", "all_reduce", "reduce_scatter")
+
+
+@functools.lru_cache(maxsize=16384)
+def _dim_steps(model, mesh: Mesh, m: int, nbytes: float) -> tuple[float, ...]:
+    """:func:`_step_bound` of every step kind (in ``_COLLECTIVES`` order)."""
+    return tuple(_step_bound(model, mesh, m, c, nbytes) for c in _COLLECTIVES)
+
+
 @functools.lru_cache(maxsize=65536)
 def _dim_bound(src: Spec, m: int, q: Placement, model) -> tuple[float, bool]:
     """(least price of the steps changing mesh dim ``m`` to ``q``, whether it is shard -> shard)."""
     p = src.placements[m]
     if p == q or src.mesh.shape[m] == 1:
         return 0.0, False
-    mesh = src.mesh
-    b = min_local_bytes(src)
-
-    def step(collective: str | None) -> float:
-        return _step_bound(model, mesh, m, collective, b)
-
-    reduce = min(step("all_reduce"), step("reduce_scatter"))
-    leave_shard = min(step("all_gather"), step("all_to_all"), step("all_permute"), reduce)
+    local, gather, a2a, permute, allreduce, scatter = _dim_steps(
+        model, src.mesh, m, min_local_bytes(src)
+    )
+    reduce = min(allreduce, scatter)
+    leave_shard = min(gather, a2a, permute, reduce)
     kp, kq = _kind(p), _kind(q)
-    bound = min(step(None), leave_shard)  # every change takes at least one step over m
+    bound = min(local, leave_shard)  # every change takes at least one step over m
     if kp == "P" and (kq != "P" or {p.op, q.op} != {"sum", "avg"}):
         bound = max(bound, reduce)  # a Partial only leaves by reducing
     if kp == "S" and kq in ("S", "R"):
         bound = max(bound, leave_shard)  # a shard leaves by moving data (or reducing later)
     if kq == "R":
-        bound = max(bound, min(step("all_gather"), step("all_reduce")))  # arriving at R
+        bound = max(bound, min(gather, allreduce))  # arriving at R
     return bound * (1 - 1e-9), kp == "S" and kq == "S"
 
 

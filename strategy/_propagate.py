@@ -76,6 +76,14 @@ def propagate_simulated(
     return out, choice
 
 
+def _redistribute():
+    try:
+        from meshplan.redistribute import redistribute
+    except ImportError:
+        from meshplan.redistribute._run import redistribute
+    return redistribute
+
+
 def propagate(
     op: str,
     inputs: Sequence[Any],
@@ -109,9 +117,7 @@ def propagate(
         if x.spec == dst:
             locals_.append(x.local)
         else:
-            from meshplan.redistribute import redistribute
-
-            locals_.append(redistribute(x.local, x.spec, dst, groups))
+            locals_.append(_redistribute()(x.local, x.spec, dst, groups, cost_model=cost_model))
     result = run_local(op, locals_, args, choice.output_specs, rank)
     outs = _outputs(result, len(choice.output_specs))
     sharded = tuple(Sharded(t, s, rank) for t, s in zip(outs, choice.output_specs, strict=True))

@@ -236,7 +236,9 @@ def clear_strategy_cache() -> None:
         _expand._spec,
         _price.redistribute_cost,
         _price._dim_bound,
+        _price._dim_steps,
         _price.input_bound,
+        _price.min_local_bytes,
         _price._step_bound,
         _price._share,
     ):
