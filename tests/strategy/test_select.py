@@ -9,6 +9,7 @@ from hypothesis import strategies as st
 
 from meshplan.layout import Mesh
 from meshplan.placement import Partial, Replicate, Shard, Spec, StridedShard, unshard
+from meshplan.redistribute import CostModel, HardwareProfile
 from meshplan.strategy import OPS, expand, propagate_simulated, random_locals, select
 from meshplan.strategy._price import (
     default_model,
@@ -34,17 +35,26 @@ def _globals_and_locals(call, seed):
     return globals_, locals_
 
 
+MODELS = [
+    None,  # the planner's default: NVLink within 8-GPU nodes, InfiniBand across
+    CostModel(HardwareProfile.gloo_cpu()),
+    CostModel(HardwareProfile.nvlink_ib(gpus_per_node=2)),  # most mesh dims span nodes
+]
+
+
 @settings(max_examples=60)
-@given(call=op_calls(max_side=5), seed=st.integers(0, 2**16))
-def test_search_finds_the_enumerated_minimum_and_the_choice_computes_the_op(call, seed):
-    search = select(call.op, call.input_specs, method="search", **call.kwargs)
-    full = select(call.op, call.input_specs, method="enumerate", **call.kwargs)
+@given(call=op_calls(max_side=5), seed=st.integers(0, 2**16), model=st.sampled_from(MODELS))
+def test_search_finds_the_enumerated_minimum_and_the_choice_computes_the_op(call, seed, model):
+    search = select(call.op, call.input_specs, cost_model=model, method="search", **call.kwargs)
+    full = select(call.op, call.input_specs, cost_model=model, method="enumerate", **call.kwargs)
     assert search.cost == full.cost
     assert search.strategy == full.strategy  # same deterministic tie-break
     assert search.visited <= full.visited == full.states
 
     globals_, locals_ = _globals_and_locals(call, seed)
-    out, choice = propagate_simulated(call.op, locals_, call.input_specs, **call.kwargs)
+    out, choice = propagate_simulated(
+        call.op, locals_, call.input_specs, cost_model=model, **call.kwargs
+    )
     assert choice.strategy == search.strategy
     got = unshard(out, choice.output_spec)
     want = OPS[call.op](*globals_, **call.kwargs)
