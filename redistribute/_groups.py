@@ -95,6 +95,7 @@ class Group:
     timeout: float = DEFAULT_TIMEOUT
     _group_of_position: tuple[int, ...] = attrs.field(init=False, eq=False)
     _position_of_group: tuple[int, ...] = attrs.field(init=False, eq=False)
+    _position: int = attrs.field(init=False, eq=False)
 
     def __attrs_post_init__(self) -> None:
         if sorted(self.ranks) != sorted(self.pg_ranks) or len(set(self.ranks)) != len(self.ranks):
@@ -116,6 +117,7 @@ class Group:
             to_position[g] = p
         object.__setattr__(self, "_group_of_position", to_group)
         object.__setattr__(self, "_position_of_group", tuple(to_position))
+        object.__setattr__(self, "_position", self.ranks.index(self.rank))
 
     @property
     def size(self) -> int:
@@ -125,7 +127,7 @@ class Group:
     @property
     def position(self) -> int:
         """The calling rank's position (mesh coordinate along the group's dims)."""
-        return self.ranks.index(self.rank)
+        return self._position
 
     @property
     def is_identity(self) -> bool:
