@@ -187,7 +187,11 @@ def main(argv: list[str] | None = None) -> int:
                 t_cold = per_call(run, repeat=max(3, opts.repeat // 3), setup=all_cold)
 
                 # torch's choice, priced under meshplan's model
-                if out.needs_redistribute and out.redistribute_schema is not None:
+                if op == "cat":
+                    # list inputs: torch's cat redistributes every input to the output's
+                    # placements (its schema carries no per-input suggestion)
+                    targets = [dspec(tmesh, out.output_spec.placements, s.shape) for s in specs]
+                elif out.needs_redistribute and out.redistribute_schema is not None:
                     targets = out.redistribute_schema.args_spec
                 else:
                     targets = tspecs

@@ -177,9 +177,8 @@ def build_problem(
 
 def _stage(length: int, p: Placement, parts: int) -> list[int]:
     """Lengths each coordinate keeps when ``p`` cuts a piece of ``length`` over ``parts``."""
-    if isinstance(p, Shard):
+    if not isinstance(p, StridedShard):
         return [b - a for a, b in (chunk_bounds(length, parts, c) for c in range(parts))]
-    assert isinstance(p, StridedShard)
     pieces = [
         b - a for a, b in (chunk_bounds(length, p.split_factor, j) for j in range(p.split_factor))
     ]

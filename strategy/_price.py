@@ -45,62 +45,22 @@ def redistribute_cost(src: Spec, dst: Spec, model) -> float:
     """Total price (seconds) of the planner's minimum-cost plan from ``src`` to ``dst``."""
     if src == dst:
         return 0.0
-    planner = _planner()
-    if planner is None:
-        return _naive_cost(src, dst, model)
-    plan, cost = planner
-    return cost(plan(src, dst, cost_model=model), model).total
+    from meshplan.redistribute import cost
+
+    return cost(_plan(src, dst, model), model).total
 
 
-@functools.cache
-def _planner():
+def _plan(src: Spec, dst: Spec, model):
+    # the plan ``plan()`` returns, without its "flatten to merge" warning: selection
+    # prices many candidate redistributions that never run
     try:
-        from meshplan.redistribute import cost, plan
-    except ImportError:
-        return None
-    try:  # the same plans without the "flatten to merge" warnings: candidates never run
         from meshplan.redistribute._planner import _plan_cached
 
-        def quiet(src: Spec, dst: Spec, cost_model) -> object:
-            return _plan_cached(src, dst, cost_model, True, None)[0]
+        return _plan_cached(src, dst, model, True, None)[0]
+    except (ImportError, TypeError):
+        from meshplan.redistribute import plan
 
-        return quiet, cost
-    except ImportError:
-        return plan, cost
-
-
-def _naive_cost(src: Spec, dst: Spec, model) -> float:
-    # Stand-in while the planner is missing: one step per changed mesh dim, last dim first.
-    from meshplan.redistribute._cost import transition_cost
-
-    total = 0.0
-    cur = src
-    for m in reversed(range(src.mesh.ndim)):
-        p, q = cur.placements[m], dst.placements[m]
-        if p == q:
-            continue
-        pl = list(cur.placements)
-        pl[m] = q
-        try:
-            nxt = Spec(cur.mesh, pl, cur.shape, cur.dtype)
-        except Exception:
-            nxt = cur
-        kp, kq = _kind(p), _kind(q)
-        if kp == "P" and kq != "P":
-            coll = "all_reduce" if kq == "R" else "reduce_scatter"
-        elif kp == "S" and kq == "R":
-            coll = "all_gather"
-        elif kp == "S" and kq == "S":
-            coll = "all_to_all"
-        elif kp == "P" and {p.op, q.op} != {"sum", "avg"}:
-            coll = "all_reduce"
-        else:
-            coll = None
-        total += transition_cost(cur, nxt, m, coll, model).total
-        cur = nxt
-    if cur.shard_order != dst.shard_order:
-        total += transition_cost(cur, dst, tuple(range(src.mesh.ndim)), "all_permute", model).total
-    return total
+        return plan(src, dst, cost_model=model)
 
 
 @functools.lru_cache(maxsize=16384)
@@ -192,12 +152,22 @@ def transition_bound(src: Spec, m: int, q: Placement, model) -> float:
     Zero when nothing changes; the bounds of the mesh dims of one redistribution add up
     to a lower bound of its planned price (a step changing several mesh dims at once
     is shared among them: a merged one over an alias, or an all_permute re-sharding
-    several dims).
+    several of the dims that shard in ``src``).
     """
+    if src.placements[m] == q:
+        return 0.0
     bound, ss = _dim_bound(src, m, q, model)
     if not bound:
         return 0.0
-    return bound / (src.mesh.ndim if ss else _share(src.mesh, m))
+    share = _share(src.mesh, m)
+    if ss:  # an all_permute re-shards at most the dims that shard in the source
+        share = max(share, _n_sharding(src))
+    return bound / share
+
+
+@functools.lru_cache(maxsize=16384)
+def _n_sharding(src: Spec) -> int:
+    return sum(1 for m, p in enumerate(src.placements) if _kind(p) == "S" and src.mesh.shape[m] > 1)
 
 
 @functools.lru_cache(maxsize=65536)

@@ -165,20 +165,27 @@ def _enumerate(problem: Problem, pricer: _Pricer) -> Choice:
     return _choice(problem, pricer, best[1], visited, "enumerate")
 
 
-_BOUND, _PARTIAL, _EXACT = 0, 1, 2
+_BOUND, _REFINED, _PARTIAL, _EXACT = 0, 1, 2, 3
 
 
 def _search(problem: Problem, pricer: _Pricer) -> Choice:
     model = pricer.model
     srcs = problem.sources
+    k_in = len(srcs)
     # per mesh dim: each rule's lower bound, and the rules sorted by it
     bounds: list[list[float]] = []
     orders: list[list[int]] = []
     for m, rules in enumerate(problem.dim_rules):
-        lb = [
-            sum(transition_bound(srcs[i], m, p, model) for i, p in enumerate(r.inputs))
-            for r in rules
-        ]
+        seen: dict[tuple[int, Any], float] = {}
+        lb = []
+        for r in rules:
+            total = 0.0
+            for i, p in enumerate(r.inputs):
+                b = seen.get((i, p))
+                if b is None:
+                    b = seen[(i, p)] = transition_bound(srcs[i], m, p, model)
+                total += b
+            lb.append(total)
         bounds.append(lb)
         orders.append(sorted(range(len(rules)), key=lambda j, lb=lb: (lb[j], j)))
     n = len(bounds)
@@ -188,6 +195,14 @@ def _search(problem: Problem, pricer: _Pricer) -> Choice:
         combo = tuple(orders[m][pos[m]] for m in range(n))
         key = sum(bounds[m][combo[m]] for m in range(n))
         heapq.heappush(heap, (key, _BOUND, combo, -1, (pos, last)))
+
+    def push_refined(combo: tuple[int, ...]) -> None:
+        # each input's whole-redistribution bound, before assembling anything
+        rules = [problem.dim_rules[m][j] for m, j in enumerate(combo)]
+        key = 0.0
+        for i in range(k_in):
+            key += input_bound(srcs[i], tuple(r.inputs[i] for r in rules), model)
+        heapq.heappush(heap, (key, _REFINED, combo, -1, None))
 
     def push_candidate(combo: tuple[int, ...], v: int, cand: Candidate) -> None:
         # exact prices where known, bounds elsewhere: refined one input per pop
@@ -215,14 +230,16 @@ def _search(problem: Problem, pricer: _Pricer) -> Choice:
                     pricer.price(i, spec)  # one planner call, then back in line
                     break
             push_candidate(combo, v, payload)
-            continue
-        visited += 1
-        pos, last = payload
-        for v, cand in enumerate(candidates(problem, combo)):
-            push_candidate(combo, v, cand)
-        for m in range(last, n):
-            if pos[m] + 1 < len(orders[m]):
-                push_combo(pos[:m] + (pos[m] + 1,) + pos[m + 1 :], m)
+        elif kind == _REFINED:
+            for v, cand in enumerate(candidates(problem, combo)):
+                push_candidate(combo, v, cand)
+        else:
+            visited += 1
+            push_refined(combo)
+            pos, last = payload
+            for m in range(last, n):
+                if pos[m] + 1 < len(orders[m]):
+                    push_combo(pos[:m] + (pos[m] + 1,) + pos[m + 1 :], m)
     raise StrategyError(f"{problem.op}: no valid strategy at all", value=problem)
 
 
@@ -239,6 +256,7 @@ def clear_strategy_cache() -> None:
         _price._dim_steps,
         _price.input_bound,
         _price.min_local_bytes,
+        _price._n_sharding,
         _price._step_bound,
         _price._share,
     ):
