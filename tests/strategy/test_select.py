@@ -42,7 +42,6 @@ MODELS = [
 ]
 
 
-@settings(max_examples=60)
 @given(call=op_calls(max_side=5), seed=st.integers(0, 2**16), model=st.sampled_from(MODELS))
 def test_search_finds_the_enumerated_minimum_and_the_choice_computes_the_op(call, seed, model):
     search = select(call.op, call.input_specs, cost_model=model, method="search", **call.kwargs)
