@@ -139,13 +139,14 @@ def test_the_planning_part_imports_without_torch():
     code = (
         "import sys; sys.modules['torch'] = None\n"
         "from meshplan.layout import Mesh\n"
-        "from meshplan.placement import Spec, Shard, Replicate\n"
+        "from meshplan.placement import Spec, Shard, Replicate, Partial\n"
         "from meshplan.strategy import select, expand, RuleSet\n"
         "mesh = Mesh.create((2, 2))\n"
-        "a = Spec(mesh, (Shard(0), Replicate()), (8, 4))\n"
-        "b = Spec(mesh, (Replicate(), Replicate()), (4, 6))\n"
-        "print(select('mm', (a, b)).cost)\n"
+        "a = Spec(mesh, (Shard(1), Partial()), (8, 4))\n"
+        "b = Spec(mesh, (Replicate(), Shard(0)), (4, 6))\n"
+        "c = select('mm', (a, b))\n"
+        "print(c.priced > 0, c.cost > 0, len(expand('mm', (a, b))) > 1)\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
     assert out.returncode == 0, out.stderr
-    assert out.stdout.strip() == "0.0"
+    assert out.stdout.strip() == "True True True"
