@@ -116,11 +116,13 @@ def _bias_entry(out_p: DimPlacement, out_shape: tuple[int, ...], bias: Meta) -> 
 
 def _with_bias(
     pairs: list[tuple[DimPlacement, list[DimPlacement]]],
+    n_operands: int,
     out_shape: tuple[int, ...],
     bias: Meta,
     bias_first: bool,
     float_math: bool,
 ) -> list[DimStrategy]:
+    """The contraction's strategies with a bias input added to the product."""
     out: list[DimStrategy] = []
 
     def add(o: DimPlacement, b: DimPlacement, ins: list[DimPlacement]) -> None:
@@ -130,8 +132,8 @@ def _with_bias(
         add(o, _bias_entry(o, out_shape, bias), ins)
         if o == Partial("avg") and any(p == Partial("avg") for p in ins):
             add(o, Replicate(), ins)  # avg of (b + x_r) is b + avg(x_r)
-    if float_math:
-        add(Partial("avg"), Partial("avg"), [Replicate()] * len(pairs[0][1]) if pairs else [])
+    if float_math:  # only the bias averages: avg of (b_r + x) is avg(b_r) + x
+        add(Partial("avg"), Partial("avg"), [Replicate()] * n_operands)
     return out
 
 
@@ -189,7 +191,7 @@ def _addmm_parts(inputs: tuple[Meta, ...]) -> tuple[Meta, tuple[int, int]]:
 def _addmm_rule(inputs: tuple[Meta, ...]) -> list[DimStrategy]:
     bias, shape = _addmm_parts(inputs)
     fm = all(is_float(m) for m in inputs)
-    return _with_bias(einsum_strategies(("mk", "kn"), "mn", fm), shape, bias, True, fm)
+    return _with_bias(einsum_strategies(("mk", "kn"), "mn", fm), 2, shape, bias, True, fm)
 
 
 def _addmm_outputs(inputs: tuple[Meta, ...]) -> tuple[Meta, ...]:
@@ -223,7 +225,7 @@ def _linear_rule(inputs: tuple[Meta, ...]) -> list[DimStrategy]:
     pairs = einsum_strategies(operands, out, fm)
     if len(inputs) == 2:
         return [DimStrategy([o], ins) for o, ins in pairs]
-    return _with_bias(pairs, shape, inputs[2], False, fm)
+    return _with_bias(pairs, 2, shape, inputs[2], False, fm)
 
 
 def _linear_outputs(inputs: tuple[Meta, ...]) -> tuple[Meta, ...]:
