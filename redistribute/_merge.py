@@ -317,7 +317,10 @@ def _valid_single(step: Step) -> bool:
     shards, ptargets = _universe(src, dst, src.ndim)
     ctx = _context(src.mesh, src.shape, src.dtype, CostModel.default(), shards, ptargets, None)
     t = _state(dst)
-    for _, nxt, dims, collective in ctx.successors(_state(src), t):
+    ids = ctx.intern(_state(src)), ctx.intern(t)
+    t = ids[1]
+    for trans in ctx.successors(*ids):
+        nxt, dims, collective = trans[1], trans[2], trans[3]
         if nxt == t and dims == step.mesh_dims and collective == step.collective:
             return True
     return False

@@ -1,0 +1,124 @@
+"""Shared strategies and oracles for the planner tests: pairs of specs on one mesh, random
+partial parts that reduce to a tensor, and the check that a plan delivers the target."""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import torch
+from hypothesis import strategies as st
+
+from meshplan.layout import Mesh
+from meshplan.placement import Partial, Spec, gather_index, local_intervals, shard, unshard
+from meshplan.redistribute import simulate
+from meshplan.testing import mesh_dims, shapes, specs
+
+OPS = ("sum", "avg", "max", "min")
+
+
+@st.composite
+def small_meshes(draw, max_ranks: int = 16, max_dims: int = 4, max_aliases: int = 0) -> Mesh:
+    """Meshes of 1..max_dims dims with at most ``max_ranks`` ranks, mostly of sides >= 2
+    (size-1 dims now and then), any rank map, up to ``max_aliases`` flattened aliases."""
+    ndim = draw(st.integers(1, max_dims), label="mesh dims")
+    shape = draw(
+        st.lists(st.sampled_from([2, 2, 3, 4, 1]), min_size=ndim, max_size=ndim).filter(
+            lambda s: math.prod(s) <= max_ranks
+        ),
+        label="mesh shape",
+    )
+    n = math.prod(shape)
+    ranks = draw(st.permutations(range(n)), label="rank map") if draw(st.booleans()) else None
+    mesh = Mesh.create(tuple(shape), ranks=ranks)
+    for k in range(draw(st.integers(0, max_aliases), label="aliases")):
+        dims = draw(mesh_dims(mesh, min_size=min(2, mesh.ndim)), label=f"dims of f{k}")
+        if mesh.alias_for(dims) is None:
+            mesh = mesh.flatten(dims, f"f{k}")
+    return mesh
+
+
+@st.composite
+def spec_pairs(
+    draw, max_ranks: int = 16, max_dims: int = 4, max_aliases: int = 0, max_side: int = 9
+) -> tuple[Spec, Spec]:
+    """Two specs of one tensor on one mesh: every placement kind, shard orders, uneven and
+    empty sides, Partial of each op (source and target ops drawn independently)."""
+    mesh = draw(small_meshes(max_ranks, max_dims, max_aliases), label="mesh")
+    shape = draw(shapes(min_dims=1, max_dims=3, max_side=max_side), label="shape")
+    src_ops = draw(st.sampled_from([("sum", "avg"), ("max",), ("min",), ("sum",)]))
+    dst_ops = draw(st.sampled_from([("sum", "avg"), ("max",), ("min",), ("avg",)]))
+    src = draw(specs(mesh=mesh, shape=shape, dtypes=("float64",), partial_ops=src_ops))
+    dst = draw(
+        specs(mesh=mesh, shape=shape, dtypes=("float64",), partial_ops=dst_ops).filter(
+            lambda s: s != src
+        )
+    )
+    return src, dst
+
+
+def _ranks(spec: Spec) -> tuple[int, ...]:
+    return tuple(sorted(shard(torch.zeros(spec.shape, dtype=torch.float64), spec)))
+
+
+def _select(x: torch.Tensor, per_dim) -> torch.Tensor:
+    out = x
+    for d, ivs in enumerate(per_dim):
+        out = out.index_select(d, gather_index(ivs))
+    return out.contiguous()
+
+
+def partial_parts(x: torch.Tensor, spec: Spec, seed: int = 0) -> dict[int, torch.Tensor]:
+    """Per-rank local tensors of ``spec`` whose parts reduce to ``x`` — random parts, not
+    meshplan's canonical split (so plans cannot rely on zeros being where shard() puts them)."""
+    if not spec.is_partial:
+        return shard(x, spec)
+    gen = torch.Generator().manual_seed(seed)
+    mesh = spec.mesh
+    pdims = spec.partial_dims
+    ops = {spec.placements[m].op for m in pdims}
+    keys = list(itertools.product(*(range(mesh.shape[m]) for m in pdims)))
+    n_avg = math.prod(mesh.shape[m] for m in pdims if spec.placements[m].op == "avg")
+    parts: dict[tuple[int, ...], torch.Tensor] = {}
+    if ops <= {"sum", "avg"}:
+        total = x * n_avg
+        for k in keys[1:]:
+            parts[k] = torch.randint(-5, 6, x.shape, generator=gen).to(x.dtype)
+        parts[keys[0]] = total - sum(parts.values(), torch.zeros_like(x))
+    else:
+        op = ops.pop()
+        sign = 1 if op == "max" else -1
+        owner = torch.randint(0, len(keys), x.shape, generator=gen)
+        for i, k in enumerate(keys):
+            lower = x - sign * torch.randint(1, 5, x.shape, generator=gen).to(x.dtype)
+            parts[k] = torch.where(owner == i, x, lower)
+    out = {}
+    for r in _ranks(spec):
+        c = mesh.coordinate(r)
+        out[r] = _select(parts[tuple(c[m] for m in pdims)], local_intervals(spec, r))
+    assert torch.allclose(unshard(out, spec), x)
+    return out
+
+
+def delivers(plan, x: torch.Tensor, seed: int = 0) -> bool:
+    """Run ``plan`` in the simulator from random parts of ``x``; compare with the target."""
+    src, dst = plan.src, plan.dst
+    out = simulate(plan, partial_parts(x, src, seed))
+    if dst.is_partial:
+        return torch.allclose(unshard(out, dst), x)
+    want = shard(x, dst)
+    return set(out) == set(want) and all(
+        out[r].shape == want[r].shape and torch.allclose(out[r], want[r]) for r in want
+    )
+
+
+def values(shape) -> torch.Tensor:
+    """Distinct small integers as float64 (exact through sums and avg scaling)."""
+    n = math.prod(shape)
+    return (torch.arange(n, dtype=torch.float64).reshape(shape) % 17) - 8 + 0.5 * (
+        torch.arange(n, dtype=torch.float64).reshape(shape) // 17
+    )
+
+
+def partial_of(spec: Spec) -> set[str]:
+    return {p.op for p in spec.placements if isinstance(p, Partial)}

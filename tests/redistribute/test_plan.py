@@ -1,0 +1,312 @@
+"""plan(): every pair of specs has a plan, and the simulator proves it delivers the target."""
+
+from __future__ import annotations
+
+import sys
+import warnings
+
+import pytest
+from hypothesis import given, note
+from hypothesis import strategies as st
+
+from meshplan.errors import PlanError
+from meshplan.layout import Mesh
+from meshplan.placement import (
+    Partial,
+    Replicate,
+    Shard,
+    Spec,
+    StridedShard,
+    local_numel,
+    parse_placements,
+)
+from meshplan.redistribute import (
+    CostModel,
+    HardwareProfile,
+    MergeWarning,
+    Plan,
+    Step,
+    clear_plan_cache,
+    cost,
+    plan,
+)
+from meshplan.redistribute._cost import padded_local_bytes
+
+from _plan_cases import delivers, spec_pairs, values
+
+warnings.simplefilter("ignore", MergeWarning)
+
+
+def spec(mesh, text, shape, dtype="float64"):
+    pl, order = parse_placements(text)
+    return Spec(mesh, pl, shape, dtype, order)
+
+
+# -- the conformance property ---------------------------------------------------------------
+
+
+@given(spec_pairs())
+def test_simulated_plan_equals_target_sharding(pair):
+    src, dst = pair
+    p = plan(src, dst)
+    note(str(p))
+    assert p.src == src and p.dst == dst
+    assert delivers(p, values(src.shape))
+
+
+@given(spec_pairs())
+def test_simulated_unmerged_plan_equals_target_sharding(pair):
+    src, dst = pair
+    p = plan(src, dst, merge=False)
+    note(str(p))
+    assert all(len(s.mesh_dims) == 1 or s.collective == "all_permute" for s in p.steps)
+    assert delivers(p, values(src.shape), seed=1)
+
+
+@given(spec_pairs(max_aliases=2))
+def test_simulated_plan_with_aliases_equals_target_sharding(pair):
+    src, dst = pair
+    p = plan(src, dst)
+    note(str(p))
+    assert delivers(p, values(src.shape), seed=2)
+    unmerged = plan(src, dst, merge=False)
+    assert cost(p).total <= cost(unmerged).total * (1 + 1e-12)
+
+
+@given(spec_pairs(max_ranks=8, max_dims=3), st.sampled_from(["nvlink", "gloo", "dims"]))
+def test_plan_under_other_cost_models_delivers(pair, which):
+    src, dst = pair
+    if which == "nvlink":
+        model = CostModel(HardwareProfile.nvlink_ib(gpus_per_node=2))
+    elif which == "gloo":
+        model = CostModel(HardwareProfile.gloo_cpu())
+    else:
+        links = [(1e-6 * (i + 1), 1e9 * (10 - i)) for i in range(src.mesh.ndim)]
+        model = CostModel(HardwareProfile.from_dims(links))
+    p = plan(src, dst, cost_model=model)
+    assert delivers(p, values(src.shape), seed=3)
+
+
+# -- shapes of plans ----------------------------------------------------------------------
+
+
+def test_equal_specs_need_no_steps():
+    mesh = Mesh.create((2, 2))
+    a = spec(mesh, "S(0) P", (4, 4))
+    assert plan(a, a).steps == ()
+
+
+def test_shard_order_change_is_one_all_permute():
+    mesh = Mesh.create((2, 2, 2), ("a", "b", "c"))
+    a = spec(mesh, "S(0) S(0) S(0)", (16, 4))
+    b = spec(mesh, "S(0)[2,0,1] S(0) S(0)", (16, 4))
+    p = plan(a, b)
+    assert p.collectives == ("all_permute",)
+    assert delivers(p, values(a.shape))
+
+
+def test_uneven_shard_order_change_is_exact():
+    # torch 2.13 cannot redistribute uneven shard orders at all
+    mesh = Mesh.create((2, 3), ("a", "b"))
+    a = spec(mesh, "S(0) S(0)", (7, 2))
+    b = spec(mesh, "S(0)[1,0] S(0)", (7, 2))
+    p = plan(a, b)
+    assert p.collectives == ("all_permute",)
+    assert delivers(p, values(a.shape))
+
+
+@pytest.mark.parametrize(
+    "src_text, dst_text",
+    [
+        ("SS(0,2) R", "S(0) R"),
+        ("S(0) R", "SS(0,2) R"),
+        ("R SS(1,3)", "S(1) R"),
+        ("P(max) R", "SS(0,2) R"),
+    ],
+)
+def test_strided_shard_to_and_from_shard(src_text, dst_text):
+    mesh = Mesh.create((2, 3))
+    a, b = spec(mesh, src_text, (12, 6)), spec(mesh, dst_text, (12, 6))
+    assert delivers(plan(a, b), values(a.shape))
+
+
+@pytest.mark.parametrize(
+    "src_text, dst_text, kinds",
+    [
+        ("R R", "P(sum) R", {None}),
+        ("S(0) R", "P(sum) R", {None}),
+        ("S(0) R", "P(max) R", {None}),
+        ("P(sum) R", "P(avg) R", {None}),
+        ("P(avg) P(sum)", "P(sum) P(avg)", {None}),
+        # max/min must be reduced first (all_reduce, or reduce_scatter then S -> P)
+        ("P(max) R", "P(sum) R", {"all_reduce", "reduce_scatter", None}),
+        ("P(min) R", "R P(avg)", {"all_reduce", "reduce_scatter", "all_gather", None}),
+    ],
+)
+def test_partial_targets(src_text, dst_text, kinds):
+    mesh = Mesh.create((2, 2))
+    a, b = spec(mesh, src_text, (4, 6)), spec(mesh, dst_text, (4, 6))
+    p = plan(a, b)
+    assert set(s.collective for s in p.steps) <= kinds
+    assert delivers(p, values(a.shape))
+
+
+def test_replicate_to_partial_is_not_free():
+    mesh = Mesh.create(2)
+    a, b = spec(mesh, "R", (8,)), spec(mesh, "P(sum)", (8,))
+    assert cost(plan(a, b)).compute > 0
+
+
+def test_local_slices_come_before_gathers():
+    # the memory-efficient shape: shrink first, move, then grow
+    mesh = Mesh.create((2, 2), ("a", "b"))
+    a = spec(mesh, "S(0) R", (64, 64))
+    b = spec(mesh, "R S(1)", (64, 64))
+    p = plan(a, b)
+    assert delivers(p, values(a.shape))
+    kinds = [s.collective for s in p.steps]
+    if None in kinds and "all_gather" in kinds:
+        assert kinds.index(None) < kinds.index("all_gather")
+    peak = max(padded_local_bytes(s.src) + padded_local_bytes(s.dst) for s in p.steps)
+    assert peak <= max(padded_local_bytes(a), padded_local_bytes(b)) * 2
+
+
+@given(spec_pairs(max_ranks=8, max_dims=3), st.integers(0, 4))
+def test_max_local_bytes_is_a_hard_bound(pair, slack):
+    src, dst = pair
+    free = plan(src, dst, merge=False)
+    peaks = [padded_local_bytes(s.src) + padded_local_bytes(s.dst) for s in free.steps]
+    if not peaks:
+        return
+    floor = max(padded_local_bytes(src), padded_local_bytes(dst))
+    bound = max(2 * floor, max(peaks) - slack * 8)
+    try:
+        p = plan(src, dst, max_local_bytes=bound)
+    except PlanError as e:
+        assert "max_local_bytes" in str(e)
+        return
+    for s in p.steps:
+        assert padded_local_bytes(s.src) + padded_local_bytes(s.dst) <= bound
+    assert delivers(p, values(src.shape))
+
+
+def test_impossible_memory_bound_raises():
+    mesh = Mesh.create(4)
+    a, b = spec(mesh, "S(0)", (16, 16)), spec(mesh, "R", (16, 16))
+    with pytest.raises(PlanError, match="max_local_bytes"):
+        plan(a, b, max_local_bytes=1000)
+
+
+# -- caching --------------------------------------------------------------------------------
+
+
+def test_plans_are_cached_on_frozen_arguments():
+    mesh = Mesh.create((2, 2))
+    a, b = spec(mesh, "S(0) P", (8, 8)), spec(mesh, "R S(1)", (8, 8))
+    first = plan(a, b)
+    assert plan(a, b) is first
+    assert plan(spec(mesh, "S(0) P", (8, 8)), spec(mesh, "R S(1)", (8, 8))) is first
+    assert plan(a, b, merge=False) is not first or len(first) < 2
+    clear_plan_cache()
+    again = plan(a, b)
+    assert again == first and again is not first
+
+
+def test_plan_values_are_canonical():
+    # fast-built intermediate specs and steps equal validated ones
+    mesh = Mesh.create((2, 2, 2), ("a", "b", "c"))
+    a, b = spec(mesh, "S(0) P(avg) S(1)", (8, 8)), spec(mesh, "R S(0) P(sum)", (8, 8))
+    p = plan(a, b, merge=False)
+    rebuilt = Plan(
+        a,
+        b,
+        tuple(
+            Step(
+                s.mesh_dims,
+                Spec(s.src.mesh, s.src.placements, s.src.shape, s.src.dtype, s.src.shard_order),
+                Spec(s.dst.mesh, s.dst.placements, s.dst.shape, s.dst.dtype, s.dst.shard_order),
+                s.collective,
+                s.alias,
+            )
+            for s in p.steps
+        ),
+    )
+    assert rebuilt == p and hash(rebuilt) == hash(p)
+    assert [s.avg_scale for s in rebuilt.steps] == [s.avg_scale for s in p.steps]
+
+
+# -- bad input ------------------------------------------------------------------------------
+
+
+def test_different_meshes_raise_naming_the_difference():
+    a = spec(Mesh.create((2, 2)), "R R", (4,))
+    with pytest.raises(PlanError, match=r"mesh shape \(2, 2\) vs \(4,\)"):
+        plan(a, spec(Mesh.create(4), "R", (4,)))
+    with pytest.raises(PlanError, match="names"):
+        plan(a, spec(Mesh.create((2, 2), ("x", "y")), "R R", (4,)))
+    with pytest.raises(PlanError, match="rank maps"):
+        plan(a, spec(Mesh.create((2, 2), ranks=(3, 2, 1, 0)), "R R", (4,)))
+    flat = Mesh.create((2, 2)).flatten(("d0", "d1"), "f")
+    with pytest.raises(PlanError, match="aliases"):
+        plan(a, spec(flat, "R R", (4,)))
+
+
+def test_different_shapes_and_dtypes_raise_naming_the_difference():
+    mesh = Mesh.create(2)
+    a = spec(mesh, "S(0)", (4, 2))
+    with pytest.raises(PlanError, match=r"global shape: \(4, 2\) vs \(4, 3\)"):
+        plan(a, spec(mesh, "R", (4, 3)))
+    with pytest.raises(PlanError, match="dtype: float64 vs float32"):
+        plan(a, spec(mesh, "R", (4, 2), "float32"))
+    with pytest.raises(PlanError, match="needs Specs"):
+        plan(a, "R")
+    with pytest.raises(PlanError, match="max_local_bytes"):
+        plan(a, a, max_local_bytes=1.5)
+
+
+def test_alias_outside_the_mesh_dims_raises():
+    import attrs
+
+    from meshplan.layout import Axis
+
+    mesh = Mesh.create((4, 2), ("a", "b"))
+    # an alias over half of dim "a" (its faster half): not a flattening of mesh dims
+    odd = attrs.evolve(mesh, aliases={"half": Axis.of((2,), (2,))})
+    with pytest.raises(PlanError, match="'half'.*does not flatten"):
+        plan(spec(odd, "S(0) R", (4,)), spec(odd, "R R", (4,)))
+
+
+def test_planning_modules_import_without_torch():
+    import subprocess
+
+    code = (
+        "import sys\n"
+        "class Block:\n"
+        "    def find_spec(self, name, path=None, target=None):\n"
+        "        if name == 'torch' or name.startswith('torch.'):\n"
+        "            raise ImportError('torch is blocked')\n"
+        "sys.meta_path.insert(0, Block())\n"
+        "from meshplan.layout import Mesh\n"
+        "from meshplan.placement import Spec, Shard, Replicate\n"
+        "from meshplan.redistribute import plan, merge, cost, explain, CostModel\n"
+        "from meshplan.redistribute import _cli\n"
+        "m = Mesh.create((2, 2)).flatten(('d0', 'd1'), 'f')\n"
+        "p = plan(Spec(m, [Shard(0), Shard(0)], (8,)), Spec(m, [Replicate()] * 2, (8,)))\n"
+        "print(explain(p).splitlines()[0]); print(cost(p).total > 0)\n"
+        "assert 'torch' not in sys.modules\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.endswith("True\n")
+
+
+def test_stridedshard_and_partial_kinds_are_all_planned():
+    mesh = Mesh.create((2, 2))
+    kinds = [Replicate(), Shard(0), Shard(1), StridedShard(0, 2), Partial("sum"), Partial("avg")]
+    for a in kinds:
+        for b in kinds:
+            src = Spec(mesh, [a, Replicate()], (8, 4), "float64")
+            dst = Spec(mesh, [Replicate(), b], (8, 4), "float64")
+            p = plan(src, dst)
+            assert delivers(p, values(src.shape)), str(p)
+    assert local_numel(src, 0) > 0
