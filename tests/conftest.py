@@ -1,4 +1,5 @@
-"""Shared test configuration: hypothesis profiles ``dev`` (default) and ``ci``."""
+"""Shared test configuration: hypothesis profiles ``dev`` (default) and ``ci``, and the
+long-lived gloo worker pools every multi-process test shares (one per world size)."""
 
 import os
 
@@ -31,3 +32,36 @@ def fake_world():
     from _torch_oracle import ensure_fake_world
 
     return ensure_fake_world()
+
+
+# -- multi-process tests: one long-lived gloo worker pool per world size ----------------
+# Pools start on the first test that uses them and are reused by every later test, in every
+# test folder; a task that fails makes its pool restart before the next task.
+
+
+def _pool(world_size):
+    from meshplan.redistribute._pool import WorkerPool
+
+    pool = WorkerPool(
+        world_size, "gloo", timeout=60.0, pg_timeout=30.0, preload=("pytest", "hypothesis")
+    )
+    yield pool
+    pool.shutdown()
+
+
+@pytest.fixture(scope="session")
+def pool4():
+    """A 4-rank gloo world."""
+    yield from _pool(4)
+
+
+@pytest.fixture(scope="session")
+def pool8():
+    """An 8-rank gloo world."""
+    yield from _pool(8)
+
+
+@pytest.fixture(scope="session", params=[4, 8], ids=["world4", "world8"])
+def pool(request):
+    """Each of the two worlds in turn."""
+    return request.getfixturevalue(f"pool{request.param}")

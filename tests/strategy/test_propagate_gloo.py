@@ -1,11 +1,9 @@
 """propagate() on real gloo processes: every rank's output is the simulated choice's output."""
 
-import pytest
 import torch
 
 from meshplan.layout import Mesh
 from meshplan.placement import Partial, Replicate, Shard, Spec, StridedShard, unshard
-from meshplan.redistribute._pool import WorkerPool
 from meshplan.strategy import OPS, propagate_simulated
 
 MESH = Mesh.create((2, 2), ("dp", "tp"))
@@ -71,13 +69,6 @@ def _local_input(x, spec, rank):
     from meshplan.placement import shard
 
     return shard(x, spec)[rank]
-
-
-@pytest.fixture(scope="module")
-def pool4():
-    pool = WorkerPool(4, "gloo", timeout=60.0, pg_timeout=30.0, preload=("pytest",))
-    yield pool
-    pool.shutdown()
 
 
 def test_propagate_on_gloo_matches_the_simulated_choice_and_the_op(pool4):
