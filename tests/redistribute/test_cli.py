@@ -1,0 +1,72 @@
+"""The ``meshplan plan`` command prints the explained plan."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from meshplan.redistribute import reset_merge_warnings
+from meshplan.redistribute._cli import main
+
+ARGS = ["plan", "--mesh", "2x2x2", "--names", "a,b,c", "--shape", "8,8"]
+
+
+def test_issue_example_prints_one_all_reduce_on_the_alias(capsys):
+    status = main(ARGS + ["--flatten", "a,c", "--src", "P R P", "--dst", "R R R"])
+    out = capsys.readouterr().out
+    assert status == 0
+    lines = out.splitlines()
+    assert lines[0].startswith("Plan f32[8,8](P(sum) R P(sum)) -> f32[8,8](R R R)")
+    assert "all_reduce" in lines[2] and "a_c=(a,c)" in lines[2] and "(0, 1, 4, 5)" in lines[2]
+    assert lines[-1].startswith("total: 1 step (1 collective)")
+
+
+def test_missing_alias_is_noted_with_the_flatten_call(capsys):
+    reset_merge_warnings()
+    assert main(ARGS + ["--src", "S(0) R S(0)", "--dst", "R R R"]) == 0
+    out = capsys.readouterr().out
+    assert "all_gather" in out and """mesh.flatten(('a', 'c'), "a_c")""" in out
+
+
+def test_options_reach_the_planner(capsys):
+    argv = ARGS + ["--flatten", "a,c=ac", "--src", "P R P", "--dst", "R R R", "--no-merge"]
+    assert main(argv + ["--hardware", "gloo-cpu"]) == 0
+    out = capsys.readouterr().out
+    assert out.count("all_reduce") == 2 and "ac=" not in out
+    assert main(ARGS + ["--src", "S(0)[2,0] R S(0)", "--dst", "S(0) R S(0)"]) == 0
+    assert "all_permute" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    "extra, message",
+    [
+        (["--src", "S(0) R", "--dst", "R R R"], "2 placements"),
+        (["--src", "Q R R", "--dst", "R R R"], "cannot parse placements"),
+        (["--src", "R R R", "--dst", "R R R", "--flatten", "a,z"], "unknown mesh dim 'z'"),
+        (["--src", "S(0) R R", "--dst", "R R R", "--max-local-bytes", "10"], "max_local_bytes"),
+    ],
+)
+def test_bad_input_exits_2_with_the_reason(capsys, extra, message):
+    assert main(ARGS + extra) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_bad_mesh_text_exits_2(capsys):
+    assert main(["plan", "--mesh", "2xq", "--src", "R", "--dst", "R", "--shape", "4"]) == 2
+    assert "--mesh" in capsys.readouterr().err
+
+
+def test_installed_console_script_runs():
+    exe = shutil.which("meshplan")
+    cmd = [exe] if exe else [sys.executable, "-m", "meshplan.redistribute._cli"]
+    out = subprocess.run(
+        cmd + ARGS + ["--flatten", "a,c", "--src", "P R P", "--dst", "R R R"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert out.returncode == 0, out.stderr
+    assert "all_reduce" in out.stdout and "a_c=(a,c)" in out.stdout

@@ -1,0 +1,201 @@
+"""The cost model: alpha-beta per collective and mesh dim, local compute, one pricing function."""
+
+from __future__ import annotations
+
+import math
+import warnings
+
+import pytest
+from _plan_cases import spec_pairs
+from hypothesis import given
+from hypothesis import strategies as st
+
+from meshplan.errors import PlanError
+from meshplan.layout import Mesh
+from meshplan.placement import Spec, local_shape, parse_placements
+from meshplan.redistribute import (
+    Cost,
+    CostModel,
+    HardwareProfile,
+    Link,
+    MergeWarning,
+    Plan,
+    Step,
+    cost,
+    plan,
+    step_cost,
+    transition_cost,
+)
+from meshplan.redistribute._cost import chain_extent, group_link, padded_local_bytes
+from meshplan.testing import specs
+
+warnings.simplefilter("ignore", MergeWarning)
+
+
+def spec(mesh, text, shape, dtype="float32"):
+    pl, order = parse_placements(text)
+    return Spec(mesh, pl, shape, dtype, order)
+
+
+def test_presets_separate_intra_and_inter_node_links():
+    hw = HardwareProfile.nvlink_ib(gpus_per_node=4)
+    assert hw.intra.bytes_per_s > hw.inter.bytes_per_s
+    assert hw.intra.latency_s < hw.inter.latency_s
+    cpu = HardwareProfile.gloo_cpu()
+    assert cpu.launch_s > hw.launch_s and cpu.ranks_per_node is None
+
+
+def test_a_dim_spanning_nodes_prices_on_the_inter_node_link():
+    model = CostModel(HardwareProfile.nvlink_ib(gpus_per_node=4))
+    mesh = Mesh.create((4, 4), ("node", "gpu"))
+    assert group_link(model, mesh, (1,)) == model.profile.intra
+    assert group_link(model, mesh, (0,)) == model.profile.inter
+    # a merged step on both runs on the slowest of them
+    assert group_link(model, mesh, (0, 1)) == model.profile.inter
+    # the rank map decides, not the dim's position: put the node dim innermost
+    swapped = Mesh.create((4, 4), ("gpu", "node"), ranks=[g + 4 * n for g in range(4) for n in range(4)])
+    assert group_link(model, swapped, (1,)) == model.profile.inter
+    assert group_link(model, swapped, (0,)) == model.profile.intra
+
+
+def test_calibrated_per_dim_links_win_and_merged_steps_take_the_slowest():
+    hw = HardwareProfile.from_dims([(1e-6, 100e9), (7e-6, 10e9)])
+    model = CostModel(hw)
+    mesh = Mesh.create((2, 2))
+    assert group_link(model, mesh, (0,)) == Link(1e-6, 100e9)
+    assert group_link(model, mesh, (0, 1)) == Link(7e-6, 10e9)
+    with pytest.raises(PlanError, match="links for 2 mesh dims"):
+        group_link(model, Mesh.create((2, 2, 2)), (0,))
+
+
+def test_bad_numbers_raise_plan_errors():
+    with pytest.raises(PlanError, match="bytes_per_s must be a number > 0"):
+        Link(1e-6, 0)
+    with pytest.raises(PlanError, match="latency_s must be a number >= 0"):
+        Link(-1, 1e9)
+    with pytest.raises(PlanError, match="ranks_per_node"):
+        HardwareProfile(ranks_per_node=0)
+    with pytest.raises(PlanError, match="one \\(latency_s, bytes_per_s\\) per mesh dim"):
+        HardwareProfile.from_dims([])
+
+
+def test_cost_adds_up():
+    c = Cost(1.0, 0.25, 10) + Cost(2.0, 0.5, 5)
+    assert (c.comm, c.compute, c.total, c.bytes) == (3.0, 0.75, 3.75, 15)
+
+
+def test_replicate_to_partial_costs_more_than_nothing():
+    # PyTorch PR #172282: a local scale is not free
+    mesh = Mesh.create(4)
+    r, p = spec(mesh, "R", (64, 64)), spec(mesh, "P(avg)", (64, 64))
+    c = transition_cost(r, p, 0, None)
+    assert c.compute > 0 and c.comm == 0 and c.bytes == 0
+
+
+@pytest.mark.parametrize(
+    "a, b, kind",
+    [
+        ("S(0)", "R", "all_gather"),
+        ("P", "R", "all_reduce"),
+        ("P", "S(0)", "reduce_scatter"),
+        ("S(0)", "S(1)", "all_to_all"),
+        ("R", "S(0)", None),
+    ],
+)
+def test_prices_grow_with_bytes_and_with_slower_links(a, b, kind):
+    mesh = Mesh.create(4)
+    fast = CostModel(HardwareProfile(intra=Link(1e-6, 100e9)))
+    slow = CostModel(HardwareProfile(intra=Link(1e-6, 10e9)))
+    small = transition_cost(spec(mesh, a, (64, 64)), spec(mesh, b, (64, 64)), 0, kind, fast)
+    big = transition_cost(spec(mesh, a, (256, 256)), spec(mesh, b, (256, 256)), 0, kind, fast)
+    assert big.total > small.total
+    if kind is not None:
+        assert big.bytes == 16 * small.bytes > 0
+        on_slow = transition_cost(
+            spec(mesh, a, (256, 256)), spec(mesh, b, (256, 256)), 0, kind, slow
+        )
+        assert on_slow.comm > big.comm
+
+
+def test_all_reduce_beats_reduce_scatter_then_all_gather():
+    mesh = Mesh.create(8)
+    p, s, r = (spec(mesh, t, (1024, 256)) for t in ("P", "S(0)", "R"))
+    ar = transition_cost(p, r, 0, "all_reduce")
+    rs_ag = transition_cost(p, s, 0, "reduce_scatter") + transition_cost(s, r, 0, "all_gather")
+    assert ar.total < rs_ag.total
+    assert ar.bytes == rs_ag.bytes
+
+
+def test_step_cost_is_the_transition_cost_and_plans_sum_their_steps():
+    mesh = Mesh.create((2, 2)).flatten(("d0", "d1"), "f")
+    a, b = spec(mesh, "P(avg) P(sum)", (8, 8)), spec(mesh, "R R", (8, 8))
+    step = Step((0, 1), a, b, "all_reduce", alias="f")
+    assert step_cost(step) == transition_cost(a, b, (0, 1), "all_reduce")
+    p = plan(spec(mesh, "S(0) P", (16, 8)), spec(mesh, "R S(1)", (16, 8)), merge=False)
+    total = sum((step_cost(s) for s in p.steps), Cost())
+    assert cost(p) == total
+
+
+def test_the_avg_scale_of_a_reduction_is_priced():
+    mesh = Mesh.create(4)
+    r = spec(mesh, "R", (64, 64))
+    plain = transition_cost(spec(mesh, "P(sum)", (64, 64)), r, 0, "all_reduce")
+    scaled = transition_cost(spec(mesh, "P(avg)", (64, 64)), r, 0, "all_reduce")
+    assert scaled.compute > plain.compute and scaled.comm == plain.comm
+
+
+def test_default_model_is_the_nvlink_preset():
+    assert CostModel.default() == CostModel(HardwareProfile.nvlink_ib())
+    mesh = Mesh.create(2)
+    a, b = spec(mesh, "S(0)", (8,)), spec(mesh, "R", (8,))
+    assert cost(plan(a, b)) == cost(plan(a, b), CostModel.default())
+
+
+# -- padded local sizes ---------------------------------------------------------------------
+
+
+@given(specs(max_dims=3, allow_partial=False), st.data())
+def test_chain_extent_is_the_longest_local_length(spec_, data):
+    mesh = spec_.mesh
+    ranks = mesh.group_of(mesh.rank_at((0,) * mesh.ndim), None)
+    for d in range(spec_.ndim):
+        kinds = tuple(
+            (mesh.shape[m], getattr(spec_.placements[m], "split_factor", 1))
+            for m in spec_.order(d)
+        )
+        assert chain_extent(spec_.shape[d], kinds) == max(local_shape(spec_, r)[d] for r in ranks)
+
+
+@given(specs(max_dims=3))
+def test_padded_local_bytes_bounds_every_local_tensor(spec_):
+    mesh = spec_.mesh
+    ranks = mesh.group_of(mesh.rank_at((0,) * mesh.ndim), None)
+    item = {"float32": 4}[spec_.dtype]
+    biggest = max(math.prod(local_shape(spec_, r)) for r in ranks) * item
+    assert padded_local_bytes(spec_) >= biggest
+    if not any(0 in local_shape(spec_, r) for r in ranks):
+        assert padded_local_bytes(spec_) * len(ranks) >= math.prod(spec_.shape) * item
+
+
+@given(spec_pairs(max_ranks=8, max_dims=3))
+def test_planned_cost_is_what_cost_reports(pair):
+    src, dst = pair
+    p = plan(src, dst)
+    c = cost(p)
+    assert c.total == pytest.approx(sum(step_cost(s).total for s in p.steps))
+    assert c.total >= 0 and c.bytes >= 0
+    if p.steps:
+        assert c.total > 0
+
+
+def test_plan_cost_respects_the_model_given():
+    mesh = Mesh.create((2, 4), ("node", "gpu"))
+    a, b = spec(mesh, "S(0) S(1)", (512, 512)), spec(mesh, "R R", (512, 512))
+    gpu = CostModel(HardwareProfile.nvlink_ib(gpus_per_node=4))
+    cpu = CostModel(HardwareProfile.gloo_cpu())
+    assert cost(plan(a, b, cost_model=cpu), cpu).total > cost(plan(a, b, cost_model=gpu), gpu).total
+    # each plan is optimal under its own model
+    for mine, other in ((gpu, cpu), (cpu, gpu)):
+        p_mine = plan(a, b, cost_model=mine)
+        p_other = Plan(a, b, plan(a, b, cost_model=other).steps)
+        assert cost(p_mine, mine).total <= cost(p_other, mine).total * (1 + 1e-12)
