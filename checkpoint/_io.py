@@ -1,0 +1,586 @@
+"""Saving and loading sharded tensors: safetensors shard files plus an atomic JSON index.
+
+The shell of :mod:`meshplan.checkpoint`. A save writes, per writing rank, one new
+safetensors file under a fresh name (so the files of the committed checkpoint are never
+touched), waits for every rank, and only then replaces ``index.json`` in one atomic
+rename; files the new index does not name are removed afterwards. A crash anywhere
+before that rename leaves the previous checkpoint exactly as it was.
+
+A load reads the index, intersects the target rank's boxes with the saved chunks
+(:func:`~meshplan.checkpoint.plan_reads`) and copies only the overlapping parts; with
+``verify=True`` (the default) every chunk it touches is read whole once and its checksum
+checked, with ``verify=False`` only the needed slices are read.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import uuid
+import zlib
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+
+from meshplan.errors import CheckpointError
+from meshplan.placement import Sharded, Spec, local_shape
+from meshplan.placement._tensor import partial_keeps
+
+from ._index import (
+    INDEX_NAME,
+    ChunkRecord,
+    Metadata,
+    TensorMeta,
+    check_tiles,
+    metadata_to_json,
+    read_metadata,
+)
+from ._plan import check_target, local_boxes, plan_reads, writes
+
+__all__ = ["checksum", "load", "load_all", "save", "save_all"]
+
+_PREFIX = "shard-"
+_SUFFIX = ".safetensors"
+
+
+def checksum(tensor: torch.Tensor) -> str:
+    """``"crc32:<hex>"`` of a tensor's bytes in row-major order (any dtype).
+
+    >>> checksum(torch.zeros(2, dtype=torch.int32))
+    'crc32:6522df69'
+    """
+    flat = tensor.detach().contiguous().reshape(-1)
+    if flat.numel() == 0:
+        return f"crc32:{0:08x}"
+    data = flat.view(torch.uint8).cpu().numpy()
+    return f"crc32:{zlib.crc32(memoryview(data)):08x}"
+
+
+# -- saving -------------------------------------------------------------------------------
+
+
+_Entry = tuple[str, tuple[int, ...], str, "ChunkRecord | None"]  # key, shape, dtype, chunk
+
+
+def _check_state(state: Any, rank: int | None) -> None:
+    if not isinstance(state, Mapping):
+        raise CheckpointError(
+            f"a checkpoint state must map names to Sharded values, got {type(state)!r}",
+            value=state,
+        )
+    for key, value in state.items():
+        if not isinstance(key, str) or not key or "#" in key:
+            raise CheckpointError(
+                f"state key {key!r} must be a non-empty string without '#'", value=key
+            )
+        if not isinstance(value, Sharded):
+            raise CheckpointError(
+                f"state[{key!r}] is {type(value).__name__}, not a Sharded; wrap local tensors "
+                "with meshplan.placement.Sharded(local, spec, rank)",
+                value=value,
+            )
+        if rank is not None and value.rank != rank:
+            raise CheckpointError(
+                f"state[{key!r}] belongs to rank {value.rank}, but it is saved as rank {rank}'s",
+                value=value,
+            )
+        if value.spec.is_partial:
+            raise CheckpointError(
+                f"state[{key!r}] is partial ({value.spec}): its value is not held by any rank; "
+                "redistribute it to Replicate/Shard placements (a reduction) before saving",
+                value=key,
+            )
+
+
+def _unique() -> str:
+    return uuid.uuid4().hex[:12]
+
+
+def _fsync_dir(directory: str) -> None:
+    with contextlib.suppress(OSError):  # not every platform opens directories
+        fd = os.open(directory, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+def _write_rank(entries: Mapping[str, Sharded], rank: int, directory: str) -> list[_Entry]:
+    """Write rank ``rank``'s owned boxes into one new file; return (key, shape, dtype, record)."""
+    from safetensors.torch import save_file
+
+    file = f"{_PREFIX}{rank:05d}-{_unique()}{_SUFFIX}"
+    tensors: dict[str, torch.Tensor] = {}
+    out = []
+    for key in sorted(entries):
+        value = entries[key]
+        spec = value.spec
+        boxes = local_boxes(spec, rank) if writes(spec, rank) else ()
+        local = value.local.detach()
+        for i, box in enumerate(boxes):
+            piece = local
+            for d, (lo, n) in enumerate(zip(box.local_offsets, box.chunk.sizes, strict=True)):
+                if n != local.shape[d]:
+                    piece = piece.narrow(d, lo, n)
+            piece = piece.to("cpu").contiguous()
+            if len(boxes) > 1 or piece.data_ptr() == local.data_ptr():
+                piece = piece.clone()  # never share storage inside one file
+            name = f"{key}#{i}"
+            tensors[name] = piece
+            record = ChunkRecord(box.chunk.offsets, box.chunk.sizes, file, name, checksum(piece))
+            out.append((key, spec.shape, spec.dtype, record))
+    if not tensors:
+        return out
+    final = os.path.join(directory, file)
+    tmp = final + ".tmp"
+    try:
+        save_file(tensors, tmp, metadata={"format": "pt", "rank": str(rank)})
+        with open(tmp, "rb+") as f:
+            os.fsync(f.fileno())
+        os.replace(tmp, final)
+    except OSError as e:
+        raise CheckpointError(f"cannot write shard file {final!r}: {e}", value=final) from None
+    return out
+
+
+def _assemble(records: list[tuple[int, list[_Entry]]]) -> Metadata:
+    """The index from every rank's records; raise when ranks disagree or leave gaps."""
+    shapes: dict[str, tuple[tuple[int, ...], str, int]] = {}
+    chunks: dict[str, list[ChunkRecord]] = {}
+    for rank, entries in sorted(records, key=lambda item: item[0]):
+        for key, shape, dtype, rec in entries:
+            if key not in shapes:
+                shapes[key] = (shape, dtype, rank)
+                chunks[key] = []
+            elif shapes[key][:2] != (shape, dtype):
+                s0, d0, r0 = shapes[key]
+                raise CheckpointError(
+                    f"tensor {key!r}: rank {r0} saves {d0}{list(s0)} but rank {rank} saves "
+                    f"{dtype}{list(shape)}; every rank must save one global tensor per key",
+                    value=key,
+                )
+            if rec is not None:  # None: an empty tensor, which has no chunks
+                chunks[key].append(rec)
+    tensors = {}
+    for key, (shape, dtype, _) in shapes.items():
+        meta = TensorMeta(key, shape, dtype, chunks[key])
+        check_tiles(meta)
+        tensors[key] = meta
+    return Metadata(tensors)
+
+
+def _commit(directory: str, meta: Metadata) -> None:
+    """Atomically replace the index, then drop shard files the new index does not name."""
+    final = os.path.join(directory, INDEX_NAME)
+    tmp = os.path.join(directory, f".{INDEX_NAME}.{_unique()}.tmp")
+    try:
+        with open(tmp, "w", encoding="utf-8") as f:
+            f.write(metadata_to_json(meta))
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, final)
+        _fsync_dir(directory)
+    except OSError as e:
+        raise CheckpointError(f"cannot commit {final!r}: {e}", value=final) from None
+    keep = set(meta.files)
+    for name in os.listdir(directory):
+        stale = name.startswith(_PREFIX) and (name.endswith(_SUFFIX) or name.endswith(".tmp"))
+        stale = stale or (name.startswith(f".{INDEX_NAME}.") and name.endswith(".tmp"))
+        if stale and name not in keep:
+            with contextlib.suppress(OSError):
+                os.remove(os.path.join(directory, name))
+
+
+def _save_local(by_rank: Mapping[int, Mapping[str, Sharded]], directory: str) -> Metadata:
+    _precheck(by_rank)
+    os.makedirs(directory, exist_ok=True)
+    written = [
+        (rank, _write_rank(state, rank, directory)) for rank, state in sorted(by_rank.items())
+    ]
+    meta = _assemble(written + _empty_keys(by_rank))
+    _commit(directory, meta)
+    return meta
+
+
+def _empty_keys(by_rank: Mapping[int, Mapping[str, Sharded]]) -> list:
+    # keys of empty tensors produce no chunk; they still belong in the index
+    out = []
+    for rank, state in by_rank.items():
+        out.append((rank, []))
+        for key, value in state.items():
+            if value.spec.numel() == 0:
+                out[-1][1].append((key, value.spec.shape, value.spec.dtype, None))
+    return out
+
+
+def _precheck(by_rank: Mapping[int, Mapping[str, Sharded]]) -> None:
+    """Before writing anything: every key's owned boxes must tile its tensor."""
+    metas: dict[str, TensorMeta] = {}
+    parts: dict[str, list[ChunkRecord]] = {}
+    for rank, state in sorted(by_rank.items()):
+        for key, value in state.items():
+            spec = value.spec
+            old = metas.get(key)
+            if old is not None and (old.shape, old.dtype) != (spec.shape, spec.dtype):
+                raise CheckpointError(
+                    f"tensor {key!r}: ranks save different global tensors ({old.dtype}"
+                    f"{list(old.shape)} and {spec.dtype}{list(spec.shape)}); one tensor per key",
+                    value=key,
+                )
+            metas[key] = TensorMeta(key, spec.shape, spec.dtype, ())
+            boxes = local_boxes(spec, rank) if writes(spec, rank) else ()
+            parts.setdefault(key, []).extend(
+                ChunkRecord(b.chunk.offsets, b.chunk.sizes, f"rank {rank}", key, "") for b in boxes
+            )
+    for key, meta in metas.items():
+        try:
+            check_tiles(TensorMeta(key, meta.shape, meta.dtype, parts[key]))
+        except CheckpointError as e:
+            held = sorted(r for r, s in by_rank.items() if key in s)
+            raise CheckpointError(
+                f"{e}; this process holds tensor {key!r} only for ranks {held!r}: pass groups= "
+                "to save from every rank, or save_all({rank: state, ...}) in one process",
+                value=key,
+            ) from None
+
+
+def save(
+    state: Mapping[str, Sharded], path: str | os.PathLike[str], groups: Any = None
+) -> Metadata:
+    """Save one rank's sharded tensors to the checkpoint directory ``path``; return its index.
+
+    With ``groups`` (a :class:`~meshplan.redistribute.ProcessGroups`), every rank of
+    ``groups.mesh`` calls ``save`` with its own state; each writes only the boxes it owns
+    (one writer per replica), all wait for each other, and the rank at mesh coordinate 0
+    commits the index. Without ``groups`` the calling process is the only writer: the
+    values' own ranks must together own every element (e.g. replicated or one-rank
+    meshes); use :func:`save_all` for all ranks of a mesh in one process. Partial values
+    are refused (reduce them first). Shard files are safetensors, one per writing rank;
+    every chunk records a crc32 checksum.
+
+    >>> import tempfile
+    >>> from meshplan.layout import Mesh
+    >>> from meshplan.placement import Replicate
+    >>> spec = Spec(Mesh.create(2), (Replicate(),), (3,), "int64")
+    >>> path = tempfile.mkdtemp()
+    >>> meta = save({"w": Sharded(torch.arange(3), spec, 0)}, path)
+    >>> meta["w"].chunks[0].offsets, meta["w"].chunks[0].sizes
+    ((0,), (3,))
+    >>> load(path, {"w": spec}, rank=1)["w"].local
+    tensor([0, 1, 2])
+    """
+    directory = os.fspath(path)
+    if groups is None:
+        _check_state(state, None)
+        by_rank: dict[int, dict[str, Sharded]] = {}
+        for key, value in state.items():
+            by_rank.setdefault(value.rank, {})[key] = value
+        return _save_local(by_rank, directory)
+    return _save_distributed(state, directory, groups)
+
+
+def save_all(states: Mapping[int, Mapping[str, Sharded]], path: str | os.PathLike[str]) -> Metadata:
+    """Save every rank's state from one process: ``{rank: {key: Sharded}}``; return the index.
+
+    The same files and index as a multi-process :func:`save`.
+
+    >>> import tempfile
+    >>> from meshplan.layout import Mesh
+    >>> from meshplan.placement import Shard, shard
+    >>> spec = Spec(Mesh.create(2), (Shard(0),), (4,), "int64")
+    >>> states = {r: {"w": Sharded(t, spec, r)} for r, t in shard(torch.arange(4), spec).items()}
+    >>> path = tempfile.mkdtemp()
+    >>> len(save_all(states, path)["w"].chunks)
+    2
+    """
+    if not isinstance(states, Mapping):
+        raise CheckpointError(
+            f"save_all needs a mapping rank -> state, got {type(states)!r}", value=states
+        )
+    for rank, state in states.items():
+        _check_state(state, rank)
+    return _save_local({r: dict(s) for r, s in states.items()}, os.fspath(path))
+
+
+def _save_distributed(state: Mapping[str, Sharded], directory: str, groups: Any) -> Metadata:
+    import torch.distributed as dist
+
+    group = groups.get(None)
+    rank = groups.rank
+    coordinator = group.ranks[0]
+    # Phase 1: every rank writes its own file under a fresh name (errors travel, no hang).
+    outcome: tuple[str, Any]
+    try:
+        _check_state(state, rank)
+        os.makedirs(directory, exist_ok=True)
+        entries = _write_rank(state, rank, directory)
+        empties = [
+            (k, v.spec.shape, v.spec.dtype, None) for k, v in state.items() if not v.spec.numel()
+        ]
+        outcome = ("ok", entries + empties)
+    except Exception as e:  # reported to every rank below
+        outcome = ("error", f"{type(e).__name__}: {e}")
+        own_error: BaseException | None = e
+    else:
+        own_error = None
+    gathered: list[Any] = [None] * group.size
+    dist.all_gather_object(gathered, (rank, outcome), group=group.pg)
+    failures = [(r, o[1]) for r, o in gathered if o[0] == "error"]
+    if failures:
+        if own_error is not None:
+            raise own_error
+        r, msg = min(failures)
+        raise CheckpointError(f"save failed on rank {r}: {msg}; the previous checkpoint is kept")
+    # Phase 2: every rank checks the same records; the coordinator commits, then tells all.
+    result: list[Any] = [None]
+    meta = None
+    try:
+        meta = _assemble([(r, o[1]) for r, o in gathered])
+        if rank == coordinator:
+            _commit(directory, meta)
+        result[0] = "ok"
+    except CheckpointError as e:
+        result[0] = str(e)
+        if rank == coordinator:
+            own_error = e
+    dist.broadcast_object_list(result, src=coordinator, group=group.pg)
+    if result[0] != "ok":
+        if own_error is not None:
+            raise own_error
+        raise CheckpointError(f"commit on rank {coordinator} failed: {result[0]}")
+    assert meta is not None
+    return meta
+
+
+# -- loading ------------------------------------------------------------------------------
+
+
+class _Reader:
+    """Open shard files lazily; hand out verified chunks or raw slices."""
+
+    def __init__(self, directory: str, verify: bool) -> None:
+        self.directory = directory
+        self.verify = verify
+        self.stack = contextlib.ExitStack()
+        self.handles: dict[str, Any] = {}
+        self.cache: dict[tuple[str, str], torch.Tensor] = {}
+
+    def close(self) -> None:
+        self.cache.clear()
+        self.stack.close()
+
+    def _open(self, meta: TensorMeta, rec: ChunkRecord) -> Any:
+        from safetensors import safe_open
+
+        handle = self.handles.get(rec.file)
+        if handle is None:
+            full = os.path.join(self.directory, rec.file)
+            if not os.path.exists(full):
+                raise CheckpointError(
+                    f"shard file {rec.file!r} of tensor {meta.key!r} is missing from "
+                    f"{self.directory!r}; the checkpoint is incomplete",
+                    value=rec.file,
+                )
+            try:
+                handle = self.stack.enter_context(safe_open(full, framework="pt", device="cpu"))
+            except Exception as e:  # safetensors raises its own error types
+                raise CheckpointError(
+                    f"shard file {rec.file!r} (tensor {meta.key!r}) is not readable "
+                    f"safetensors: {e}",
+                    value=rec.file,
+                ) from None
+            self.handles[rec.file] = handle
+        return handle
+
+    def _whole(self, meta: TensorMeta, rec: ChunkRecord) -> torch.Tensor:
+        cached = self.cache.get((rec.file, rec.name))
+        if cached is not None:
+            return cached
+        handle = self._open(meta, rec)
+        try:
+            tensor = handle.get_tensor(rec.name)
+        except Exception as e:
+            raise CheckpointError(
+                f"chunk {rec.name!r} of tensor {meta.key!r} cannot be read from {rec.file!r}: {e}",
+                value=rec.file,
+            ) from None
+        self._check_form(meta, rec, tuple(tensor.shape), tensor.dtype)
+        got = checksum(tensor)
+        if got != rec.checksum:
+            raise CheckpointError(
+                f"chunk {rec.name!r} of tensor {meta.key!r} in {rec.file!r} is corrupt: checksum "
+                f"{got} != {rec.checksum} recorded in the index",
+                value=rec.file,
+            )
+        self.cache[(rec.file, rec.name)] = tensor
+        return tensor
+
+    def _check_form(
+        self, meta: TensorMeta, rec: ChunkRecord, shape: tuple[int, ...], dtype: torch.dtype
+    ) -> None:
+        if shape != rec.sizes or dtype != getattr(torch, meta.dtype):
+            raise CheckpointError(
+                f"chunk {rec.name!r} of tensor {meta.key!r} in {rec.file!r} holds "
+                f"{str(dtype).removeprefix('torch.')}{list(shape)}, but the index says "
+                f"{meta.dtype}{list(rec.sizes)}; the checkpoint is damaged",
+                value=rec.file,
+            )
+
+    def piece(self, meta: TensorMeta, rec: ChunkRecord, offsets, sizes) -> torch.Tensor:
+        index = tuple(slice(o, o + n) for o, n in zip(offsets, sizes, strict=True))
+        if self.verify or not index:
+            return self._whole(meta, rec)[index]
+        handle = self._open(meta, rec)
+        try:
+            view = handle.get_slice(rec.name)
+            shape = tuple(view.get_shape())
+            if shape != rec.sizes:
+                self._check_form(meta, rec, shape, getattr(torch, meta.dtype))
+            return view[index]
+        except CheckpointError:
+            raise
+        except Exception as e:
+            raise CheckpointError(
+                f"chunk {rec.name!r} of tensor {meta.key!r} cannot be read from {rec.file!r}: {e}",
+                value=rec.file,
+            ) from None
+
+    def forget(self) -> None:
+        self.cache.clear()
+
+
+def _load_one(reader: _Reader, meta: TensorMeta, spec: Spec, rank: int) -> Sharded:
+    dtype = getattr(torch, spec.dtype)
+    shape = local_shape(spec, rank)
+    if spec.is_partial and not partial_keeps(spec, spec.mesh.coordinate(rank)):
+        return Sharded(torch.zeros(shape, dtype=dtype), spec, rank)
+    local = torch.empty(shape, dtype=dtype)
+    for read in plan_reads(meta, spec, rank):
+        rec = meta.chunks[read.chunk]
+        src = reader.piece(meta, rec, read.source.offsets, read.source.sizes)
+        if src.dtype != dtype or tuple(src.shape) != read.source.sizes:
+            reader._check_form(meta, rec, tuple(src.shape), src.dtype)
+        index = tuple(
+            slice(o, o + n) for o, n in zip(read.target.offsets, read.target.sizes, strict=True)
+        )
+        local[index] = src
+    return Sharded(local, spec, rank)
+
+
+def _check_targets(targets: Any, meta: Metadata, directory: str) -> None:
+    if not isinstance(targets, Mapping):
+        raise CheckpointError(
+            f"targets must map tensor names to Specs, got {type(targets)!r}", value=targets
+        )
+    for key, spec in targets.items():
+        if key not in meta.tensors:
+            known = sorted(meta.tensors)
+            raise CheckpointError(
+                f"tensor {key!r} is not in the checkpoint at {directory!r} (it holds "
+                f"{known[:10]!r}{' ...' if len(known) > 10 else ''})",
+                value=key,
+            )
+        check_target(meta.tensors[key], spec, repr(directory))
+
+
+def _resolve_rank(targets: Mapping[str, Spec], groups: Any, rank: int | None) -> int:
+    if rank is not None:
+        if groups is not None and groups.rank != rank:
+            raise CheckpointError(
+                f"rank={rank!r} disagrees with groups (rank {groups.rank}); pass one of them",
+                value=rank,
+            )
+        return rank
+    if groups is not None:
+        return groups.rank
+    sizes = {spec.mesh.size() for spec in targets.values()}
+    if sizes <= {1}:
+        return next((spec.mesh.ranks[0] for spec in targets.values()), 0)
+    raise CheckpointError(
+        "load needs to know which rank it loads for: pass groups= (ProcessGroups) or rank=; "
+        "load_all loads every rank in one process",
+    )
+
+
+def load(
+    path: str | os.PathLike[str],
+    targets: Mapping[str, Spec],
+    groups: Any = None,
+    *,
+    rank: int | None = None,
+    verify: bool = True,
+) -> dict[str, Sharded]:
+    """Load the calling rank's part of each tensor, resharded to its target spec.
+
+    ``targets`` maps tensor names to the specs to load them as: any mesh, world size,
+    placements, shard order or StridedShard, as long as the global shape and dtype are
+    the saved ones (Partial targets get meshplan's canonical split). The rank comes
+    from ``groups`` (a :class:`~meshplan.redistribute.ProcessGroups`) or ``rank=``; no
+    collective runs. Only chunks overlapping this rank's boxes are read; with ``verify``
+    each is read whole once and its checksum checked.
+
+    >>> import tempfile
+    >>> from meshplan.layout import Mesh
+    >>> from meshplan.placement import Replicate, Shard
+    >>> path = tempfile.mkdtemp()
+    >>> one = Spec(Mesh.create(1), (Replicate(),), (2, 3), "int64")
+    >>> _ = save({"w": Sharded(torch.arange(6).reshape(2, 3), one, 0)}, path)
+    >>> load(path, {"w": Spec(Mesh.create(3), (Shard(1),), (2, 3), "int64")}, rank=2)["w"].local
+    tensor([[2],
+            [5]])
+    """
+    directory = os.fspath(path)
+    meta = read_metadata(directory)
+    _check_targets(targets, meta, directory)
+    rank = _resolve_rank(targets, groups, rank)
+    reader = _Reader(directory, bool(verify))
+    try:
+        out = {}
+        for key, spec in targets.items():
+            if not spec.mesh.contains(rank):
+                raise CheckpointError(
+                    f"rank {rank} is not in the mesh of target {key!r} ({spec.mesh}); load "
+                    "only the tensors whose mesh holds this rank",
+                    value=key,
+                )
+            out[key] = _load_one(reader, meta.tensors[key], spec, rank)
+            reader.forget()
+        return out
+    finally:
+        reader.close()
+
+
+def load_all(
+    path: str | os.PathLike[str], targets: Mapping[str, Spec], *, verify: bool = True
+) -> dict[int, dict[str, Sharded]]:
+    """Load every rank's part in one process: ``{rank: {key: Sharded}}``.
+
+    Ranks are those of each target's mesh (the first instance of a sliced mesh); each
+    saved chunk is read (and verified) once per tensor, whatever the number of ranks.
+
+    >>> import tempfile
+    >>> from meshplan.layout import Mesh
+    >>> from meshplan.placement import Replicate, StridedShard
+    >>> path = tempfile.mkdtemp()
+    >>> one = Spec(Mesh.create(1), (Replicate(),), (4,), "int64")
+    >>> _ = save({"w": Sharded(torch.arange(4), one, 0)}, path)
+    >>> got = load_all(path, {"w": Spec(Mesh.create(2), (StridedShard(0, 2),), (4,), "int64")})
+    >>> got[0]["w"].local, got[1]["w"].local
+    (tensor([0, 2]), tensor([1, 3]))
+    """
+    directory = os.fspath(path)
+    meta = read_metadata(directory)
+    _check_targets(targets, meta, directory)
+    reader = _Reader(directory, bool(verify))
+    out: dict[int, dict[str, Sharded]] = {}
+    try:
+        for key, spec in targets.items():
+            mesh = spec.mesh
+            first = mesh.group_of(mesh.rank_at((0,) * mesh.ndim), None)
+            for rank in first:
+                out.setdefault(rank, {})[key] = _load_one(reader, meta.tensors[key], spec, rank)
+            reader.forget()
+        return out
+    finally:
+        reader.close()

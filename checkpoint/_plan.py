@@ -1,0 +1,183 @@
+"""What each rank writes and reads: pure functions over chunk boxes (no torch).
+
+Writing: a rank's local tensor is a grid of boxes of the global tensor
+(:func:`local_boxes`; one box for plain shards, several for StridedShard and uneven
+shard orders). Each box is saved as its own chunk, by exactly one of the ranks that
+hold it (:func:`writes`). Reading: every box of the target rank is intersected with the
+saved chunks (:func:`plan_reads`), giving, per overlap, the slice of the saved chunk and
+the slice of the local tensor it fills.
+"""
+
+from __future__ import annotations
+
+import functools
+import itertools
+
+import attrs
+
+from meshplan.errors import CheckpointError
+from meshplan.placement import Chunk, Replicate, Spec, local_intervals
+
+from ._index import TensorMeta
+
+__all__ = [
+    "Box",
+    "Read",
+    "check_target",
+    "intersect",
+    "local_boxes",
+    "plan_reads",
+    "writes",
+]
+
+
+@attrs.frozen
+class Box:
+    """A box of one rank's local tensor: the global ``chunk`` and where it starts locally.
+
+    >>> Box(Chunk((4, 0), (2, 3)), (2, 0)).local
+    Chunk(offsets=(2, 0), sizes=(2, 3))
+    """
+
+    chunk: Chunk
+    local_offsets: tuple[int, ...] = attrs.field(converter=tuple)
+
+    @property
+    def local(self) -> Chunk:
+        """The same box in local-tensor coordinates."""
+        return Chunk(self.local_offsets, self.chunk.sizes)
+
+
+@attrs.frozen
+class Read:
+    """Copy ``source`` (a box within saved chunk number ``chunk``, in that chunk's
+    coordinates) into ``target`` (a box of the local tensor).
+
+    >>> Read(0, Chunk((1,), (2,)), Chunk((0,), (2,))).numel()
+    2
+    """
+
+    chunk: int
+    source: Chunk
+    target: Chunk
+
+    def numel(self) -> int:
+        return self.source.numel()
+
+
+def intersect(a: Chunk, b: Chunk) -> Chunk | None:
+    """The common box of ``a`` and ``b``, or None when they share no element.
+
+    >>> intersect(Chunk((0, 0), (4, 4)), Chunk((2, 3), (4, 4)))
+    Chunk(offsets=(2, 3), sizes=(2, 1))
+    >>> intersect(Chunk((0,), (2,)), Chunk((2,), (2,))) is None
+    True
+    """
+    offsets, sizes = [], []
+    for ao, az, bo, bz in zip(a.offsets, a.sizes, b.offsets, b.sizes, strict=True):
+        lo, hi = max(ao, bo), min(ao + az, bo + bz)
+        if lo >= hi:
+            return None
+        offsets.append(lo)
+        sizes.append(hi - lo)
+    return Chunk(tuple(offsets), tuple(sizes))
+
+
+@functools.lru_cache(maxsize=4096)
+def local_boxes(spec: Spec, rank: int) -> tuple[Box, ...]:
+    """Every box rank ``rank`` holds under ``spec``, with its local offsets (storage order).
+
+    >>> from meshplan.layout import Mesh
+    >>> from meshplan.placement import StridedShard
+    >>> spec = Spec(Mesh.create(2), (StridedShard(0, 2),), (8, 3))
+    >>> [(b.chunk.offsets, b.local_offsets) for b in local_boxes(spec, 1)]
+    [((2, 0), (0, 0)), ((6, 0), (2, 0))]
+    """
+    per_dim = local_intervals(spec, rank)
+    if spec.ndim and any(not ivs for ivs in per_dim):
+        return ()
+    starts = [list(itertools.accumulate([0] + [b - a for a, b in ivs])) for ivs in per_dim]
+    out = []
+    for pick in itertools.product(*[range(len(ivs)) for ivs in per_dim]):
+        ivs = [per_dim[d][k] for d, k in enumerate(pick)]
+        chunk = Chunk(tuple(a for a, _ in ivs), tuple(b - a for a, b in ivs))
+        out.append(Box(chunk, tuple(starts[d][k] for d, k in enumerate(pick))))
+    return tuple(out)
+
+
+def writes(spec: Spec, rank: int) -> bool:
+    """Whether rank ``rank`` is the one that saves its boxes (replicas are saved once).
+
+    The writer among replicas is the rank at coordinate 0 on every mesh dim that does
+    not shard the tensor, in the first instance of a sliced mesh. ``Partial`` specs
+    have no writer: their value is not any one rank's local tensor.
+
+    >>> from meshplan.layout import Mesh
+    >>> from meshplan.placement import Shard
+    >>> spec = Spec(Mesh.create((2, 2)), (Replicate(), Shard(0)), (4,))
+    >>> [writes(spec, r) for r in range(4)]
+    [True, True, False, False]
+    """
+    if spec.is_partial:
+        raise CheckpointError(
+            f"{spec} holds partial values; redistribute it to Replicate/Shard before saving",
+            value=spec,
+        )
+    mesh = spec.mesh
+    coord = mesh.coordinate(rank)
+    if coord is None:
+        return False
+    if any(c and isinstance(p, Replicate) for c, p in zip(coord, spec.placements, strict=True)):
+        return False
+    if mesh.size() != mesh.world_size:  # a sliced mesh: only its first instance writes
+        return rank in mesh.group_of(mesh.rank_at((0,) * mesh.ndim), None)
+    return True
+
+
+def check_target(meta: TensorMeta, spec: Spec, where: str) -> None:
+    """Raise unless ``spec`` describes the saved tensor (same global shape and dtype)."""
+    if not isinstance(spec, Spec):
+        raise CheckpointError(f"target for {meta.key!r} must be a Spec, got {spec!r}", value=spec)
+    if spec.shape != meta.shape:
+        raise CheckpointError(
+            f"tensor {meta.key!r} in {where} has global shape {meta.shape!r}, but the target "
+            f"{spec} has shape {spec.shape!r}; load into a spec of the saved shape",
+            value=spec,
+        )
+    if spec.dtype != meta.dtype:
+        raise CheckpointError(
+            f"tensor {meta.key!r} in {where} has dtype {meta.dtype}, but the target {spec} "
+            f"has dtype {spec.dtype}; load with dtype={meta.dtype!r} and convert afterwards",
+            value=spec,
+        )
+
+
+def plan_reads(meta: TensorMeta, spec: Spec, rank: int) -> tuple[Read, ...]:
+    """The copies that fill rank ``rank``'s local tensor under ``spec`` from saved chunks.
+
+    Every element of the local tensor is written by exactly one read when the saved
+    chunks tile the tensor (see :func:`~meshplan.checkpoint.check_tiles`).
+
+    >>> from meshplan.layout import Mesh
+    >>> from meshplan.placement import Shard
+    >>> from meshplan.checkpoint import ChunkRecord
+    >>> saved = TensorMeta("w", (4,), "float32", [
+    ...     ChunkRecord((0,), (2,), "a", "w#0", ""), ChunkRecord((2,), (2,), "b", "w#0", "")])
+    >>> plan_reads(saved, Spec(Mesh.create(4), (Shard(0),), (4,)), 1)
+    (Read(chunk=0, source=Chunk(offsets=(1,), sizes=(1,)), target=Chunk(offsets=(0,), sizes=(1,))),)
+    """
+    out = []
+    for box in local_boxes(spec, rank):
+        for i, rec in enumerate(meta.chunks):
+            common = intersect(box.chunk, rec.box)
+            if common is None:
+                continue
+            source = tuple(c - o for c, o in zip(common.offsets, rec.offsets, strict=True))
+            target = tuple(
+                lo + c - o
+                for lo, c, o in zip(
+                    box.local_offsets, common.offsets, box.chunk.offsets, strict=True
+                )
+            )
+            out.append(Read(i, Chunk(source, common.sizes), Chunk(target, common.sizes)))
+    return tuple(out)
