@@ -106,7 +106,14 @@ def _fsync_dir(directory: str) -> None:
             os.close(fd)
 
 
-def _write_rank(entries: Mapping[str, Sharded], rank: int, directory: str) -> list[_Entry]:
+def _owned(spec: Spec, rank: int, sole: bool):
+    # sole: the caller is the only writer of this tensor, so it writes every box it holds
+    return local_boxes(spec, rank) if sole or writes(spec, rank) else ()
+
+
+def _write_rank(
+    entries: Mapping[str, Sharded], rank: int, directory: str, sole: bool = False
+) -> list[_Entry]:
     """Write rank ``rank``'s owned boxes into one new file; return (key, shape, dtype, record)."""
     from safetensors.torch import save_file
 
@@ -116,7 +123,7 @@ def _write_rank(entries: Mapping[str, Sharded], rank: int, directory: str) -> li
     for key in sorted(entries):
         value = entries[key]
         spec = value.spec
-        boxes = local_boxes(spec, rank) if writes(spec, rank) else ()
+        boxes = _owned(spec, rank, sole)
         local = value.local.detach()
         for i, box in enumerate(boxes):
             piece = local
@@ -192,11 +199,13 @@ def _commit(directory: str, meta: Metadata) -> None:
                 os.remove(os.path.join(directory, name))
 
 
-def _save_local(by_rank: Mapping[int, Mapping[str, Sharded]], directory: str) -> Metadata:
-    _precheck(by_rank)
+def _save_local(
+    by_rank: Mapping[int, Mapping[str, Sharded]], directory: str, sole: bool
+) -> Metadata:
+    _precheck(by_rank, sole)
     os.makedirs(directory, exist_ok=True)
     written = [
-        (rank, _write_rank(state, rank, directory)) for rank, state in sorted(by_rank.items())
+        (rank, _write_rank(state, rank, directory, sole)) for rank, state in sorted(by_rank.items())
     ]
     meta = _assemble(written + _empty_keys(by_rank))
     _commit(directory, meta)
@@ -214,7 +223,7 @@ def _empty_keys(by_rank: Mapping[int, Mapping[str, Sharded]]) -> list:
     return out
 
 
-def _precheck(by_rank: Mapping[int, Mapping[str, Sharded]]) -> None:
+def _precheck(by_rank: Mapping[int, Mapping[str, Sharded]], sole: bool) -> None:
     """Before writing anything: every key's owned boxes must tile its tensor."""
     metas: dict[str, TensorMeta] = {}
     parts: dict[str, list[ChunkRecord]] = {}
@@ -229,7 +238,7 @@ def _precheck(by_rank: Mapping[int, Mapping[str, Sharded]]) -> None:
                     value=key,
                 )
             metas[key] = TensorMeta(key, spec.shape, spec.dtype, ())
-            boxes = local_boxes(spec, rank) if writes(spec, rank) else ()
+            boxes = _owned(spec, rank, sole)
             parts.setdefault(key, []).extend(
                 ChunkRecord(b.chunk.offsets, b.chunk.sizes, f"rank {rank}", key, "") for b in boxes
             )
@@ -253,9 +262,9 @@ def save(
     With ``groups`` (a :class:`~meshplan.redistribute.ProcessGroups`), every rank of
     ``groups.mesh`` calls ``save`` with its own state; each writes only the boxes it owns
     (one writer per replica), all wait for each other, and the rank at mesh coordinate 0
-    commits the index. Without ``groups`` the calling process is the only writer: the
-    values' own ranks must together own every element (e.g. replicated or one-rank
-    meshes); use :func:`save_all` for all ranks of a mesh in one process. Partial values
+    commits the index. Without ``groups`` the calling process is the only writer: it
+    writes every box its values hold, which must cover each tensor (a replicated tensor,
+    a one-rank mesh); use :func:`save_all` for all ranks of a mesh in one process. Partial values
     are refused (reduce them first). Shard files are safetensors, one per writing rank;
     every chunk records a crc32 checksum.
 
@@ -276,7 +285,7 @@ def save(
         by_rank: dict[int, dict[str, Sharded]] = {}
         for key, value in state.items():
             by_rank.setdefault(value.rank, {})[key] = value
-        return _save_local(by_rank, directory)
+        return _save_local(by_rank, directory, sole=True)
     return _save_distributed(state, directory, groups)
 
 
@@ -300,7 +309,7 @@ def save_all(states: Mapping[int, Mapping[str, Sharded]], path: str | os.PathLik
         )
     for rank, state in states.items():
         _check_state(state, rank)
-    return _save_local({r: dict(s) for r, s in states.items()}, os.fspath(path))
+    return _save_local({r: dict(s) for r, s in states.items()}, os.fspath(path), sole=False)
 
 
 def _save_distributed(state: Mapping[str, Sharded], directory: str, groups: Any) -> Metadata:
