@@ -146,7 +146,9 @@ class HardwareProfile:
         """A profile with one measured ``(latency_s, bytes_per_s)`` per mesh dim."""
         links = _links(links)
         if not links:
-            raise PlanError("from_dims needs one (latency_s, bytes_per_s) per mesh dim", value=links)
+            raise PlanError(
+                "from_dims needs one (latency_s, bytes_per_s) per mesh dim", value=links
+            )
         return cls(dims=links, **kwargs)
 
 

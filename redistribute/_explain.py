@@ -151,7 +151,9 @@ def explain(plan: Plan, model: CostModel | None = None) -> str:
     widths = [max(len(row[k]) for row in rows) for k in range(len(rows[0]))]
     lines = [head]
     for row in rows:
-        cells = [row[0].rjust(widths[0])] + [c.ljust(w) for c, w in zip(row[1:], widths[1:])]
+        cells = [row[0].rjust(widths[0])] + [
+            c.ljust(w) for c, w in zip(row[1:], widths[1:], strict=True)
+        ]
         lines.append((" " + "  ".join(cells)).rstrip())
     n_coll = len(plan.collectives)
     lines.append(

@@ -68,7 +68,7 @@ def _code(p) -> object:
     raise PlanError(f"unknown placement {p!r}", value=p)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _placement(code) -> object:
     if code == R:
         return Replicate()
@@ -323,19 +323,26 @@ class _Context:
         """Every transition from state ``i`` (see the tuple layout above)."""
         out = self._succ.get(i)
         if out is None:
-            out = self._succ[i] = self._successors(self.states[i])
+            out = self._successors(self.states[i])
+            out = self._succ[i] = out + self._permutes(i, None, self._moves_last(self.states[i]))
         key = (i, goal)
         perm = self._perm.get(key)
         if perm is None:
             perm = self._perm[key] = self._permutes(i, goal)
         return out + perm if perm else out
 
-    def _permutes(self, i, goal):
+    def _permutes(self, i, goal, targets=None):
         out = []
         state = self.states[i]
         b_in = self._nbytes[i]
         bound = self.bound
-        for t in self._permute_targets(state, self.states[goal]):
+        if targets is None:
+            targets = self._permute_targets(state, self.states[goal])
+        known = set()
+        for t in targets:
+            if t == state or t in known:
+                continue
+            known.add(t)
             g = _permute_dims(state, t)
             if g is not None and len(g) > 1:
                 n = math.prod(self.sizes[m] for m in g)
@@ -440,8 +447,24 @@ class _Context:
         dst = tuple((x, self.sizes[x], new_codes[x][1]) for x in new_chain)
         return _exact_covers(self.shape[d], src, dst, m)
 
+    def _moves_last(self, state):
+        """Goal-free all_permute targets: a mesh dim in the middle of an order moves to the
+        end of it, or to the end of another tensor dim's order (a gather may follow)."""
+        codes, chains = state
+        seen = []
+        for d, chain in enumerate(chains):
+            for i, m in enumerate(chain[:-1]):
+                rest = chain[:i] + chain[i + 1 :]
+                seen.append((codes, _put(chains, d, rest + (m,))))
+                for code in self.shards:
+                    if code[0] != d:
+                        moved = _put(_put(chains, d, rest), code[0], chains[code[0]] + (m,))
+                        seen.append((_put(codes, m, code), moved))
+        return seen
+
     def _permute_targets(self, state, goal):
-        """Candidate all_permute targets: re-order one tensor dim, or jump towards the goal."""
+        """Goal-bound all_permute targets: one tensor dim re-ordered as in the goal, or a
+        jump where the dims sharding in both take the goal's placement and order."""
         codes, chains = state
         goal_codes, goal_chains = goal
         seen = []
@@ -456,15 +479,6 @@ class _Context:
                 for x in gchain:
                     new_codes[x] = goal_codes[x]
                 seen.append((tuple(new_codes), _put(chains, d, gchain)))
-            for i, m in enumerate(chain[:-1]):
-                rest = chain[:i] + chain[i + 1 :]
-                seen.append((codes, _put(chains, d, rest + (m,))))
-                # or to the end of another tensor dim's order (a gather may follow)
-                for code in self.shards:
-                    if code[0] != d:
-                        moved = _put(_put(chains, d, rest), code[0], chains[code[0]] + (m,))
-                        seen.append((_put(codes, m, code), moved))
-        # jump: dims sharding in both take the goal's placement, in the goal's order
         both = [m for m in self.active if type(codes[m]) is tuple and type(goal_codes[m]) is tuple]
         if both:
             new_codes = list(codes)
@@ -472,7 +486,9 @@ class _Context:
                 new_codes[m] = goal_codes[m]
             new_chains = []
             for d in range(self.ndim):
-                mine = [m for m in self.active if type(new_codes[m]) is tuple and new_codes[m][0] == d]
+                mine = [
+                    m for m in self.active if type(new_codes[m]) is tuple and new_codes[m][0] == d
+                ]
                 first = [m for m in goal_chains[d] if m in mine]
                 tail = [m for m in chains[d] if m in mine and m not in first]
                 tail += [m for m in mine if m not in first and m not in tail]
@@ -620,7 +636,9 @@ class _Context:
         ivs = ((0, length),) if length else ()
         for m in chain:
             sf = codes[m][1]
-            ivs = shard_intervals(ivs, Shard(d) if sf == 1 else StridedShard(d, sf), self.sizes[m], 0)
+            ivs = shard_intervals(
+                ivs, Shard(d) if sf == 1 else StridedShard(d, sf), self.sizes[m], 0
+            )
         return ivs
 
 
@@ -752,6 +770,7 @@ def _search(ctx: _Context, start: int, goal: int):
     intern = ctx.intern
     bound = ctx.bound
 
+    goal_codes = states[goal][0]
     memo: dict = {}
     best = {start: 0.0}
     parent: dict = {start: None}
@@ -781,6 +800,13 @@ def _search(ctx: _Context, start: int, goal: int):
             pc, pch = states[prev]
         for trans in successors(i, goal):
             c, t = trans[0], trans[1]
+            if trans[3] is None and trans[6] == () and len(trans[2]) == 1:
+                # Replicate -> Partial, or sum <-> avg, on a mesh dim the goal keeps
+                # un-Partial: whatever reduces it later could have run without it
+                m = trans[2][0]
+                b = goal_codes[m]
+                if type(b) is not int or b == R:
+                    continue
             if x is not None and trans[6] is not None and len(trans[2]) == 1:
                 my = trans[2][0]
                 touch_y = trans[6]
@@ -803,9 +829,7 @@ def _search(ctx: _Context, start: int, goal: int):
                                 x[2], x[3], x[4], bq, bt, x[5]
                             )
                             here = x[0] + c
-                            if alt < here * (1 - 1e-12) or (
-                                alt <= here * (1 + 1e-12) and my < mx
-                            ):
+                            if alt < here * (1 - 1e-12) or (alt <= here * (1 + 1e-12) and my < mx):
                                 continue
             ng = g + c
             old = best.get(t)
@@ -906,8 +930,12 @@ def plan(
     return p
 
 
-def clear_plan_cache() -> None:
-    """Forget cached plans and search tables (for benchmarks measuring uncached planning)."""
+def clear_plan_cache(*, tables: bool = True) -> None:
+    """Forget cached plans, and with ``tables`` the search tables too (for benchmarks).
+
+    >>> clear_plan_cache(tables=False)
+    """
     _plan_cached.cache_clear()
-    _context.cache_clear()
-    _exact_covers.cache_clear()
+    if tables:
+        _context.cache_clear()
+        _exact_covers.cache_clear()

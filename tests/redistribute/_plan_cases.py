@@ -115,8 +115,10 @@ def delivers(plan, x: torch.Tensor, seed: int = 0) -> bool:
 def values(shape) -> torch.Tensor:
     """Distinct small integers as float64 (exact through sums and avg scaling)."""
     n = math.prod(shape)
-    return (torch.arange(n, dtype=torch.float64).reshape(shape) % 17) - 8 + 0.5 * (
-        torch.arange(n, dtype=torch.float64).reshape(shape) // 17
+    return (
+        (torch.arange(n, dtype=torch.float64).reshape(shape) % 17)
+        - 8
+        + 0.5 * (torch.arange(n, dtype=torch.float64).reshape(shape) // 17)
     )
 
 

@@ -53,7 +53,9 @@ def test_a_dim_spanning_nodes_prices_on_the_inter_node_link():
     # a merged step on both runs on the slowest of them
     assert group_link(model, mesh, (0, 1)) == model.profile.inter
     # the rank map decides, not the dim's position: put the node dim innermost
-    swapped = Mesh.create((4, 4), ("gpu", "node"), ranks=[g + 4 * n for g in range(4) for n in range(4)])
+    swapped = Mesh.create(
+        (4, 4), ("gpu", "node"), ranks=[g + 4 * n for g in range(4) for n in range(4)]
+    )
     assert group_link(model, swapped, (1,)) == model.profile.inter
     assert group_link(model, swapped, (0,)) == model.profile.intra
 
@@ -160,8 +162,7 @@ def test_chain_extent_is_the_longest_local_length(spec_, data):
     ranks = mesh.group_of(mesh.rank_at((0,) * mesh.ndim), None)
     for d in range(spec_.ndim):
         kinds = tuple(
-            (mesh.shape[m], getattr(spec_.placements[m], "split_factor", 1))
-            for m in spec_.order(d)
+            (mesh.shape[m], getattr(spec_.placements[m], "split_factor", 1)) for m in spec_.order(d)
         )
         assert chain_extent(spec_.shape[d], kinds) == max(local_shape(spec_, r)[d] for r in ranks)
 

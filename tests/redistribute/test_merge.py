@@ -62,7 +62,12 @@ def test_pr_172610_cases_merge_onto_the_alias(src_text, dst_text, kind, scale):
     p = plan(src, dst)
     assert len(p.steps) == 1, str(p)
     (step,) = p.steps
-    assert (step.collective, step.alias, step.mesh_dims, step.avg_scale) == (kind, "ac", (0, 2), scale)
+    assert (step.collective, step.alias, step.mesh_dims, step.avg_scale) == (
+        kind,
+        "ac",
+        (0, 2),
+        scale,
+    )
     assert delivers(p, values(src.shape))
 
 

@@ -6,6 +6,7 @@ import sys
 import warnings
 
 import pytest
+from _plan_cases import delivers, spec_pairs, values
 from hypothesis import given, note
 from hypothesis import strategies as st
 
@@ -31,8 +32,6 @@ from meshplan.redistribute import (
     plan,
 )
 from meshplan.redistribute._cost import padded_local_bytes
-
-from _plan_cases import delivers, spec_pairs, values
 
 warnings.simplefilter("ignore", MergeWarning)
 

@@ -71,7 +71,9 @@ def _all_specs(src: Spec, dst: Spec) -> list[Spec]:
                 by_dim.setdefault(p.dim, []).append(m)
         dims = sorted(by_dim)
         for orders in itertools.product(*(itertools.permutations(by_dim[d]) for d in dims)):
-            out.append(Spec(mesh, placements, src.shape, src.dtype, dict(zip(dims, orders))))
+            out.append(
+                Spec(mesh, placements, src.shape, src.dtype, dict(zip(dims, orders, strict=True)))
+            )
     return out
 
 
@@ -186,7 +188,7 @@ def brute_force(src: Spec, dst: Spec, model: CostModel) -> tuple[float, list[Ste
     raise AssertionError(f"brute force found no path from {src} to {dst}")
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _valid(step: Step) -> bool:
     return _delivers(step)
 
@@ -220,9 +222,7 @@ def small_pairs(draw, max_ranks=6, allow_partial=True):
     shape_mesh = draw(
         st.sampled_from(
             [(2,), (3,), (4,), (2, 2), (2, 3), (3, 2), (1, 2), (2, 1, 2), (2, 2, 2), (2, 4)]
-        ).filter(
-            lambda s: math.prod(s) <= max_ranks
-        )
+        ).filter(lambda s: math.prod(s) <= max_ranks)
     )
     mesh = Mesh.create(shape_mesh, tuple("abc"[: len(shape_mesh)]))
     ndim = draw(st.integers(1, 2))
@@ -250,7 +250,9 @@ def small_pairs(draw, max_ranks=6, allow_partial=True):
         pl = [placement(which_op) for _ in shape_mesh]
         order = {}
         for d in range(ndim):
-            dims = [m for m, p in enumerate(pl) if getattr(p, "dim", None) == d and shape_mesh[m] > 1]
+            dims = [
+                m for m, p in enumerate(pl) if getattr(p, "dim", None) == d and shape_mesh[m] > 1
+            ]
             if len(dims) > 1:
                 order[d] = tuple(draw(st.permutations(dims)))
         return Spec(mesh, pl, shape, "float64", order)
@@ -258,7 +260,11 @@ def small_pairs(draw, max_ranks=6, allow_partial=True):
     return spec(op), spec(dst_op), draw(st.sampled_from(MODELS))
 
 
-@settings(max_examples=int(os.environ.get("BF_EXAMPLES", 25)), deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(
+    max_examples=int(os.environ.get("BF_EXAMPLES", 50)),
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)
 @given(small_pairs(max_ranks=int(os.environ.get("BF_MAX_RANKS", 6))))
 def test_plan_cost_equals_brute_force_minimum(case):
     src, dst, model = case

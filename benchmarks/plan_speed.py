@@ -1,0 +1,391 @@
+"""meshplan.redistribute.plan vs torch 2.13's greedy and graph-based redistribution planners.
+
+torch 2.13 computes a redistribution's steps in ``_gen_transform_infos_non_cached(src,
+dst, use_graph_based_transform)``: the greedy planner (its default) walks mesh dims once;
+the graph planner (``DTensorRedistributePlanner``) runs Dijkstra over placements and
+shard orders. Both run here on a fake process group, on the same random pairs of
+placements as meshplan (Replicate, Partial, Shard(0), Shard(1) per mesh dim, default
+shard order, tensors of 1024 x 1024 and 1000 x 768 float32), on meshes (8,), (2, 4),
+(2, 2, 2) and (2, 2, 2, 2). No real communication happens.
+
+Timing, per plan (mean; garbage collection off, as timeit does):
+
+* torch greedy / graph: ``_gen_transform_infos_non_cached`` (torch keeps its planner
+  object and mesh topology cached across calls, as in a training run);
+* meshplan uncached: ``plan()`` with its plan cache cleared before each call, its
+  per-(mesh, shape, cost model) search tables warm from other random pairs (the analogue
+  of torch's cached planner object); meshplan cold: every table cleared too;
+* cached: the second call of ``plan()`` / torch's ``_gen_transform_infos``.
+
+Quality, per plan: steps, collectives and bytes received per rank. Bytes are priced the
+same way for both (meshplan's cost model on the plan's steps: padded local sizes, ring
+all-reduce), torch's steps converted to meshplan steps; the lower bound is what the
+busiest rank must receive at least (the target elements it lacks; every element when a
+reduction is due). Costs are meshplan's model (nvlink_ib, 8 GPUs per node).
+
+    python benchmarks/plan_speed.py                 # 120 cases per mesh (torch graph: 12)
+                                                    # (1-D: the 24 distinct pairs)
+    python benchmarks/plan_speed.py --cases 30 --graph-cases 4
+
+Writes machine-readable results to benchmarks/results/plan_speed.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import math
+import platform
+import random
+import statistics
+import sys
+import time
+import warnings
+from pathlib import Path
+
+RESULTS = Path(__file__).resolve().parent / "results" / "plan_speed.json"
+MESHES = [(8,), (2, 4), (2, 2, 2), (2, 2, 2, 2)]
+SHAPES = [(1024, 1024), (1000, 768)]
+
+
+# -- random cases ---------------------------------------------------------------------------
+
+
+def random_cases(rng: random.Random, ndim: int, count: int, avoid=()):
+    """Up to ``count`` distinct random pairs, none of ``avoid`` (fewer if the space is small)."""
+    kinds = ["R", "P", "S0", "S1"]
+    out: list = []
+    tries = 0
+    while len(out) < count and tries < 100 * count:
+        tries += 1
+        a = tuple(rng.choice(kinds) for _ in range(ndim))
+        b = tuple(rng.choice(kinds) for _ in range(ndim))
+        case = (a, b, rng.choice(SHAPES))
+        if a != b and case not in avoid and case not in out:
+            out.append(case)
+    return out
+
+
+def mp_spec(mesh, kinds, shape):
+    from meshplan.placement import Partial, Replicate, Shard, Spec
+
+    table = {"R": Replicate(), "P": Partial(), "S0": Shard(0), "S1": Shard(1)}
+    return Spec(mesh, [table[k] for k in kinds], shape, "float32")
+
+
+def torch_spec(mesh, kinds, shape):
+    import torch
+    from torch.distributed.tensor import Partial, Replicate, Shard
+    from torch.distributed.tensor._dtensor_spec import DTensorSpec, TensorMeta
+
+    table = {"R": Replicate(), "P": Partial(), "S0": Shard(0), "S1": Shard(1)}
+    stride = (shape[1], 1)
+    meta = TensorMeta(torch.Size(shape), stride, torch.float32)
+    return DTensorSpec(mesh, tuple(table[k] for k in kinds), tensor_meta=meta)
+
+
+# -- torch plans as meshplan plans ----------------------------------------------------------
+
+
+def torch_steps_as_plan(infos, src, dst):
+    """torch's transform infos as a meshplan Plan (default shard orders, as torch's greedy
+    plan assumes), to price both with one model."""
+    from meshplan.placement import Partial, Replicate, Shard, Spec
+    from meshplan.redistribute import Plan, Step
+
+    def convert(p):
+        name = type(p).__name__
+        if name == "Replicate":
+            return Replicate()
+        if name == "Partial":
+            return Partial(p.reduce_op)
+        return Shard(p.dim)
+
+    placements = list(src.placements)
+    cur = src
+    steps = []
+    for info in infos:
+        a, b = (convert(p) for p in info.src_dst_placements)
+        placements[info.mesh_dim] = b
+        # the mesh dim joins the end of its tensor dim's order, as torch's planners do
+        order = {d: tuple(o) for d, o in cur.shard_order.items()}
+        if isinstance(a, Shard):
+            order[a.dim] = tuple(m for m in order[a.dim] if m != info.mesh_dim)
+        if isinstance(b, Shard):
+            order[b.dim] = order.get(b.dim, ()) + (info.mesh_dim,)
+        order = {d: o for d, o in order.items() if o}
+        nxt = Spec(src.mesh, placements, src.shape, src.dtype, order)
+        kind = _kind(a, b)
+        steps.append(Step(info.mesh_dim, cur, nxt, kind))
+        cur = nxt
+    if cur != dst:  # torch ended in another shard order than the target's default
+        return None
+    return Plan(src, dst, tuple(steps))
+
+
+def _kind(a, b):
+    from meshplan.placement import Partial, Replicate, Shard
+
+    if isinstance(a, Partial):
+        return "all_reduce" if isinstance(b, Replicate) else "reduce_scatter"
+    if isinstance(a, Shard):
+        if isinstance(b, Replicate):
+            return "all_gather"
+        if isinstance(b, Shard):
+            return "all_to_all"
+    return None
+
+
+def lower_bound_bytes(src, dst) -> int:
+    """The most any rank must receive: target elements it lacks (all, if a reduction is due)."""
+    from meshplan.placement import Partial, dtype_itemsize, local_intervals
+
+    mesh = src.mesh
+    item = dtype_itemsize(src.dtype)
+    reduce = any(
+        isinstance(a, Partial) and a != b
+        for a, b in zip(src.placements, dst.placements, strict=True)
+    )
+    if dst.is_partial:
+        return 0
+    worst = 0
+    for r in mesh.ranks:
+        need = local_intervals(dst, r)
+        have = local_intervals(src, r)
+        n_need = math.prod(sum(b - a for a, b in ivs) for ivs in need)
+        if reduce:
+            worst = max(worst, n_need)
+            continue
+        common = 1
+        for h, n in zip(have, need, strict=True):
+            common *= sum(max(0, min(b1, b2) - max(a1, a2)) for a1, b1 in h for a2, b2 in n)
+        worst = max(worst, n_need - common)
+    return worst * item
+
+
+# -- timing ---------------------------------------------------------------------------------
+
+
+def timed(fn, repeat: int = 1) -> float:
+    gc.disable()
+    try:
+        t0 = time.perf_counter()
+        for _ in range(repeat):
+            fn()
+        return (time.perf_counter() - t0) / repeat
+    finally:
+        gc.enable()
+
+
+def run(cases_per_mesh: int, graph_cases: int, seed: int) -> dict:
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import _redistribute as R
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    from meshplan.layout import Mesh
+    from meshplan.redistribute import CostModel, clear_plan_cache, cost, plan
+
+    world = max(math.prod(m) for m in MESHES)
+    dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=world)
+    model = CostModel.default()
+    rng = random.Random(seed)
+    report = {"meshes": []}
+    for shape_mesh in MESHES:
+        names = tuple("abcd"[: len(shape_mesh)])
+        n = math.prod(shape_mesh)
+        tmesh = init_device_mesh("cpu", shape_mesh, mesh_dim_names=names)
+        mesh = Mesh.create(shape_mesh, names)
+        cases = random_cases(rng, len(shape_mesh), cases_per_mesh)
+        # other pairs only: a pair planned during warm-up would find its own memo entries
+        warm = random_cases(rng, len(shape_mesh), cases_per_mesh, avoid=set(cases))
+        mp = [(mp_spec(mesh, a, sh), mp_spec(mesh, b, sh)) for a, b, sh in cases]
+        tt = [(torch_spec(tmesh, a, sh), torch_spec(tmesh, b, sh)) for a, b, sh in cases]
+        rows = [{"src": " ".join(a), "dst": " ".join(b), "shape": list(sh)} for a, b, sh in cases]
+        # meshplan, cold: every table cleared before each plan
+        for row, (src, dst) in zip(rows, mp, strict=True):
+            clear_plan_cache()
+            row["mp_cold_s"] = timed(lambda s=src, d=dst: plan(s, d))
+        # meshplan, uncached: search tables warm from other pairs, each pair planned once
+        clear_plan_cache()
+        for a, b, sh in warm:
+            plan(mp_spec(mesh, a, sh), mp_spec(mesh, b, sh))
+        for row, (src, dst) in zip(rows, mp, strict=True):
+            clear_plan_cache(tables=False)
+            row["mp_uncached_s"] = timed(lambda s=src, d=dst: plan(s, d))
+        for row, (src, dst) in zip(rows, mp, strict=True):
+            row["mp_cached_s"] = timed(lambda s=src, d=dst: plan(s, d), 50)
+            p = plan(src, dst)
+            c = cost(p, model)
+            row.update(
+                mp_steps=len(p.steps),
+                mp_collectives=len(p.collectives),
+                mp_bytes=c.bytes,
+                mp_cost_s=c.total,
+                lower_bound_bytes=lower_bound_bytes(src, dst),
+            )
+        # torch: one planner object per (mesh, tensor meta), cached by torch, as in training
+        for tsrc, tdst in tt[:2]:
+            R._gen_transform_infos_non_cached(tsrc, tdst, False)
+        for row, (tsrc, tdst) in zip(rows, tt, strict=True):
+            row["greedy_s"] = timed(
+                lambda a=tsrc, b=tdst: R._gen_transform_infos_non_cached(a, b, False)
+            )
+        for row, (tsrc, tdst), (src, dst) in zip(rows, tt, mp, strict=True):
+            R._gen_transform_infos(tsrc, tdst, False)
+            row["torch_cached_s"] = timed(
+                lambda a=tsrc, b=tdst: R._gen_transform_infos(a, b, False), 50
+            )
+            infos = R._gen_transform_infos_non_cached(tsrc, tdst, False)
+            _add_torch(row, "greedy", infos, src, dst, model, cost)
+        for row, (tsrc, tdst), (src, dst) in list(zip(rows, tt, mp, strict=True))[:graph_cases]:
+            row["graph_s"] = timed(
+                lambda a=tsrc, b=tdst: R._gen_transform_infos_non_cached(a, b, True)
+            )
+            infos = R._gen_transform_infos_non_cached(tsrc, tdst, True)
+            _add_torch(row, "graph", infos, src, dst, model, cost)
+        report["meshes"].append({"mesh": list(shape_mesh), "ranks": n, "cases": rows})
+        print_mesh(shape_mesh, rows)
+    dist.destroy_process_group()
+    return report
+
+
+def _add_torch(row, name, infos, src, dst, model, cost):
+    comm = [i for i in infos if _kind_of(i) is not None]
+    row[f"{name}_steps"] = len(infos)
+    row[f"{name}_collectives"] = len(comm)
+    p = torch_steps_as_plan(infos, src, dst)
+    if p is not None:
+        c = cost(p, model)
+        row[f"{name}_bytes"] = c.bytes
+        row[f"{name}_cost_s"] = c.total
+
+
+def _kind_of(info):
+    return info._comm_type_key()
+
+
+# -- report ---------------------------------------------------------------------------------
+
+
+def _mean(rows, key):
+    vals = [r[key] for r in rows if key in r]
+    return statistics.fmean(vals) if vals else float("nan")
+
+
+def _median(rows, key):
+    vals = [r[key] for r in rows if key in r]
+    return statistics.median(vals) if vals else float("nan")
+
+
+def summarize(rows) -> dict:
+    priced = [r for r in rows if "greedy_bytes" in r]
+    sub = [r for r in rows if "graph_s" in r]
+    return {
+        "graph_subset_mp_uncached_us": _mean(sub, "mp_uncached_s") * 1e6,
+        "graph_subset_mp_collectives": _mean(sub, "mp_collectives"),
+        "graph_subset_mp_bytes": _mean(sub, "mp_bytes"),
+        "graph_subset_mp_cost_us": _mean(sub, "mp_cost_s") * 1e6,
+        "cases": len(rows),
+        "graph_cases": sum("graph_s" in r for r in rows),
+        "mp_uncached_us": _mean(rows, "mp_uncached_s") * 1e6,
+        "mp_uncached_median_us": _median(rows, "mp_uncached_s") * 1e6,
+        "mp_cold_us": _mean(rows, "mp_cold_s") * 1e6,
+        "mp_cached_us": _mean(rows, "mp_cached_s") * 1e6,
+        "greedy_us": _mean(rows, "greedy_s") * 1e6,
+        "graph_us": _mean(rows, "graph_s") * 1e6,
+        "torch_cached_us": _mean(rows, "torch_cached_s") * 1e6,
+        "mp_steps": _mean(rows, "mp_steps"),
+        "greedy_steps": _mean(rows, "greedy_steps"),
+        "graph_steps": _mean(rows, "graph_steps"),
+        "mp_collectives": _mean(rows, "mp_collectives"),
+        "greedy_collectives": _mean(rows, "greedy_collectives"),
+        "graph_collectives": _mean(rows, "graph_collectives"),
+        "mp_bytes": _mean(rows, "mp_bytes"),
+        "greedy_bytes": _mean(priced, "greedy_bytes"),
+        "graph_bytes": _mean(rows, "graph_bytes"),
+        "lower_bound_bytes": _mean(rows, "lower_bound_bytes"),
+        "mp_cost_us": _mean(rows, "mp_cost_s") * 1e6,
+        "greedy_cost_us": _mean(priced, "greedy_cost_s") * 1e6,
+        "graph_cost_us": _mean(rows, "graph_cost_s") * 1e6,
+        "more_collectives_than_greedy": sum(
+            r["mp_collectives"] > r["greedy_collectives"] for r in rows
+        ),
+        "more_bytes_than_greedy": sum(r["mp_bytes"] > r["greedy_bytes"] for r in priced),
+        "costlier_than_greedy": sum(
+            r["mp_cost_s"] > r["greedy_cost_s"] * (1 + 1e-9) for r in priced
+        ),
+        "greedy_priced": len(priced),
+    }
+
+
+def print_mesh(shape_mesh, rows) -> None:
+    s = summarize(rows)
+    print(
+        f"\nmesh {shape_mesh} ({len(shape_mesh)}-D, {math.prod(shape_mesh)} ranks), "
+        f"{s['cases']} cases (torch graph on {s['graph_cases']})"
+    )
+    print(f"  {'':22}{'meshplan':>12}{'greedy':>12}{'graph':>12}{'mp/greedy':>11}{'graph/mp':>10}")
+    print(
+        f"  {'time/plan uncached us':22}{s['mp_uncached_us']:12.1f}{s['greedy_us']:12.1f}"
+        f"{s['graph_us']:12.1f}{s['mp_uncached_us'] / s['greedy_us']:11.2f}"
+        f"{s['graph_us'] / s['graph_subset_mp_uncached_us']:10.0f}"
+    )
+    print(f"  {'  (median) us':22}{s['mp_uncached_median_us']:12.1f}")
+    print(
+        f"  {'  cold tables us':22}{s['mp_cold_us']:12.1f}{'':24}"
+        f"{s['mp_cold_us'] / s['greedy_us']:11.2f}"
+    )
+    print(f"  {'time/plan cached us':22}{s['mp_cached_us']:12.2f}{s['torch_cached_us']:12.2f}")
+    print(f"  {'steps':22}{s['mp_steps']:12.2f}{s['greedy_steps']:12.2f}{s['graph_steps']:12.2f}")
+    print(
+        f"  {'collectives':22}{s['mp_collectives']:12.2f}{s['greedy_collectives']:12.2f}"
+        f"{s['graph_collectives']:12.2f}"
+    )
+    print(
+        f"  {'KiB/rank received':22}{s['mp_bytes'] / 1024:12.1f}{s['greedy_bytes'] / 1024:12.1f}"
+        f"{s['graph_bytes'] / 1024:12.1f}{s['mp_bytes'] / max(s['greedy_bytes'], 1):11.2f}"
+    )
+    print(
+        f"  {'  lower bound KiB':22}{s['lower_bound_bytes'] / 1024:12.1f}"
+        f"   (meshplan / bound: {s['mp_bytes'] / max(s['lower_bound_bytes'], 1):.2f})"
+    )
+    print(
+        f"  {'model cost us':22}{s['mp_cost_us']:12.1f}{s['greedy_cost_us']:12.1f}"
+        f"{s['graph_cost_us']:12.1f}{s['mp_cost_us'] / s['greedy_cost_us']:11.2f}"
+    )
+    print(
+        f"  on the {s['graph_cases']} graph cases: meshplan {s['graph_subset_mp_collectives']:.2f} "
+        f"collectives, {s['graph_subset_mp_bytes'] / 1024:.1f} KiB, cost "
+        f"{s['graph_subset_mp_cost_us']:.1f} us (graph: {s['graph_collectives']:.2f}, "
+        f"{s['graph_bytes'] / 1024:.1f} KiB, {s['graph_cost_us']:.1f} us)"
+    )
+    print(
+        f"  cases where meshplan uses more collectives than greedy: "
+        f"{s['more_collectives_than_greedy']}, more bytes: {s['more_bytes_than_greedy']}, "
+        f"costs more: {s['costlier_than_greedy']} (of {s['greedy_priced']} priced)"
+    )
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--cases", type=int, default=120, help="random pairs per mesh")
+    parser.add_argument("--graph-cases", type=int, default=12, help="of which torch graph")
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args(argv)
+    import logging
+
+    logging.disable(logging.WARNING)  # torch warns about unflattened meshes
+    warnings.simplefilter("ignore")
+    report = run(args.cases, args.graph_cases, args.seed)
+    report["summary"] = {f"{len(m['mesh'])}-D": summarize(m["cases"]) for m in report["meshes"]}
+    report["env"] = {"python": sys.version.split()[0], "platform": platform.platform()}
+    RESULTS.parent.mkdir(parents=True, exist_ok=True)
+    RESULTS.write_text(json.dumps(report, indent=1))
+    print(f"\nwrote {RESULTS}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
