@@ -130,9 +130,7 @@ def _write_rank(
             for d, (lo, n) in enumerate(zip(box.local_offsets, box.chunk.sizes, strict=True)):
                 if n != local.shape[d]:
                     piece = piece.narrow(d, lo, n)
-            piece = piece.to("cpu").contiguous()
-            if len(boxes) > 1 or piece.data_ptr() == local.data_ptr():
-                piece = piece.clone()  # never share storage inside one file
+            piece = piece.to("cpu").contiguous()  # a copy only for non-contiguous boxes
             name = f"{key}#{i}"
             tensors[name] = piece
             record = ChunkRecord(box.chunk.offsets, box.chunk.sizes, file, name, checksum(piece))
