@@ -771,15 +771,33 @@ def _search(ctx: _Context, start: int, goal: int):
     bound = ctx.bound
 
     goal_codes = states[goal][0]
-    memo: dict = {}
+
+    def h_of(i):
+        key = (i, goal)
+        h = hmemo.get(key)
+        if h is None:
+            h = hmemo[key] = heuristic(i, goal)
+        return h
+
+    memo: dict = {start: h_of(start)}
     best = {start: 0.0}
     parent: dict = {start: None}
     counter = itertools.count()
-    heap = [(heuristic(start, goal), 0.0, 0, start)]
+    heap = [(memo[start], 0.0, 0, start)]
     closed = set()
     while heap:
-        _, neg_g, _, i = heapq.heappop(heap)
+        key, neg_g, _, i = heapq.heappop(heap)
         g = -neg_g
+        if i in closed or g > best[i]:
+            continue
+        # lazy heuristic: a state was queued under h(parent) - step price (a lower bound
+        # of its own, by consistency); evaluate it only now, re-queue if it ranks later
+        h = memo.get(i)
+        if h is None:
+            h = memo[i] = h_of(i)
+            if g + h > key * (1 + 1e-12):
+                heapq.heappush(heap, (g + h, neg_g, next(counter), i))
+                continue
         if i == goal:
             moves = []
             while parent[i] is not None:
@@ -788,8 +806,6 @@ def _search(ctx: _Context, start: int, goal: int):
                 i = prev
             moves.reverse()
             return g, moves
-        if i in closed:
-            continue
         closed.add(i)
         via = parent[i]
         x = None
@@ -836,14 +852,10 @@ def _search(ctx: _Context, start: int, goal: int):
             if old is None or ng < old:
                 best[t] = ng
                 parent[t] = (i, trans)
-                h = memo.get(t)
-                if h is None:
-                    key = (t, goal)
-                    h = hmemo.get(key)
-                    if h is None:
-                        h = hmemo[key] = heuristic(t, goal)
-                    memo[t] = h
-                heapq.heappush(heap, (ng + h, -ng, next(counter), t))
+                ht = memo.get(t)
+                if ht is None:
+                    ht = h - c if h > c else 0.0
+                heapq.heappush(heap, (ng + ht, -ng, next(counter), t))
                 closed.discard(t)
     return None
 
