@@ -313,6 +313,13 @@ def save_all(states: Mapping[int, Mapping[str, Sharded]], path: str | os.PathLik
 def _save_distributed(state: Mapping[str, Sharded], directory: str, groups: Any) -> Metadata:
     import torch.distributed as dist
 
+    mesh = groups.mesh
+    if mesh.size() != mesh.world_size:  # every rank sees this: no collective is left waiting
+        raise CheckpointError(
+            f"save needs ProcessGroups over a whole mesh, got one over the sliced mesh {mesh} "
+            "(several instances would each commit); build ProcessGroups on the root mesh",
+            value=mesh,
+        )
     group = groups.get(None)
     rank = groups.rank
     coordinator = group.ranks[0]
@@ -347,14 +354,13 @@ def _save_distributed(state: Mapping[str, Sharded], directory: str, groups: Any)
         if rank == coordinator:
             _commit(directory, meta)
         result[0] = "ok"
-    except CheckpointError as e:
-        result[0] = str(e)
-        if rank == coordinator:
-            own_error = e
+    except Exception as e:  # every rank must reach the broadcast below
+        result[0] = str(e) if isinstance(e, CheckpointError) else f"{type(e).__name__}: {e}"
+        own_error = e
     dist.broadcast_object_list(result, src=coordinator, group=group.pg)
+    if own_error is not None:
+        raise own_error
     if result[0] != "ok":
-        if own_error is not None:
-            raise own_error
         raise CheckpointError(f"commit on rank {coordinator} failed: {result[0]}")
     assert meta is not None
     return meta
