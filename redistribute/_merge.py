@@ -316,13 +316,12 @@ def _valid_single(step: Step) -> bool:
     src, dst = step.src, step.dst
     shards, ptargets = _universe(src, dst, src.ndim)
     ctx = _context(src.mesh, src.shape, src.dtype, CostModel.default(), shards, ptargets, None)
-    t = _state(dst)
-    ids = ctx.intern(_state(src)), ctx.intern(t)
-    t = ids[1]
-    for trans in ctx.successors(*ids):
-        nxt, dims, collective = trans[1], trans[2], trans[3]
-        if nxt == t and dims == step.mesh_dims and collective == step.collective:
-            return True
+    with ctx.lock:
+        ids = ctx.intern(_state(src)), ctx.intern(_state(dst))
+        for trans in ctx.successors(*ids):
+            nxt, dims, collective = trans[1], trans[2], trans[3]
+            if nxt == ids[1] and dims == step.mesh_dims and collective == step.collective:
+                return True
     return False
 
 

@@ -28,6 +28,7 @@ import functools
 import heapq
 import itertools
 import math
+import threading
 
 from meshplan.errors import PlanError
 from meshplan.layout import FrozenMap, Mesh
@@ -230,6 +231,8 @@ class _Context:
             length < world * sf or any(c[0] == d and c[1] > 1 for c in shards)
             for d, length in enumerate(shape)
         )
+        # the memo tables below are shared by every search on this context: one at a time
+        self.lock = threading.Lock()
         self._ids: dict = {}  # state -> id (states are hashed once, then ids are used)
         self.states: list = []
         self._nbytes: list = []
@@ -866,23 +869,25 @@ def _min_cost_plan(src: Spec, dst: Spec, model: CostModel, bound) -> Plan:
         return _plan_value(src, dst, ())
     shards, ptargets = _universe(src, dst, src.ndim)
     ctx = _context(src.mesh, src.shape, src.dtype, model, shards, ptargets, bound)
-    ctx._trim()
-    start, goal = ctx.intern(start_state), ctx.intern(goal_state)
-    found = _search(ctx, start, goal)
+    with ctx.lock:
+        ctx._trim()
+        start, goal = ctx.intern(start_state), ctx.intern(goal_state)
+        found = _search(ctx, start, goal)
+        states = [ctx.states[i] for _, _, i in found[1]] if found else []
+        b_start, b_goal = ctx.nbytes(start), ctx.nbytes(goal)
     if found is None:
         raise PlanError(
             f"no plan from {src} to {dst} keeps peak local memory within max_local_bytes="
-            f"{bound} (source holds {ctx.nbytes(start)} and target {ctx.nbytes(goal)} bytes "
-            "per rank, and every step holds its input and output); raise the bound",
+            f"{bound} (source holds {b_start} and target {b_goal} bytes per rank, and every "
+            "step holds its input and output); raise the bound",
             value=bound,
         )
-    _, moves = found
-    specs = {start: src, goal: dst}
     steps = []
-    for prev, trans, i in moves:
-        a = specs.get(prev) or specs.setdefault(prev, _spec(src, ctx.states[prev]))
-        b = specs.get(i) or specs.setdefault(i, _spec(src, ctx.states[i]))
+    a = src
+    for (_, trans, i), state in zip(found[1], states, strict=True):
+        b = dst if i == goal else _spec(src, state)
         steps.append(_step(trans[2], a, b, trans[3]))
+        a = b
     return _plan_value(src, dst, tuple(steps))
 
 

@@ -309,3 +309,23 @@ def test_stridedshard_and_partial_kinds_are_all_planned():
             p = plan(src, dst)
             assert delivers(p, values(src.shape)), str(p)
     assert local_numel(src, 0) > 0
+
+
+def test_concurrent_plans_share_search_tables_safely():
+    import concurrent.futures
+    import itertools
+
+    mesh = Mesh.create((2, 2, 2), ("a", "b", "c"))
+    kinds = ["R", "P", "S(0)", "S(1)"]
+    pairs = [
+        (spec(mesh, " ".join(a), (64, 32)), spec(mesh, " ".join(b), (64, 32)))
+        for a, b in itertools.islice(
+            itertools.product(itertools.product(kinds, repeat=3), repeat=2), 7, 400, 13
+        )
+    ]
+    clear_plan_cache()
+    with concurrent.futures.ThreadPoolExecutor(4) as pool:
+        together = list(pool.map(lambda ab: plan(*ab), pairs))
+    clear_plan_cache()
+    alone = [plan(a, b) for a, b in pairs]
+    assert together == alone
