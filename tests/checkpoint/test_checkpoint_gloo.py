@@ -32,7 +32,7 @@ def _global(key):
     )
 
 
-def _save(path, bad_rank=None):
+def _save(path, bad_rank=None, crash_commit=False):
     import torch.distributed as dist
 
     from meshplan.checkpoint import CheckpointError, save
@@ -44,10 +44,17 @@ def _save(path, bad_rank=None):
     state = {k: Sharded(shard_one(_global(k), s, rank), s, rank) for k, s in SAVED.items()}
     if rank == bad_rank:
         state.pop("w")  # this rank forgets a tensor: nobody commits, nobody hangs
+    import meshplan.checkpoint._io as io
+
+    real_commit = io._commit
+    if crash_commit:
+        io._commit = lambda *a: (_ for _ in ()).throw(OSError("disk gone (simulated)"))
     try:
         meta = save(state, path, groups)
-    except CheckpointError as e:
-        return ("error", str(e))
+    except (CheckpointError, OSError) as e:
+        return ("error", f"{type(e).__name__}: {e}")
+    finally:
+        io._commit = real_commit
     return ("ok", meta)
 
 
@@ -90,3 +97,15 @@ def test_a_failing_rank_aborts_the_save_everywhere_and_keeps_the_old_one(pool8, 
     per_rank = pool4.run(_load, path)
     for key, spec in TARGETS.items():
         assert torch.equal(unshard({r: per_rank[r][key] for r in range(4)}, spec), _global(key))
+
+
+def test_a_failed_commit_fails_the_save_on_every_rank(pool8, pool4, tmp_path):
+    path = str(tmp_path / "ckpt")
+    assert all(s == "ok" for s, _ in pool8.run(_save, path))
+    results = pool8.run(_save, path, crash_commit=True)
+    assert all(status == "error" for status, _ in results)
+    coordinator = MESH8.rank_at((0, 0))  # rank 3 under the permuted rank map
+    assert "OSError: disk gone" in results[coordinator][1]
+    assert all("commit on rank 3 failed" in m for r, (_, m) in enumerate(results) if r != 3)
+    per_rank = pool4.run(_load, path)
+    assert torch.equal(unshard({r: per_rank[r]["w"] for r in range(4)}, TARGETS["w"]), _global("w"))
