@@ -21,13 +21,17 @@ Quality, per plan: steps, collectives and bytes received per rank. Bytes are pri
 same way for both (meshplan's cost model on the plan's steps: padded local sizes, ring
 all-reduce), torch's steps converted to meshplan steps; the lower bound is what the
 busiest rank must receive at least (the target elements it lacks; every element when a
-reduction is due). Costs are meshplan's model (nvlink_ib, 8 GPUs per node).
+reduction is due). Costs are meshplan's model (nvlink_ib, 8 GPUs per node by default: the
+4-D mesh spans two nodes, its first dim crossing them; ``--gpus-per-node 16`` makes every
+link intra-node). meshplan minimizes modeled time, so on a slow inter-node dim it may run
+an extra collective to move fewer bytes across it.
 
     python benchmarks/plan_speed.py                 # 120 cases per mesh (torch graph: 12)
                                                     # (1-D: the 24 distinct pairs)
     python benchmarks/plan_speed.py --cases 30 --graph-cases 4
 
-Writes machine-readable results to benchmarks/results/plan_speed.json.
+Writes machine-readable results to benchmarks/results/plan_speed.json
+(plan_speed_<n>gpn.json for another --gpus-per-node).
 """
 
 from __future__ import annotations
@@ -178,7 +182,7 @@ def timed(fn, repeat: int = 1) -> float:
         gc.enable()
 
 
-def run(cases_per_mesh: int, graph_cases: int, seed: int) -> dict:
+def run(cases_per_mesh: int, graph_cases: int, seed: int, gpus_per_node: int = 8) -> dict:
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor import _redistribute as R
@@ -189,7 +193,9 @@ def run(cases_per_mesh: int, graph_cases: int, seed: int) -> dict:
 
     world = max(math.prod(m) for m in MESHES)
     dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=world)
-    model = CostModel.default()
+    from meshplan.redistribute import HardwareProfile
+
+    model = CostModel(HardwareProfile.nvlink_ib(gpus_per_node=gpus_per_node))
     rng = random.Random(seed)
     report = {"meshes": []}
     for shape_mesh in MESHES:
@@ -206,17 +212,17 @@ def run(cases_per_mesh: int, graph_cases: int, seed: int) -> dict:
         # meshplan, cold: every table cleared before each plan
         for row, (src, dst) in zip(rows, mp, strict=True):
             clear_plan_cache()
-            row["mp_cold_s"] = timed(lambda s=src, d=dst: plan(s, d))
+            row["mp_cold_s"] = timed(lambda s=src, d=dst: plan(s, d, cost_model=model))
         # meshplan, uncached: search tables warm from other pairs, each pair planned once
         clear_plan_cache()
         for a, b, sh in warm:
-            plan(mp_spec(mesh, a, sh), mp_spec(mesh, b, sh))
+            plan(mp_spec(mesh, a, sh), mp_spec(mesh, b, sh), cost_model=model)
         for row, (src, dst) in zip(rows, mp, strict=True):
             clear_plan_cache(tables=False)
-            row["mp_uncached_s"] = timed(lambda s=src, d=dst: plan(s, d))
+            row["mp_uncached_s"] = timed(lambda s=src, d=dst: plan(s, d, cost_model=model))
         for row, (src, dst) in zip(rows, mp, strict=True):
-            row["mp_cached_s"] = timed(lambda s=src, d=dst: plan(s, d), 50)
-            p = plan(src, dst)
+            row["mp_cached_s"] = timed(lambda s=src, d=dst: plan(s, d, cost_model=model), 50)
+            p = plan(src, dst, cost_model=model)
             c = cost(p, model)
             row.update(
                 mp_steps=len(p.steps),
@@ -373,17 +379,27 @@ def main(argv=None) -> int:
     parser.add_argument("--cases", type=int, default=120, help="random pairs per mesh")
     parser.add_argument("--graph-cases", type=int, default=12, help="of which torch graph")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--gpus-per-node",
+        type=int,
+        default=8,
+        help="cost model: nvlink_ib with this many ranks per node (16: one node, uniform links)",
+    )
     args = parser.parse_args(argv)
     import logging
 
     logging.disable(logging.WARNING)  # torch warns about unflattened meshes
     warnings.simplefilter("ignore")
-    report = run(args.cases, args.graph_cases, args.seed)
+    report = run(args.cases, args.graph_cases, args.seed, args.gpus_per_node)
+    report["gpus_per_node"] = args.gpus_per_node
     report["summary"] = {f"{len(m['mesh'])}-D": summarize(m["cases"]) for m in report["meshes"]}
     report["env"] = {"python": sys.version.split()[0], "platform": platform.platform()}
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps(report, indent=1))
-    print(f"\nwrote {RESULTS}")
+    out = RESULTS
+    if args.gpus_per_node != 8:
+        out = RESULTS.with_name(f"plan_speed_{args.gpus_per_node}gpn.json")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(report, indent=1))
+    print(f"\nwrote {out}")
     return 0
 
 
