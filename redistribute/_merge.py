@@ -311,11 +311,12 @@ def _apply(state, m, code):
 
 
 def _valid_single(step: Step) -> bool:
-    from ._planner import _context, _state, _universe
+    from ._planner import _state, _universe
+    from ._search import context
 
     src, dst = step.src, step.dst
     shards, ptargets = _universe(src, dst, src.ndim)
-    ctx = _context(src.mesh, src.shape, src.dtype, CostModel.default(), shards, ptargets, None)
+    ctx = context(src.mesh, src.shape, src.dtype, CostModel.default(), shards, ptargets, None)
     with ctx.lock:
         ids = ctx.intern(_state(src)), ctx.intern(_state(dst))
         for trans in ctx.successors(*ids):

@@ -1,56 +1,45 @@
 """``plan(src, dst)``: the minimum-cost sequence of steps, by A* search over specs.
 
-States are specs, encoded compactly as ``(codes, chains)``: one code per mesh dim
-(``0`` Replicate, ``1..4`` Partial sum/avg/max/min, ``(tensor_dim, split_factor)`` for
-Shard (split factor 1) and StridedShard) and, per tensor dim, the mesh dims sharding it
-in application order. Transitions (each a valid :class:`Step`):
+The steps a plan may take (each a valid :class:`Step`):
 
-* per mesh dim ``m``: ``R -> S`` (local slice; ``m`` chunks the current piece, so it is
-  appended last to its tensor dim's order), ``R -> P`` and ``S -> P`` (local), ``P(sum)
-  <-> P(avg)`` (local scale), ``S -> R`` (all_gather), ``S(d) -> S(d')`` (all_to_all;
-  ``m`` moves to the end of ``d'``'s order), ``P -> R`` (all_reduce), ``P -> S``
-  (reduce_scatter). Taking ``m`` out of an order is valid when ``m`` is last in it (the
-  group then holds the parent piece); elsewhere only for degenerate (tiny) dims, checked
-  exactly;
-* ``all_permute`` over several mesh dims that shard in both specs: a change of shard
-  order or of which dims shard which tensor dims, valid when, per tensor dim, the old and
-  new orders share a prefix and differ only in the step's dims.
+* per mesh dim ``m``: ``R -> S`` (local slice; ``m`` chunks the current piece, so it
+  joins the end of its tensor dim's shard order), ``R -> P`` and ``S -> P`` (local),
+  ``P(sum) <-> P(avg)`` (local scale), ``S -> R`` (all_gather), ``S(d) -> S(d')``
+  (all_to_all; ``m`` moves to the end of ``d'``'s order), ``P -> R`` (all_reduce),
+  ``P -> S`` (reduce_scatter). A mesh dim leaves an order from its end (its group then
+  holds the parent piece); elsewhere, and joins it elsewhere, only where an exact check
+  on index intervals allows (tiny dims, StridedShards);
+* ``all_permute`` over several mesh dims sharded in both specs: a change of shard order,
+  or of which dims shard which tensor dims, valid when per tensor dim the old and new
+  orders share a prefix and differ only in the step's dims. Candidates: one order
+  re-arranged as in the target, a dim moved to the end of some order, and a jump where
+  every dim sharded in both takes the target's placement and order.
 
-The shard placements searched are ``Shard(d)`` for every tensor dim plus the
-StridedShards of ``src``/``dst``; Partial targets are the ops of ``src`` and ``dst``. The heuristic is a
-lower bound (latency and launches every mismatched mesh dim still needs), so the search
-returns an optimal plan; plans are cached on the frozen arguments.
+Searched placements: ``Shard(d)`` for every tensor dim, the StridedShards of
+``src``/``dst``, Replicate and the Partial ops of ``src``/``dst``. The price of a plan is
+the sum of its steps' prices under the cost model; the heuristic is a lower bound, so
+the result is a minimum over every plan of such steps (``tests/redistribute/
+test_plan_optimal.py`` checks it against a brute force). Then :func:`merge` runs like-kind
+collectives on flattened aliases. Plans are cached on the frozen arguments.
 """
 
 from __future__ import annotations
 
 import functools
-import heapq
 import itertools
-import math
-import threading
 
 from meshplan.errors import PlanError
 from meshplan.layout import FrozenMap, Mesh
-from meshplan.placement import (
-    Partial,
-    Replicate,
-    Shard,
-    Spec,
-    StridedShard,
-    dtype_itemsize,
-    shard_intervals,
-)
+from meshplan.placement import Partial, Replicate, Shard, Spec, StridedShard
 
-from ._cost import CostModel, chain_extent, coefficients, group_link
+from ._cost import CostModel
+from ._search import R, context, exact_covers, search
 from ._step import Plan, Step, _avg_scale
 
 __all__ = ["plan", "check_plannable", "clear_plan_cache"]
 
-R = 0
 _OPS = ("sum", "avg", "max", "min")
 _OP_CODE = {op: i + 1 for i, op in enumerate(_OPS)}
-_SUMAVG = (1, 2)
 
 
 # -- encoding -------------------------------------------------------------------------------
@@ -200,548 +189,6 @@ def check_plannable(src: Spec, dst: Spec) -> None:
     alias_dims(src.mesh)
 
 
-# -- the search context ---------------------------------------------------------------------
-
-# A transition: (price, next_state, mesh_dims, collective, n_send, scaled, touch). ``touch``
-# lists the tensor dims whose shard orders a structural single-dim step changes (its mesh
-# dim leaves the end of one order and joins the end of another); None for other steps.
-
-
-class _Context:
-    """Everything a search needs that depends on the mesh/tensor/model, not on the pair."""
-
-    def __init__(self, mesh, shape, dtype, model, shards, ptargets, bound):
-        self.mesh = mesh
-        self.sizes = mesh.shape
-        self.active = tuple(m for m, n in enumerate(mesh.shape) if n > 1)
-        self.shape = shape
-        self.ndim = len(shape)
-        self.itemsize = dtype_itemsize(dtype)
-        self.model = model
-        self.shards = shards
-        self.ptargets = ptargets
-        self.bound = bound
-        self.strided = any(c[1] > 1 for c in shards)
-        world = math.prod(mesh.shape)
-        sf = math.prod(c[1] for c in shards)
-        # tensor dims where a mesh dim may leave or join the middle of an order: tiny
-        # dims (pieces may be empty) and dims with StridedShards (an SS may encode an
-        # order); such moves are checked exactly and the heuristic ignores orders there
-        self.tiny = tuple(
-            length < world * sf or any(c[0] == d and c[1] > 1 for c in shards)
-            for d, length in enumerate(shape)
-        )
-        # the memo tables below are shared by every search on this context: one at a time
-        self.lock = threading.Lock()
-        self._ids: dict = {}  # state -> id (states are hashed once, then ids are used)
-        self.states: list = []
-        self._nbytes: list = []
-        self._ext: dict = {}
-        self._succ: dict = {}
-        self._perm: dict = {}
-        self._coef: dict = {}
-        self._overlap: dict = {}
-        self._goal_info: dict = {}
-        self._h: dict = {}
-        hw = model.profile
-        self.launch = hw.launch_s
-        self.local_launch = hw.local_launch_s
-        self.copy = 1.0 / hw.copy_bytes_per_s
-        self.alpha_log = tuple(
-            group_link(model, mesh, (m,)).latency_s * math.log2(n) if n > 1 else 0.0
-            for m, n in enumerate(mesh.shape)
-        )
-        self.fastest = max(
-            [group_link(model, mesh, (m,)).bytes_per_s for m in self.active] or [1.0]
-        )
-        self.total_bytes = self.itemsize * math.prod(shape)
-        # per mesh dim, seconds per byte of the smallest local tensor a collective on it
-        # can run on: (gather: (n-1) x its input; reduce: (n-1)/n x its input, plus the
-        # reduction; other shard change: (n-1)/n x, plus a copy)
-        self.weights = []
-        for m, n in enumerate(mesh.shape):
-            link = group_link(model, mesh, (m,))
-            bw = link.bytes_per_s
-            f = (n - 1) / n if n > 1 else 0.0
-            self.weights.append(
-                ((n - 1) / bw, f / bw + f / hw.reduce_bytes_per_s, f / bw + self.copy)
-            )
-        # temporarily sharding a dim replicated in source and target: a slice and a gather
-        self.detour = [
-            hw.local_launch_s + hw.launch_s + self.alpha_log[m] for m in range(mesh.ndim)
-        ]
-        self.detour_floor = min(self.detour) if self.detour else 0.0
-
-    def _trim(self) -> None:
-        # bound the memo tables (a long-lived process plans many pairs on one context);
-        # only between searches, as ids must stay stable during one
-        if len(self.states) > 200000:
-            self._ids.clear()
-            self.states.clear()
-            self._nbytes.clear()
-            self._succ.clear()
-            self._perm.clear()
-            self._overlap.clear()
-            self._goal_info.clear()
-            self._h.clear()
-
-    def intern(self, state) -> int:
-        i = self._ids.get(state)
-        if i is None:
-            i = self._ids[state] = len(self.states)
-            self.states.append(state)
-            codes, chains = state
-            b = self.itemsize
-            for d, chain in enumerate(chains):
-                b *= self.extent(d, chain, codes) if chain else self.shape[d]
-            self._nbytes.append(b)
-        return i
-
-    # sizes
-    def extent(self, d: int, chain: tuple, codes: tuple) -> int:
-        key = (d, chain, tuple(codes[m][1] for m in chain)) if self.strided else (d, chain)
-        e = self._ext.get(key)
-        if e is None:
-            sizes = self.sizes
-            kinds = tuple((sizes[m], codes[m][1]) for m in chain)
-            e = self._ext[key] = chain_extent(self.shape[d], kinds)
-        return e
-
-    def nbytes(self, i: int) -> int:
-        return self._nbytes[i]
-
-    def price(self, dims, collective, n_send, b_in, b_out, scaled=False) -> float:
-        key = (dims, collective, n_send)
-        c = self._coef.get(key)
-        if c is None:
-            c = coefficients(self.model, self.mesh, dims, collective, n_send)
-            c = self._coef[key] = (c[0] + c[3], c[1] + c[4], c[2] + c[5])
-        total = c[0] + c[1] * b_in + c[2] * b_out
-        if scaled:
-            total += b_out * self.copy
-        return total
-
-    # transitions
-    def successors(self, i: int, goal: int):
-        """Every transition from state ``i`` (see the tuple layout above)."""
-        out = self._succ.get(i)
-        if out is None:
-            out = self._successors(self.states[i])
-            out = self._succ[i] = out + self._permutes(i, None, self._moves_last(self.states[i]))
-        key = (i, goal)
-        perm = self._perm.get(key)
-        if perm is None:
-            perm = self._perm[key] = self._permutes(i, goal)
-        return out + perm if perm else out
-
-    def _permutes(self, i, goal, targets=None):
-        out = []
-        state = self.states[i]
-        b_in = self._nbytes[i]
-        bound = self.bound
-        if targets is None:
-            targets = self._permute_targets(state, self.states[goal])
-        known = set()
-        for t in targets:
-            if t == state or t in known:
-                continue
-            known.add(t)
-            g = _permute_dims(state, t)
-            if g is not None and len(g) > 1:
-                n = math.prod(self.sizes[m] for m in g)
-                j = self.intern(t)
-                b_out = self._nbytes[j]
-                if bound is None or b_in + b_out <= bound:
-                    c = self.price(g, "all_permute", n, b_in, b_out)
-                    out.append((c, j, g, "all_permute", n, False, None))
-        return tuple(out)
-
-    def _successors(self, state):
-        codes, chains = state
-        out: list = []
-        b_in = self._nbytes[self._ids[state]]
-        sizes = self.sizes
-        bound = self.bound
-        intern = self.intern
-        nbytes = self._nbytes
-        price = self.price
-
-        def add(dims, collective, t, touch, n_send=1, scaled=False):
-            j = intern(t)
-            b_out = nbytes[j]
-            if bound is not None and b_in + b_out > bound:
-                return
-            c = price(dims, collective, n_send, b_in, b_out, scaled)
-            out.append((c, j, dims, collective, n_send, scaled, touch))
-
-        for m in self.active:
-            a = codes[m]
-            dims = (m,)
-            if a == R:
-                for code in self.shards:
-                    for t, touch in self._inserted(state, codes, chains, m, code):
-                        add(dims, None, t, touch)
-                for op in self.ptargets:
-                    if _mixable(codes, op):
-                        add(dims, None, (_put(codes, m, op), chains), ())
-            elif type(a) is int:
-                scaled = a == 2
-                add(dims, "all_reduce", (_put(codes, m, R), chains), (), 1, scaled)
-                for code in self.shards:
-                    for t, touch in self._inserted(state, codes, chains, m, code):
-                        add(dims, "reduce_scatter", t, touch, 1, scaled)
-                if a in _SUMAVG:
-                    for op in self.ptargets:
-                        if op in _SUMAVG and op != a:
-                            add(dims, None, (_put(codes, m, op), chains), ())
-            else:
-                d = a[0]
-                chain = chains[d]
-                last = chain[-1] == m
-                rest = chain[:-1] if last else tuple(x for x in chain if x != m)
-                n = sizes[m]
-                removed = _put(chains, d, rest)
-                gone = (_put(codes, m, R), removed)
-                if last or self._exact(state, d, gone, rest, m):
-                    touch = (d,) if last else None
-                    add(dims, "all_gather", gone, touch, n)
-                    for op in self.ptargets:
-                        if _mixable(codes, op):
-                            add(dims, None, (_put(codes, m, op), removed), touch)
-                    others_ok = True
-                else:
-                    others_ok = False
-                for code in self.shards:
-                    if code == a or (code[0] != d and not others_ok):
-                        continue
-                    for t, touch in self._inserted(state, codes, removed, m, code, last):
-                        if touch is not None and code[0] != d:
-                            touch = (d, code[0]) if last else None
-                        add(dims, "all_to_all", t, touch, n)
-        return tuple(out)
-
-    def _inserted(self, state, codes, chains, m, code, last=True):
-        """``(state, touch)`` where mesh dim ``m`` takes shard ``code``, joining its tensor
-        dim's order last (valid when ``m`` left its old order from the end), or, for tiny
-        dims, anywhere the exact check allows."""
-        d = code[0]
-        base = chains[d]
-        new_codes = _put(codes, m, code)
-        t = (new_codes, _put(chains, d, base + (m,)))
-        old = codes[m]
-        same_dim = type(old) is tuple and old[0] == d
-        if last or not same_dim:
-            yield t, (d,)
-        elif self._exact(state, d, t, base + (m,), m):
-            yield t, None
-        if self.tiny[d]:
-            for i in range(len(base)):
-                new_chain = base[:i] + (m,) + base[i:]
-                t = (new_codes, _put(chains, d, new_chain))
-                if self._exact(state, d, t, new_chain, m):
-                    yield t, None
-
-    def _exact(self, state, d, new_state, new_chain, m) -> bool:
-        if not self.tiny[d]:
-            return False
-        codes, chains = state
-        new_codes = new_state[0]
-        src = tuple((x, self.sizes[x], codes[x][1]) for x in chains[d])
-        dst = tuple((x, self.sizes[x], new_codes[x][1]) for x in new_chain)
-        return _exact_covers(self.shape[d], src, dst, m)
-
-    def _moves_last(self, state):
-        """Goal-free all_permute targets: a mesh dim in the middle of an order moves to the
-        end of it, or to the end of another tensor dim's order (a gather may follow)."""
-        codes, chains = state
-        seen = []
-        for d, chain in enumerate(chains):
-            for i, m in enumerate(chain[:-1]):
-                rest = chain[:i] + chain[i + 1 :]
-                seen.append((codes, _put(chains, d, rest + (m,))))
-                for code in self.shards:
-                    if code[0] != d:
-                        moved = _put(_put(chains, d, rest), code[0], chains[code[0]] + (m,))
-                        seen.append((_put(codes, m, code), moved))
-        return seen
-
-    def _permute_targets(self, state, goal):
-        """Goal-bound all_permute targets: one tensor dim re-ordered as in the goal, or a
-        jump where the dims sharding in both take the goal's placement and order."""
-        codes, chains = state
-        goal_codes, goal_chains = goal
-        seen = []
-        for d, chain in enumerate(chains):
-            if len(chain) < 2:
-                continue
-            gchain = goal_chains[d]
-            if set(gchain) == set(chain) and any(
-                x != y or codes[x] != goal_codes[y] for x, y in zip(chain, gchain, strict=True)
-            ):
-                new_codes = list(codes)
-                for x in gchain:
-                    new_codes[x] = goal_codes[x]
-                seen.append((tuple(new_codes), _put(chains, d, gchain)))
-        both = [m for m in self.active if type(codes[m]) is tuple and type(goal_codes[m]) is tuple]
-        if both:
-            new_codes = list(codes)
-            for m in both:
-                new_codes[m] = goal_codes[m]
-            new_chains = []
-            for d in range(self.ndim):
-                mine = [
-                    m for m in self.active if type(new_codes[m]) is tuple and new_codes[m][0] == d
-                ]
-                first = [m for m in goal_chains[d] if m in mine]
-                tail = [m for m in chains[d] if m in mine and m not in first]
-                tail += [m for m in mine if m not in first and m not in tail]
-                new_chains.append(tuple(first + tail))
-            seen.append((tuple(new_codes), tuple(new_chains)))
-        out = []
-        for t in seen:
-            if t != state and t not in out:
-                out.append(t)
-        return out
-
-    # the heuristic
-    def heuristic(self, state, goal) -> float:
-        """A lower bound on the price of any plan from ``state`` to ``goal``.
-
-        Launches: every mesh dim that must reduce, or go from a shard to Replicate, needs
-        a single-dim collective of its own (the search merges nothing); any other mesh
-        dim in the wrong shard placement or order position needs at least one more
-        collective between them; alpha * log2(size) per such dim; one local launch per
-        dim that must become a shard or Partial from Replicate, or change Partial kind.
-        Bandwidth: each of those collectives moves at least its share of the smallest
-        local tensor it can run on (the tensor split over every mesh dim sharded in
-        ``state`` or ``goal``, and over dims replicated in both that the plan might shard
-        for a while, paying a slice and a gather for each), on its own dim's link; and
-        the first rank must receive what it lacks, at the fastest link.
-        """
-        codes, chains = state = self.states[state]
-        info = self._goal_info.get(goal)
-        if info is None:
-            info = self._goal_info[goal] = self._goal_table(self.states[goal])
-        tables, goal_partial, goal_chains, goal_codes = info
-        single = 0
-        other = False
-        lat = 0.0
-        local = 0
-        reduce = False
-        split = 1
-        spare = None
-        w_single = 0.0
-        w_other = 0.0
-        for m, table in tables:
-            a = codes[m]
-            e = table.get(a)
-            if e is None:
-                e = table[a] = self._entry(m, a, goal_codes[m])
-            kind, n_split, dlat, dlocal, dw = e
-            split *= n_split
-            if kind == 0:
-                continue
-            if kind == 1:  # a collective of its own
-                single += 1
-                lat += dlat
-                local += dlocal
-                w_single += dw
-                if type(a) is int:
-                    reduce = True
-            elif kind == 2:  # some collective
-                other = True
-                lat += dlat
-                if dw > w_other:
-                    w_other = dw
-            elif kind == 3:  # local
-                local += dlocal
-            elif kind == 4:  # replicated in both
-                spare = (m,) if spare is None else spare + (m,)
-            else:  # same shard placement: is its order position right?
-                d = a[0]
-                if _prefix(chains[d], m, codes) != _prefix(goal_chains[d], m, goal_codes):
-                    other = True
-                    lat += dlat
-                    if dw > w_other:
-                        w_other = dw
-        h = (single + (1 if other else 0)) * self.launch + lat + local * self.local_launch
-        w = w_single + w_other
-        best = 0.0
-        if w:
-            full = self.total_bytes / split
-            best = w * full
-            if spare and best > self.detour_floor:
-                sizes = self.sizes
-                for k in range(1, len(spare) + 1):
-                    for combo in itertools.combinations(spare, k):
-                        n = 1
-                        extra = 0.0
-                        for x in combo:
-                            n *= sizes[x]
-                            extra += self.detour[x]
-                        v = extra + w * full / n
-                        if v < best:
-                            best = v
-        if not goal_partial:
-            missing = self._missing(state, self.states[goal], reduce) * self.itemsize / self.fastest
-            if missing > best:
-                best = missing
-        return h + best
-
-    def _goal_table(self, goal):
-        goal_codes, goal_chains = goal
-        partial = any(type(c) is int and c != R for c in goal_codes)
-        return [(m, {}) for m in self.active], partial, goal_chains, goal_codes
-
-    def _entry(self, m, a, b):
-        """What mesh dim ``m`` going from ``a`` to the goal's ``b`` needs, for the heuristic:
-        ``(kind, split, latency, local steps, bandwidth weight)``."""
-        wt = self.weights[m]
-        n = self.sizes[m] if (type(a) is tuple or type(b) is tuple) else 1
-        if a == b:
-            if a == R:
-                return (4, n, 0.0, 0, 0.0)
-            if type(a) is tuple and not self.tiny[a[0]]:
-                return (5, n, self.alpha_log[m], 0, wt[2])
-            return (0, n, 0.0, 0, 0.0)
-        if a == R:
-            return (3, n, 0.0, 1, 0.0)
-        if type(a) is int:
-            if type(b) is int and b != R and a in _SUMAVG and b in _SUMAVG:
-                return (3, n, 0.0, 1, 0.0)
-            local = 1 if (type(b) is int and b != R) else 0
-            w = wt[1] * (self.sizes[m] if type(b) is tuple else 1)
-            return (1, n, self.alpha_log[m], local, w)
-        if b == R:
-            return (1, n, self.alpha_log[m], 0, wt[0])
-        if type(b) is int:
-            return (3, n, 0.0, 1, 0.0)
-        return (2, n, self.alpha_log[m], 0, wt[2])
-
-    def _missing(self, state, goal, reduce: bool) -> int:
-        """Elements the first rank (mesh coordinate 0) needs in ``goal`` and lacks in ``state``."""
-        codes, chains = state
-        goal_codes, goal_chains = goal
-        need = have = 1
-        for d in range(self.ndim):
-            key = (d, chains[d], tuple(codes[m] for m in chains[d]), goal_chains[d])
-            v = self._overlap.get(key)
-            if v is None:
-                a = self._piece0(d, chains[d], codes)
-                b = self._piece0(d, goal_chains[d], goal_codes)
-                v = self._overlap[key] = (_length(b), _common(a, b))
-            need *= v[0]
-            have *= v[1]
-        return need if reduce else need - have
-
-    def _piece0(self, d, chain, codes):
-        length = self.shape[d]
-        ivs = ((0, length),) if length else ()
-        for m in chain:
-            sf = codes[m][1]
-            ivs = shard_intervals(
-                ivs, Shard(d) if sf == 1 else StridedShard(d, sf), self.sizes[m], 0
-            )
-        return ivs
-
-
-def _length(ivs) -> int:
-    return sum(b - a for a, b in ivs)
-
-
-def _common(a, b) -> int:
-    n = 0
-    for x0, x1 in a:
-        for y0, y1 in b:
-            lo, hi = max(x0, y0), min(x1, y1)
-            if lo < hi:
-                n += hi - lo
-    return n
-
-
-def _prefix(chain, m, codes):
-    i = chain.index(m)
-    return tuple((x, codes[x]) for x in chain[: i + 1])
-
-
-def _put(t: tuple, i: int, v) -> tuple:
-    return t[:i] + (v,) + t[i + 1 :]
-
-
-def _mixable(codes, op) -> bool:
-    for c in codes:
-        if type(c) is int and c != R and c != op and not (c in _SUMAVG and op in _SUMAVG):
-            return False
-    return True
-
-
-def _permute_dims(state, target):
-    """The mesh dims an all_permute from ``state`` to ``target`` runs over, or None if invalid."""
-    codes, chains = state
-    tcodes, tchains = target
-    g: set[int] = set()
-    for chain, tchain in zip(chains, tchains, strict=True):
-        k = 0
-        while (
-            k < len(chain)
-            and k < len(tchain)
-            and chain[k] == tchain[k]
-            and codes[chain[k]] == tcodes[tchain[k]]
-        ):
-            k += 1
-        g.update(chain[k:])
-        g.update(tchain[k:])
-    for m, (a, b) in enumerate(zip(codes, tcodes, strict=True)):
-        if m in g:
-            if type(a) is not tuple or type(b) is not tuple:
-                return None
-        elif a != b:
-            return None
-    return tuple(sorted(g))
-
-
-@functools.lru_cache(maxsize=65536)
-def _exact_covers(length: int, src: tuple, dst: tuple, m: int) -> bool:
-    """Exact check along one tensor dim of a step on mesh dim ``m``: every rank's piece under
-    ``dst`` lies in what the ranks it reads from hold under ``src`` (those differing only
-    in ``m`` when ``m`` shards in ``src``, else the rank itself).
-
-    ``src``/``dst``: the orders as ``((mesh_dim, size, split_factor), ...)``.
-    """
-    dims = sorted({x for x, _, _ in src} | {x for x, _, _ in dst})
-    size = {x: n for x, n, _ in src + dst}
-    others = [x for x in dims if x != m]
-
-    def piece(chain, coord):
-        ivs = ((0, length),) if length else ()
-        for x, n, sf in chain:
-            p = Shard(0) if sf == 1 else StridedShard(0, sf)
-            ivs = shard_intervals(ivs, p, n, coord[x])
-        out: set[int] = set()
-        for a, b in ivs:
-            out.update(range(a, b))
-        return out
-
-    in_src = any(x == m for x, _, _ in src)
-    in_dst = any(x == m for x, _, _ in dst)
-    for combo in itertools.product(*(range(size[x]) for x in others)):
-        coord = dict(zip(others, combo, strict=True))
-        have: set[int] = set()
-        for c in range(size[m] if in_src else 1):
-            coord[m] = c
-            have |= piece(src, coord)
-        for c in range(size[m] if in_dst else 1):
-            coord[m] = c
-            if not piece(dst, coord) <= have:
-                return False
-    return True
-
-
-@functools.lru_cache(maxsize=256)
-def _context(mesh, shape, dtype, model, shards, ptargets, bound) -> _Context:
-    return _Context(mesh, shape, dtype, model, shards, ptargets, bound)
-
-
 def _universe(src: Spec, dst: Spec, ndim: int) -> tuple[tuple, tuple]:
     shards = [(d, 1) for d in range(ndim)]
     for spec in (src, dst):
@@ -754,113 +201,7 @@ def _universe(src: Spec, dst: Spec, ndim: int) -> tuple[tuple, tuple]:
     return tuple(shards), tuple(ops)
 
 
-# -- search ---------------------------------------------------------------------------------
-
-
-def _search(ctx: _Context, start: int, goal: int):
-    """A* from state ``start`` to ``goal`` (ids); ``(cost, [(state, transition, next)])``.
-
-    Partial-order reduction: when two structural single-dim steps on different mesh dims
-    and different shard orders commute, only the cheaper order is kept (on a tie, the one
-    moving the lower mesh dim first), so independent steps are not tried in every order.
-    """
-    heuristic = ctx.heuristic
-    hmemo = ctx._h
-    successors = ctx.successors
-    nbytes = ctx._nbytes
-    states = ctx.states
-    price = ctx.price
-    intern = ctx.intern
-    bound = ctx.bound
-
-    goal_codes = states[goal][0]
-
-    def h_of(i):
-        key = (i, goal)
-        h = hmemo.get(key)
-        if h is None:
-            h = hmemo[key] = heuristic(i, goal)
-        return h
-
-    memo: dict = {start: h_of(start)}
-    best = {start: 0.0}
-    parent: dict = {start: None}
-    counter = itertools.count()
-    heap = [(memo[start], 0.0, 0, start)]
-    closed = set()
-    while heap:
-        key, neg_g, _, i = heapq.heappop(heap)
-        g = -neg_g
-        if i in closed or g > best[i]:
-            continue
-        # lazy heuristic: a state was queued under h(parent) - step price (a lower bound
-        # of its own, by consistency); evaluate it only now, re-queue if it ranks later
-        h = memo.get(i)
-        if h is None:
-            h = memo[i] = h_of(i)
-            if g + h > key * (1 + 1e-12):
-                heapq.heappush(heap, (g + h, neg_g, next(counter), i))
-                continue
-        if i == goal:
-            moves = []
-            while parent[i] is not None:
-                prev, trans = parent[i]
-                moves.append((prev, trans, i))
-                i = prev
-            moves.reverse()
-            return g, moves
-        closed.add(i)
-        via = parent[i]
-        x = None
-        if via is not None and via[1][6] is not None and len(via[1][2]) == 1:
-            prev, x = via
-            mx = x[2][0]
-            touch_x = x[6]
-            pc, pch = states[prev]
-        for trans in successors(i, goal):
-            c, t = trans[0], trans[1]
-            if trans[3] is None and trans[6] == () and len(trans[2]) == 1:
-                # Replicate -> Partial, or sum <-> avg, on a mesh dim the goal keeps
-                # un-Partial: whatever reduces it later could have run without it
-                m = trans[2][0]
-                b = goal_codes[m]
-                if type(b) is not int or b == R:
-                    continue
-            if x is not None and trans[6] is not None and len(trans[2]) == 1:
-                my = trans[2][0]
-                touch_y = trans[6]
-                if my != mx and not any(d in touch_x for d in touch_y):
-                    # the same two steps the other way round: y from prev, then x
-                    codes_t, chains_t = states[t]
-                    q_codes = pc[:my] + (codes_t[my],) + pc[my + 1 :]
-                    q_chains = tuple(
-                        chains_t[d] if d in touch_y else pch[d] for d in range(len(pch))
-                    )
-                    cy, cx = codes_t[my], codes_t[mx]
-                    legal = (type(cy) is not int or cy == R or _mixable(pc, cy)) and (
-                        type(cx) is not int or cx == R or _mixable(q_codes, cx)
-                    )
-                    if legal:
-                        q = intern((q_codes, q_chains))
-                        bp, bq, bt = nbytes[prev], nbytes[q], nbytes[t]
-                        if bound is None or (bp + bq <= bound and bq + bt <= bound):
-                            alt = price(trans[2], trans[3], trans[4], bp, bq, trans[5]) + price(
-                                x[2], x[3], x[4], bq, bt, x[5]
-                            )
-                            here = x[0] + c
-                            if alt < here * (1 - 1e-12) or (alt <= here * (1 + 1e-12) and my < mx):
-                                continue
-            ng = g + c
-            old = best.get(t)
-            if old is None or ng < old:
-                best[t] = ng
-                parent[t] = (i, trans)
-                ht = memo.get(t)
-                if ht is None:
-                    ht = h - c if h > c else 0.0
-                heapq.heappush(heap, (ng + ht, -ng, next(counter), t))
-                closed.discard(t)
-    return None
+# -- plan -------------------------------------------------------------------------------------
 
 
 def _min_cost_plan(src: Spec, dst: Spec, model: CostModel, bound) -> Plan:
@@ -868,11 +209,11 @@ def _min_cost_plan(src: Spec, dst: Spec, model: CostModel, bound) -> Plan:
     if start_state == goal_state:
         return _plan_value(src, dst, ())
     shards, ptargets = _universe(src, dst, src.ndim)
-    ctx = _context(src.mesh, src.shape, src.dtype, model, shards, ptargets, bound)
+    ctx = context(src.mesh, src.shape, src.dtype, model, shards, ptargets, bound)
     with ctx.lock:
         ctx._trim()
         start, goal = ctx.intern(start_state), ctx.intern(goal_state)
-        found = _search(ctx, start, goal)
+        found = search(ctx, start, goal)
         states = [ctx.states[i] for _, _, i in found[1]] if found else []
         b_start, b_goal = ctx.nbytes(start), ctx.nbytes(goal)
     if found is None:
@@ -954,5 +295,5 @@ def clear_plan_cache(*, tables: bool = True) -> None:
     """
     _plan_cached.cache_clear()
     if tables:
-        _context.cache_clear()
-        _exact_covers.cache_clear()
+        context.cache_clear()
+        exact_covers.cache_clear()
