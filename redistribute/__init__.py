@@ -21,6 +21,11 @@ _SHELL = {
     "WorkerError": "_pool",
     "WorkerPool": "_pool",
     "calibrate": "_calibrate",
+    "run": "_run",
+    "run_step": "_run",
+    "prepare_groups": "_run",
+    "redistribute": "_run",
+    "grad_spec": "_run",
 }
 
 
@@ -65,4 +70,9 @@ __all__ = [
     "WorkerError",
     "WorkerPool",
     "calibrate",
+    "run",
+    "run_step",
+    "prepare_groups",
+    "redistribute",
+    "grad_spec",
 ]

@@ -1,0 +1,383 @@
+"""The shell: run plans on torch.distributed process groups, and a differentiable redistribute.
+
+Each step runs with one collective on the step's group (a mesh dim, several, or a
+flattened alias): ``all_gather`` and ``reduce_scatter`` as single-tensor collectives,
+``all_reduce`` with sum/max/min (avg is a sum and a division), ``all_to_all`` as one
+``all_to_all_single`` (gloo included), ``all_permute`` as one ``batch_isend_irecv``, and
+local steps as slices and scales. What every rank sends and receives comes from the pure
+:mod:`meshplan.redistribute.exchange` bookkeeping, the same the simulator uses, so a run
+gives every rank exactly the simulator's local tensor; collectives speak in mesh
+coordinates (:mod:`._collectives`), so permuted rank maps cannot permute data.
+
+Uneven and empty shards are padded on the wire; outputs are new contiguous tensors.
+Data-moving steps carry any dtype (one the backend lacks, such as int16 or float8 on
+gloo, travels as a same-size dtype it has); reductions run in the tensor's dtype, or for
+integer dtypes the backend lacks in int64 (exact, wrapping like the dtype).
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import attrs
+import torch
+
+from meshplan.errors import RuntimeShellError
+from meshplan.placement import Partial, Replicate, Spec, local_shape
+
+from . import _collectives as C
+from ._groups import Group, ProcessGroups
+from ._local_ops import apply_local, finish_reduce, pack, unpack_into
+from ._step import Plan, Step, reduce_op
+from .exchange import Segments, reduce_blocks, step_group, transfers_from, transfers_to
+
+__all__ = ["run", "run_step", "prepare_groups", "redistribute", "grad_spec"]
+
+# dtypes every backend moves and reduces (gloo and NCCL both); others travel as a
+# same-size stand-in through data-moving collectives
+_NATIVE = {
+    torch.float64,
+    torch.float32,
+    torch.float16,
+    torch.bfloat16,
+    torch.complex64,
+    torch.complex128,
+    torch.int64,
+    torch.int32,
+    torch.int8,
+    torch.uint8,
+    torch.bool,
+}
+_STAND_IN = {1: torch.uint8, 2: torch.float16, 4: torch.int32, 8: torch.int64, 16: torch.complex128}
+
+
+# -- running plans ------------------------------------------------------------------------
+
+
+def run(plan: Plan | Step, local: torch.Tensor, groups: ProcessGroups) -> torch.Tensor:
+    """Run ``plan`` on the calling rank's ``local`` tensor; every rank of the mesh calls it.
+
+    Returns the rank's local tensor for ``plan.dst``: a new contiguous tensor (the input
+    is never modified or returned). Raises :class:`RuntimeShellError` when ``local``
+    does not fit ``plan.src`` on this rank or a collective fails (a peer died, timed out
+    or disagreed).
+
+    >>> run.__name__   # needs a running torch.distributed world; see the tests
+    'run'
+    """
+    steps = (plan,) if isinstance(plan, Step) else plan.steps
+    _check_local(local, plan.src, groups)
+    out = local
+    for step in steps:
+        out = run_step(step, out, groups)
+    if out is local:
+        out = local.clone(memory_format=torch.contiguous_format)
+    return out
+
+
+def prepare_groups(plan: Plan | Step, groups: ProcessGroups) -> None:
+    """Create the process groups ``plan`` needs, in the order its steps use them.
+
+    Creating a group involves every rank of the world, so when a mesh covers only part
+    of the world, the ranks outside it call this (with the same plans, in the same
+    order) while the mesh's ranks run them. Calling it on the mesh's ranks too is
+    harmless. For a mesh over the whole world ``run`` creates what it needs by itself.
+
+    >>> prepare_groups.__name__   # needs a running torch.distributed world; see the tests
+    'prepare_groups'
+    """
+    steps = (plan,) if isinstance(plan, Step) else plan.steps
+    create = getattr(groups, "create", None) or groups.get
+    for step in steps:
+        if step.collective is not None:
+            create(_group_key(step))
+
+
+def run_step(step: Step, local: torch.Tensor, groups: ProcessGroups) -> torch.Tensor:
+    """Run one step on the calling rank (``local`` fits ``step.src``); returns a new tensor."""
+    me = groups.rank
+    kind = step.collective
+    if kind is None:
+        return apply_local(step, me, local)
+    group = _group(step, groups)
+    local = local.contiguous()
+    dtype = local.dtype
+    if kind in ("all_gather", "all_to_all", "all_permute"):
+        if dtype in _NATIVE:
+            return _MOVES[kind](step, me, local, group)
+        wire = _STAND_IN[local.element_size()]
+        return _MOVES[kind](step, me, local.view(wire), group).view(dtype)
+    op = reduce_op(step)
+    if dtype not in _NATIVE:
+        if dtype.is_floating_point or dtype.is_complex:
+            raise RuntimeShellError(
+                f"step {step}: cannot reduce {dtype} tensors ({op}) with collectives; "
+                "redistribute a copy in a wider dtype",
+                value=dtype,
+            )
+        return _REDUCES[kind](step, me, local.to(torch.int64), group, op).to(dtype)
+    return _REDUCES[kind](step, me, local, group, op)
+
+
+def _group_key(step: Step):
+    return step.alias if step.alias is not None else step.mesh_dims
+
+
+def _group(step: Step, groups: ProcessGroups) -> Group:
+    group = groups.get(_group_key(step))
+    expect = step_group(step, groups.rank).ranks
+    if group.ranks != expect:
+        raise RuntimeShellError(
+            f"step {step}: process group {group.name!r} holds ranks {group.ranks}, but the "
+            f"step's mesh dims group rank {groups.rank} with {expect}; build ProcessGroups "
+            "from the plan's mesh",
+            value=step,
+        )
+    return group
+
+
+def _check_local(local: torch.Tensor, spec: Spec, groups: ProcessGroups) -> None:
+    rank = groups.rank
+    if not isinstance(local, torch.Tensor):
+        raise RuntimeShellError(
+            f"run needs the rank's local torch.Tensor, got {type(local).__name__}", value=local
+        )
+    mesh = groups.mesh
+    if spec.mesh is not mesh and (
+        spec.mesh.layout != mesh.layout or tuple(spec.mesh.ranks) != tuple(mesh.ranks)
+    ):
+        raise RuntimeShellError(
+            f"the plan's mesh {spec.mesh} differs from the process groups' mesh {mesh}; "
+            "build ProcessGroups from the plan's mesh",
+            value=spec.mesh,
+        )
+    if not spec.mesh.contains(rank):
+        raise RuntimeShellError(
+            f"rank {rank} is not in mesh {spec.mesh} and holds no part of {spec}; run the "
+            "plan on the mesh's ranks only (the others call prepare_groups)",
+            value=rank,
+        )
+    if dtype_of(local) != spec.dtype:
+        raise RuntimeShellError(
+            f"rank {rank}'s local tensor has dtype {dtype_of(local)}, but {spec} has dtype "
+            f"{spec.dtype}; convert the tensor or plan for its dtype",
+            value=local.dtype,
+        )
+    want = local_shape(spec, rank)
+    if tuple(local.shape) != want:
+        raise RuntimeShellError(
+            f"rank {rank}'s local tensor has shape {tuple(local.shape)}, but {spec} gives it "
+            f"{want}; pass the local shard of that spec",
+            value=tuple(local.shape),
+        )
+
+
+def dtype_of(tensor: torch.Tensor) -> str:
+    """The dtype name a :class:`Spec` uses for ``tensor`` ("float32", ...)."""
+    return str(tensor.dtype).removeprefix("torch.")
+
+
+# -- per-rank schedules (pure, cached on the frozen step) -----------------------------------
+
+
+@attrs.frozen
+class _Gather:
+    sizes: tuple[int, ...]  # numel each position contributes
+    shapes: tuple[tuple[int, ...], ...]  # its local shape
+    pieces: tuple[tuple[int, tuple[Segments, ...]], ...]  # (sender position, segments)
+    target: tuple[int, ...]
+    concat: bool  # target = the pieces concatenated in position order, row-major
+
+
+@functools.lru_cache(maxsize=16384)
+def _gather_schedule(step: Step, rank: int) -> _Gather:
+    src = step.src
+    group = step_group(step, rank)
+    shapes = tuple(local_shape(src, r) for r in group.ranks)
+    sizes = tuple(_prod(s) for s in shapes)
+    target = local_shape(step.dst, rank)
+    pieces = tuple((t.sender_pos, t.segments) for t in transfers_to(step, rank))
+    return _Gather(sizes, shapes, pieces, target, _is_concat(pieces, shapes, target))
+
+
+def _is_concat(pieces, shapes, target) -> bool:
+    """Whether every position's whole piece lands, in position order, one after another
+    along dim 0 of the target (so the gathered buffer is the target)."""
+    if not target or len(pieces) != len(shapes):
+        return False
+    row = 0
+    for pos, (sender_pos, segs) in enumerate(pieces):
+        shape = shapes[sender_pos]
+        if sender_pos != pos or shape[1:] != target[1:]:
+            return False
+        if len(segs[0]) != 1 or segs[0][0] != (0, row, shape[0]):
+            return False
+        for d in range(1, len(target)):
+            if segs[d] != ((0, 0, target[d]),):
+                return False
+        row += shape[0]
+    return row == target[0]
+
+
+def _all_gather(step: Step, me: int, local: torch.Tensor, group: Group) -> torch.Tensor:
+    plan = _gather_schedule(step, me)
+    if plan.concat and len(set(plan.sizes)) == 1:
+        out = C.all_gather_concat(local, group)
+        if tuple(out.shape) == plan.target:
+            return out
+        return out.reshape(plan.target)
+    gathered = C.all_gather(local.reshape(-1), group, sizes=plan.sizes)
+    if plan.concat:
+        return torch.cat(gathered).view(plan.target)
+    target = local.new_empty(plan.target)
+    for pos, segs in plan.pieces:
+        piece = gathered[pos].view(plan.shapes[pos])
+        unpack_into(target, segs, pack(piece, segs))
+    return target
+
+
+def _all_to_all(step: Step, me: int, local: torch.Tensor, group: Group) -> torch.Tensor:
+    blocks = [local.new_empty(0) for _ in group.ranks]
+    for t in transfers_from(step, me):
+        blocks[t.receiver_pos] = pack(local, t.segments).reshape(-1)
+    incoming = transfers_to(step, me)
+    recv_shapes: list[tuple[int, ...]] = [(0,) for _ in group.ranks]
+    for t in incoming:
+        recv_shapes[t.sender_pos] = (t.numel(),)
+    received = C.all_to_all(blocks, group, recv_shapes)
+    target = local.new_empty(local_shape(step.dst, me))
+    for t in incoming:
+        unpack_into(target, t.segments, received[t.sender_pos])
+    return target
+
+
+def _all_permute(step: Step, me: int, local: torch.Tensor, group: Group) -> torch.Tensor:
+    sends = [
+        (t.receiver_pos, pack(local, t.segments).contiguous()) for t in transfers_from(step, me)
+    ]
+    incoming = transfers_to(step, me)
+    recvs = [(t.sender_pos, t.shape) for t in incoming]
+    received = C.exchange(sends, recvs, group, dtype=local.dtype, device=local.device)
+    target = local.new_empty(local_shape(step.dst, me))
+    for t, data in zip(incoming, received, strict=True):
+        unpack_into(target, t.segments, data)
+    return target
+
+
+def _all_reduce(step: Step, me: int, local: torch.Tensor, group: Group, op: str) -> torch.Tensor:
+    return finish_reduce(C.all_reduce(local, group, op), step).contiguous()
+
+
+@functools.lru_cache(maxsize=16384)
+def _scatter_rows(step: Step, rank: int) -> tuple[int, ...] | None:
+    """Rows of dim 0 each position keeps when the blocks are consecutive dim-0 slices
+    covering the whole local tensor (so the local tensor is the wire buffer), else None."""
+    blocks = reduce_blocks(step, rank)
+    shape = local_shape(step.src, rank)
+    if not shape:
+        return None
+    rows, start = [], 0
+    for segs in blocks:
+        if len(segs[0]) != 1 or segs[0][0][:2] != (start, 0):
+            return None
+        if any(segs[d] != ((0, 0, shape[d]),) for d in range(1, len(shape))):
+            return None
+        rows.append(segs[0][0][2])
+        start += rows[-1]
+    return tuple(rows) if start == shape[0] else None
+
+
+def _reduce_scatter(
+    step: Step, me: int, local: torch.Tensor, group: Group, op: str
+) -> torch.Tensor:
+    rows = _scatter_rows(step, me)
+    if rows is not None and len(set(rows)) == 1 and rows[0] > 0:
+        return finish_reduce(C.reduce_scatter(local, group, op), step).contiguous()
+    mine = reduce_blocks(step, me)
+    blocks = [pack(local, segs).contiguous() for segs in mine]
+    reduced = C.reduce_scatter(blocks, group, op)
+    target = local.new_empty(local_shape(step.dst, me))
+    unpack_into(target, mine[group.position], finish_reduce(reduced, step))
+    return target
+
+
+_MOVES = {"all_gather": _all_gather, "all_to_all": _all_to_all, "all_permute": _all_permute}
+_REDUCES = {"all_reduce": _all_reduce, "reduce_scatter": _reduce_scatter}
+
+
+def _prod(shape) -> int:
+    out = 1
+    for n in shape:
+        out *= n
+    return out
+
+
+# -- autograd -------------------------------------------------------------------------------
+
+
+def grad_spec(spec: Spec) -> Spec:
+    """The layout of a gradient: a Partial value's gradient is replicated, the rest keep.
+
+    As in DTensor: the gradient of a Partial tensor (any op) is the gradient of its
+    reduced value, held by every rank.
+
+    >>> from meshplan.layout import Mesh
+    >>> from meshplan.placement import Shard
+    >>> print(grad_spec(Spec(Mesh.create((2, 2)), [Partial(), Shard(0)], (4,))))
+    f32[4](R S(0))
+    """
+    if not spec.is_partial:
+        return spec
+    placements = [Replicate() if isinstance(p, Partial) else p for p in spec.placements]
+    return Spec(spec.mesh, placements, spec.shape, spec.dtype, spec.shard_order)
+
+
+class _Redistribute(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, local, src, dst, groups, options):  # type: ignore[override]
+        from ._planner import plan
+
+        ctx.specs = (src, dst)
+        ctx.groups = groups
+        ctx.options = options
+        return run(plan(src, dst, **options), local, groups)
+
+    @staticmethod
+    def backward(ctx: Any, grad):  # type: ignore[override]
+        src, dst = ctx.specs
+        grad_src, grad_dst = grad_spec(dst), grad_spec(src)
+        if dtype_of(grad) != grad_src.dtype:
+            grad_src = _with_dtype(grad_src, dtype_of(grad))
+            grad_dst = _with_dtype(grad_dst, dtype_of(grad))
+        out = _Redistribute.apply(grad.contiguous(), grad_src, grad_dst, ctx.groups, ctx.options)
+        return out, None, None, None, None
+
+
+def _with_dtype(spec: Spec, dtype: str) -> Spec:
+    return Spec(spec.mesh, spec.placements, spec.shape, dtype, spec.shard_order)
+
+
+def redistribute(
+    local: torch.Tensor,
+    src: Spec,
+    dst: Spec,
+    groups: ProcessGroups,
+    *,
+    cost_model: Any = None,
+    merge: bool = True,
+    max_local_bytes: int | None = None,
+) -> torch.Tensor:
+    """Move the calling rank's ``local`` tensor from ``src`` to ``dst``; differentiable.
+
+    Plans (cached on the specs and options) and runs; every rank of the mesh calls it.
+    The backward pass redistributes the gradient along the transposed plan: from
+    ``dst``'s gradient layout to ``src``'s (a Partial layout's gradient is replicated, see
+    :func:`grad_spec`), and is itself differentiable (double backward).
+
+    >>> redistribute.__name__   # needs a running torch.distributed world; see the tests
+    'redistribute'
+    """
+    options = {"cost_model": cost_model, "merge": merge, "max_local_bytes": max_local_bytes}
+    _check_local(local, src, groups)
+    return _Redistribute.apply(local, src, dst, groups, options)
