@@ -58,13 +58,13 @@ class _Context:
         self.ptargets = ptargets
         self.bound = bound
         self.strided = any(c[1] > 1 for c in shards)
-        world = math.prod(mesh.shape)
-        sf = math.prod(c[1] for c in shards)
+        active_sizes = tuple(sorted(mesh.shape[m] for m in self.active))
         # tensor dims where a mesh dim may leave or join the middle of an order: tiny
-        # dims (pieces may be empty) and dims with StridedShards (an SS may encode an
-        # order); such moves are checked exactly and the heuristic ignores orders there
+        # dims (some order of mesh dims leaves a piece empty) and dims with StridedShards
+        # (an SS may encode an order); such moves are checked exactly, and the heuristic
+        # ignores order positions there
         self.tiny = tuple(
-            length < world * sf or any(c[0] == d and c[1] > 1 for c in shards)
+            any(c[0] == d and c[1] > 1 for c in shards) or _may_empty(length, active_sizes)
             for d, length in enumerate(shape)
         )
         # the memo tables below are shared by every search on this context: one at a time
@@ -284,7 +284,15 @@ class _Context:
         new_codes = new_state[0]
         src = tuple((x, self.sizes[x], codes[x][1]) for x in chains[d])
         dst = tuple((x, self.sizes[x], new_codes[x][1]) for x in new_chain)
-        return exact_covers(self.shape[d], src, dst, m)
+        length = self.shape[d]
+        if all(sf == 1 for _, _, sf in src + dst) and (
+            _smallest_piece(length, tuple(n for _, n, _ in src)) > 0
+            and _smallest_piece(length, tuple(n for _, n, _ in dst)) > 0
+        ):
+            # plain shards, no empty piece: each rank's pieces are disjoint runs that only
+            # the structural moves keep inside its group's holdings
+            return False
+        return exact_covers(length, src, dst, m)
 
     def _moves_last(self, state):
         """Goal-free all_permute targets: a mesh dim in the middle of an order moves to the
@@ -534,6 +542,29 @@ def _permute_dims(state, target):
         elif a != b:
             return None
     return tuple(sorted(g))
+
+
+@functools.lru_cache(maxsize=4096)
+def _may_empty(length: int, sizes: tuple[int, ...]) -> bool:
+    """Whether some order of some of the mesh dims of ``sizes`` leaves a piece empty."""
+    return any(
+        _smallest_piece(length, order) == 0 for order in set(itertools.permutations(sizes))
+    )
+
+
+@functools.lru_cache(maxsize=65536)
+def _smallest_piece(length: int, sizes: tuple[int, ...]) -> int:
+    """The shortest piece any rank holds when plain shards of ``sizes`` chunk ``length``."""
+    lengths = {length}
+    for n in sizes:
+        nxt = set()
+        for L in lengths:
+            size = -(-L // n) if n else 0
+            for c in range(n):
+                start = min(size * c, L)
+                nxt.add(min(start + size, L) - start)
+        lengths = nxt
+    return min(lengths)
 
 
 @functools.lru_cache(maxsize=65536)
