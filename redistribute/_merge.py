@@ -72,11 +72,16 @@ def merge(plan: Plan, cost_model: CostModel | None = None) -> Plan:
 
 def merge_plan(plan: Plan, model: CostModel) -> tuple[Plan, tuple]:
     """``merge`` without the warning: the merged plan and the merges an alias would enable."""
+    kinds = [s.collective for s in plan.steps if s.collective in MERGEABLE]
+    if len(kinds) == len(set(kinds)):
+        return plan, ()  # no two collectives of one kind: nothing to merge
     best = plan
     best_cost = _total(plan, model)
     missed: list = []
-    # beyond torch: let like-kind steps meet by commuting, keep what gets cheaper
-    for candidate in _reorderings(plan):
+    # beyond torch: let like-kind steps meet by commuting, keep what gets cheaper (with an
+    # alias to merge onto; without, only adjacent like-kind steps are reported)
+    reordered = _reorderings(plan) if plan.src.mesh.aliases else ()
+    for candidate in reordered:
         merged, miss = _merge_adjacent(candidate, model)
         c = _total(merged, model)
         if c < best_cost * (1 - 1e-12):
