@@ -124,9 +124,14 @@ def _group_key(step: Step):
     return step.alias if step.alias is not None else step.mesh_dims
 
 
+@functools.lru_cache(maxsize=16384)
+def _members(step: Step, rank: int) -> tuple[int, ...]:
+    return step_group(step, rank).ranks
+
+
 def _group(step: Step, groups: ProcessGroups) -> Group:
     group = groups.get(_group_key(step))
-    expect = step_group(step, groups.rank).ranks
+    expect = _members(step, groups.rank)
     if group.ranks != expect:
         raise RuntimeShellError(
             f"step {step}: process group {group.name!r} holds ranks {group.ranks}, but the "
@@ -144,33 +149,48 @@ def _check_local(local: torch.Tensor, spec: Spec, groups: ProcessGroups) -> None
             f"run needs the rank's local torch.Tensor, got {type(local).__name__}", value=local
         )
     mesh = groups.mesh
-    if spec.mesh is not mesh and (
-        spec.mesh.layout != mesh.layout or tuple(spec.mesh.ranks) != tuple(mesh.ranks)
-    ):
+    if spec.mesh is not mesh and not _same_ranks(spec.mesh, mesh):
         raise RuntimeShellError(
             f"the plan's mesh {spec.mesh} differs from the process groups' mesh {mesh}; "
             "build ProcessGroups from the plan's mesh",
             value=spec.mesh,
         )
-    if not spec.mesh.contains(rank):
+    want = _shape_of(spec, rank)
+    if want is None:
         raise RuntimeShellError(
             f"rank {rank} is not in mesh {spec.mesh} and holds no part of {spec}; run the "
             "plan on the mesh's ranks only (the others call prepare_groups)",
             value=rank,
         )
-    if dtype_of(local) != spec.dtype:
+    if local.dtype != _torch_dtype(spec.dtype):
         raise RuntimeShellError(
             f"rank {rank}'s local tensor has dtype {dtype_of(local)}, but {spec} has dtype "
             f"{spec.dtype}; convert the tensor or plan for its dtype",
             value=local.dtype,
         )
-    want = local_shape(spec, rank)
-    if tuple(local.shape) != want:
+    if local.shape != want:
         raise RuntimeShellError(
             f"rank {rank}'s local tensor has shape {tuple(local.shape)}, but {spec} gives it "
             f"{want}; pass the local shard of that spec",
             value=tuple(local.shape),
         )
+
+
+@functools.lru_cache(maxsize=1024)
+def _same_ranks(a, b) -> bool:
+    """Whether two meshes put the same ranks at the same coordinates (aliases aside)."""
+    return a.layout == b.layout and tuple(a.ranks) == tuple(b.ranks)
+
+
+@functools.lru_cache(maxsize=16384)
+def _shape_of(spec: Spec, rank: int) -> tuple[int, ...] | None:
+    """The rank's local shape, or None for a rank outside the mesh."""
+    return local_shape(spec, rank) if spec.mesh.contains(rank) else None
+
+
+@functools.lru_cache(maxsize=64)
+def _torch_dtype(name: str) -> torch.dtype:
+    return getattr(torch, name)
 
 
 def dtype_of(tensor: torch.Tensor) -> str:
