@@ -67,7 +67,9 @@ def simulate_step(step: Step, locals_: Mapping[int, torch.Tensor]) -> dict[int, 
                 pack(locals_[g], reduce_blocks(step, g)[group.position]) for g in group.ranks
             ]
             reduced = finish_reduce(_reduce(parts, op), step)
-            out[r] = reduced.contiguous().clone()
+            target = empty_target(step, r, locals_[r])
+            unpack_into(target, reduce_blocks(step, r)[group.position], reduced)
+            out[r] = target
         return out
     raise PlanError(f"cannot simulate collective {kind!r}", value=step)
 
