@@ -79,6 +79,8 @@ class _Context:
         self._overlap: dict = {}
         self._goal_info: dict = {}
         self._h: dict = {}
+        self._kept: dict = {}  # (prev, step into state, state) -> successors kept by the
+        # commuting-steps reduction (independent of the goal)
         hw = model.profile
         self.launch = hw.launch_s
         self.local_launch = hw.local_launch_s
@@ -120,6 +122,7 @@ class _Context:
             self._overlap.clear()
             self._goal_info.clear()
             self._h.clear()
+            self._kept.clear()
 
     def intern(self, state) -> int:
         i = self._ids.get(state)
@@ -626,6 +629,7 @@ def search(ctx: _Context, start: int, goal: int):
     bound = ctx.bound
 
     goal_codes = states[goal][0]
+    kept_memo = ctx._kept
 
     def h_of(i):
         key = (i, goal)
@@ -663,13 +667,17 @@ def search(ctx: _Context, start: int, goal: int):
             return g, moves
         closed.add(i)
         via = parent[i]
-        x = None
+        succ = successors(i, goal)
         if via is not None and via[1][6] is not None and len(via[1][2]) == 1:
-            prev, x = via
-            mx = x[2][0]
-            touch_x = x[6]
-            pc, pch = states[prev]
-        for trans in successors(i, goal):
+            # the goal-free successors (cached by ``successors``) that the commuting-steps
+            # reduction keeps, then the goal's permutes (never pruned by it)
+            kkey = (via[0], via[1][1], via[1][2], via[1][3], i)
+            kept = kept_memo.get(kkey)
+            if kept is None:
+                kept = kept_memo[kkey] = _commute_filter(ctx, via[0], via[1], ctx._succ[i])
+            perm = ctx._perm[(i, goal)]
+            succ = kept + perm if perm else kept
+        for trans in succ:
             c, t = trans[0], trans[1]
             if trans[3] is None and trans[6] == () and len(trans[2]) == 1:
                 # Replicate -> Partial, or sum <-> avg, on a mesh dim the goal keeps
@@ -678,30 +686,6 @@ def search(ctx: _Context, start: int, goal: int):
                 b = goal_codes[m]
                 if type(b) is not int or b == R:
                     continue
-            if x is not None and trans[6] is not None and len(trans[2]) == 1:
-                my = trans[2][0]
-                touch_y = trans[6]
-                if my != mx and not any(d in touch_x for d in touch_y):
-                    # the same two steps the other way round: y from prev, then x
-                    codes_t, chains_t = states[t]
-                    q_codes = pc[:my] + (codes_t[my],) + pc[my + 1 :]
-                    q_chains = tuple(
-                        chains_t[d] if d in touch_y else pch[d] for d in range(len(pch))
-                    )
-                    cy, cx = codes_t[my], codes_t[mx]
-                    legal = (type(cy) is not int or cy == R or mixable(pc, cy)) and (
-                        type(cx) is not int or cx == R or mixable(q_codes, cx)
-                    )
-                    if legal:
-                        q = intern((q_codes, q_chains))
-                        bp, bq, bt = nbytes[prev], nbytes[q], nbytes[t]
-                        if bound is None or (bp + bq <= bound and bq + bt <= bound):
-                            alt = price(trans[2], trans[3], trans[4], bp, bq, trans[5]) + price(
-                                x[2], x[3], x[4], bq, bt, x[5]
-                            )
-                            here = x[0] + c
-                            if alt < here * (1 - 1e-12) or (alt <= here * (1 + 1e-12) and my < mx):
-                                continue
             ng = g + c
             old = best.get(t)
             if old is None or ng < old:
@@ -713,3 +697,41 @@ def search(ctx: _Context, start: int, goal: int):
                 heapq.heappush(heap, (ng + ht, -ng, next(counter), t))
                 closed.discard(t)
     return None
+
+
+def _commute_filter(ctx: _Context, prev: int, x: tuple, succ: tuple) -> tuple:
+    """The transitions of ``succ`` (from the state ``x`` led to out of ``prev``) that the
+    partial-order reduction keeps: a structural single-dim step ``y`` after ``x`` on another
+    mesh dim and other shard orders is dropped when ``y`` then ``x`` is cheaper (on a tie,
+    when ``y`` moves the lower mesh dim)."""
+    states, nbytes, price, intern, bound = ctx.states, ctx._nbytes, ctx.price, ctx.intern, ctx.bound
+    mx = x[2][0]
+    touch_x = x[6]
+    pc, pch = states[prev]
+    out = []
+    for trans in succ:
+        if trans[6] is not None and len(trans[2]) == 1:
+            my = trans[2][0]
+            touch_y = trans[6]
+            if my != mx and not any(d in touch_x for d in touch_y):
+                # the same two steps the other way round: y from prev, then x
+                t = trans[1]
+                codes_t, chains_t = states[t]
+                q_codes = pc[:my] + (codes_t[my],) + pc[my + 1 :]
+                q_chains = tuple(chains_t[d] if d in touch_y else pch[d] for d in range(len(pch)))
+                cy, cx = codes_t[my], codes_t[mx]
+                legal = (type(cy) is not int or cy == R or mixable(pc, cy)) and (
+                    type(cx) is not int or cx == R or mixable(q_codes, cx)
+                )
+                if legal:
+                    q = intern((q_codes, q_chains))
+                    bp, bq, bt = nbytes[prev], nbytes[q], nbytes[t]
+                    if bound is None or (bp + bq <= bound and bq + bt <= bound):
+                        alt = price(trans[2], trans[3], trans[4], bp, bq, trans[5]) + price(
+                            x[2], x[3], x[4], bq, bt, x[5]
+                        )
+                        here = x[0] + trans[0]
+                        if alt < here * (1 - 1e-12) or (alt <= here * (1 + 1e-12) and my < mx):
+                            continue
+        out.append(trans)
+    return tuple(out)
