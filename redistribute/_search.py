@@ -77,6 +77,7 @@ class _Context:
         self._perm: dict = {}
         self._coef: dict = {}
         self._overlap: dict = {}
+        self._pieces: dict = {}
         self._goal_info: dict = {}
         self._h: dict = {}
         self._kept: dict = {}  # (prev, step into state, state) -> successors kept by the
@@ -120,6 +121,7 @@ class _Context:
             self._succ.clear()
             self._perm.clear()
             self._overlap.clear()
+            self._pieces.clear()
             self._goal_info.clear()
             self._h.clear()
             self._kept.clear()
@@ -406,7 +408,16 @@ class _Context:
                 spare = (m,) if spare is None else spare + (m,)
             else:  # same shard placement: is its order position right?
                 d = a[0]
-                if _prefix(chains[d], m, codes) != _prefix(goal_chains[d], m, goal_codes):
+                chain, gchain = chains[d], goal_chains[d]
+                k = chain.index(m)
+                if (
+                    k >= len(gchain)
+                    or gchain[k] != m
+                    or any(
+                        x != y or codes[x] != goal_codes[y]
+                        for x, y in zip(chain[:k], gchain[:k])
+                    )
+                ):
                     other = True
                     lat += dlat
                     if dw > w_other:
@@ -482,6 +493,13 @@ class _Context:
         return need if reduce else need - have
 
     def _piece0(self, d, chain, codes):
+        key = (d, chain, tuple(codes[m] for m in chain))
+        ivs = self._pieces.get(key)
+        if ivs is None:
+            ivs = self._pieces[key] = self._piece0_uncached(d, chain, codes)
+        return ivs
+
+    def _piece0_uncached(self, d, chain, codes):
         length = self.shape[d]
         ivs = ((0, length),) if length else ()
         for m in chain:
@@ -504,11 +522,6 @@ def _common(a, b) -> int:
             if lo < hi:
                 n += hi - lo
     return n
-
-
-def _prefix(chain, m, codes):
-    i = chain.index(m)
-    return tuple((x, codes[x]) for x in chain[: i + 1])
 
 
 def _put(t: tuple, i: int, v) -> tuple:
