@@ -631,6 +631,8 @@ def search(ctx: _Context, start: int, goal: int):
     Partial-order reduction: when two structural single-dim steps on different mesh dims
     and different shard orders commute, only the cheaper order is kept (on a tie, the one
     moving the lower mesh dim first), so independent steps are not tried in every order.
+    First, a greedy walk that keeps the heuristic tight (:func:`_tight_path`): a plan
+    priced exactly ``h(start)`` is a minimum, returned without the search.
     """
     heuristic = ctx.heuristic
     hmemo = ctx._h
@@ -651,7 +653,11 @@ def search(ctx: _Context, start: int, goal: int):
             h = hmemo[key] = heuristic(i, goal)
         return h
 
-    memo: dict = {start: h_of(start)}
+    h0 = h_of(start)
+    tight = _tight_path(ctx, start, goal, h0, h_of)
+    if tight is not None:
+        return tight
+    memo: dict = {start: h0}
     best = {start: 0.0}
     parent: dict = {start: None}
     counter = itertools.count()
@@ -709,6 +715,39 @@ def search(ctx: _Context, start: int, goal: int):
                     ht = h - c if h > c else 0.0
                 heapq.heappush(heap, (ng + ht, -ng, next(counter), t))
                 closed.discard(t)
+    return None
+
+
+def _tight_path(ctx: _Context, start: int, goal: int, h0: float, h_of):
+    """A plan priced exactly ``h(start)``, found greedily, or None: as the heuristic is a
+    lower bound of every plan's price, such a plan is a minimum without a search.
+
+    From each state it takes a step whose price plus the next state's heuristic equals
+    the current heuristic (the bound stays tight); it gives up at the first state with
+    none."""
+    successors = ctx.successors
+    tol = 1e-12 * h0
+    i, h, g = start, h0, 0.0
+    moves = []
+    for _ in range(4 * len(ctx.sizes) + 4):
+        if i == goal:
+            return (g, moves) if g <= h0 + 4 * tol else None
+        nxt = None
+        for trans in successors(i, goal):
+            c = trans[0]
+            if c > h + tol:
+                continue
+            t = trans[1]
+            ht = 0.0 if t == goal else h_of(t)
+            if c + ht <= h + tol:
+                nxt = trans
+                break
+        if nxt is None:
+            return None
+        moves.append((i, nxt, nxt[1]))
+        g += nxt[0]
+        h -= nxt[0]
+        i = nxt[1]
     return None
 
 
