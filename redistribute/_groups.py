@@ -49,7 +49,9 @@ How groups are created (torch 2.13; verified on gloo, written for any backend):
 
 from __future__ import annotations
 
+import atexit
 import datetime
+import gc
 from collections.abc import Sequence
 from typing import Any
 
@@ -365,6 +367,15 @@ class ProcessGroups:
 # ProcessGroups of the process and dropped when torch.distributed is re-initialized;
 # groups are never destroyed (see the module docstring).
 _TABLES: dict[Any, Any] = {}
+
+
+@atexit.register
+def _release_at_exit() -> None:
+    # torch groups still alive when the interpreter tears down can abort the process
+    # ("terminate called without an active exception", gloo, torch 2.13): drop ours
+    # (and the cycles that hold them) while Python still runs.
+    _TABLES.clear()
+    gc.collect()
 
 
 def _table(local: bool) -> dict[Any, Any]:
