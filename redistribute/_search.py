@@ -378,6 +378,9 @@ class _Context:
         local = 0
         reduce = False
         split = 1
+        unsplit = 1  # sizes of dims Partial in state or goal (a plan may shard them)
+        lw = 0  # local steps, each weighted by the split its output cannot have
+        loose = None  # those dims: a plan may shard them for a while at an extra step
         spare = None
         w_single = 0.0
         w_other = 0.0
@@ -388,12 +391,26 @@ class _Context:
                 e = table[a] = self._entry(m, a, goal_codes[m])
             kind, n_split, dlat, dlocal, dw = e
             split *= n_split
+            if n_split == 1 and kind != 4:
+                unsplit *= self.sizes[m]
+                # the cheapest way to shard it for a while: R -> S -> P takes one more local
+                # step; P -> S -> P' (P' not sum/avg of P) none; any other needs a collective
+                b = goal_codes[m]
+                if a == R:
+                    extra = self.local_launch
+                elif kind == 1 and b != R:
+                    extra = 0.0
+                else:
+                    extra = self.launch + self.alpha_log[m]
+                loose = ((m, extra),) if loose is None else loose + ((m, extra),)
             if kind == 0:
                 continue
             if kind == 1:  # a collective of its own
                 single += 1
                 lat += dlat
-                local += dlocal
+                if dlocal:
+                    local += 1
+                    lw += self.sizes[m]  # its local step writes a tensor unsplit on m
                 w_single += dw
                 if type(a) is int:
                     reduce = True
@@ -403,7 +420,8 @@ class _Context:
                 if dw > w_other:
                     w_other = dw
             elif kind == 3:  # local
-                local += dlocal
+                local += 1
+                lw += self.sizes[m] if type(goal_codes[m]) is int else 1
             elif kind == 4:  # replicated in both
                 spare = (m,) if spare is None else spare + (m,)
             else:  # same shard placement: is its order position right?
@@ -424,24 +442,38 @@ class _Context:
                         w_other = dw
         h = (single + (1 if other else 0)) * self.launch + lat + local * self.local_launch
         w = w_single + w_other
-        best = 0.0
+        full = self.total_bytes / split
+        n_spare = 1
+        for x in spare or ():
+            n_spare *= self.sizes[x]
+        # each local step writes at least the smallest local tensor it can run on
+        local_copy = lw * self.copy * full / (unsplit * n_spare)
+        best = local_copy
         if w:
-            full = self.total_bytes / split
-            best = w * full
-            if spare and best > self.detour_floor:
+            bw = w * full
+            if spare:
+                detour = self.detour
+                spare_all = tuple((x, detour[x]) for x in spare)
+                if loose:
+                    spare_all += loose
+            else:
+                spare_all = loose
+            if spare_all and (bw > self.detour_floor or loose):
                 sizes = self.sizes
-                for k in range(1, len(spare) + 1):
-                    for combo in itertools.combinations(spare, k):
+                for k in range(1, len(spare_all) + 1):
+                    for combo in itertools.combinations(spare_all, k):
                         n = 1
                         extra = 0.0
-                        for x in combo:
+                        for x, e in combo:
                             n *= sizes[x]
-                            extra += self.detour[x]
+                            extra += e
                         v = extra + w * full / n
-                        if v < best:
-                            best = v
+                        if v < bw:
+                            bw = v
+            best += bw
         if not goal_partial:
             missing = self._missing(state, self.states[goal], reduce) * self.itemsize / self.fastest
+            missing += local_copy
             if missing > best:
                 best = missing
         return h + best
