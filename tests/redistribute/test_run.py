@@ -131,7 +131,7 @@ def _cases(pairs, seed):
         return [(plan(src, dst), make_locals(src, seed + i)) for i, (src, dst) in enumerate(pairs)]
 
 
-@settings(max_examples=min(settings.default.max_examples, 40), phases=NO_SHRINK)
+@settings(max_examples=min(settings.default.max_examples, 30), phases=NO_SHRINK)
 @given(data=st.data())
 def test_run_gives_every_rank_exactly_the_simulators_local_tensor(pool, data):
     pairs = data.draw(
