@@ -204,9 +204,27 @@ def local_transform(step: Step, rank: int) -> tuple[Segments | None, ...] | None
     src, dst = step.src, step.dst
     have = local_intervals(src, rank)
     need = local_intervals(dst, rank)
+    # A shard turning Partial spreads its own data over a larger target (the rest is
+    # neutral); every other local step only cuts its own data down.
+    spreads = any(
+        is_shard_like(src.placements[m]) and isinstance(dst.placements[m], Partial)
+        for m in step.mesh_dims
+    )
     out: list[Segments | None] = []
-    for h, n in zip(have, need, strict=True):
-        out.append(None if h == n else overlap(h, n))
+    for d, (h, n) in enumerate(zip(have, need, strict=True)):
+        if h == n:
+            out.append(None)
+            continue
+        segs = overlap(h, n)
+        moved = sum(k for _, _, k in segs)
+        full = sum(b - a for a, b in (h if spreads else n))
+        if moved != full and math.prod(sum(b - a for a, b in ivs) for ivs in need):
+            raise PlanError(
+                f"local step {step} is not local on rank {rank}: along tensor dim {d} it "
+                f"needs {n} but holds {h}; this change needs communication",
+                value=step,
+            )
+        out.append(segs)
     return tuple(out)
 
 

@@ -133,3 +133,23 @@ def test_empty_shards_take_local_steps():
 def test_invalid_data_moving_step_raises():
     with pytest.raises(PlanError, match="cannot deliver"):
         run(Step(0, spec("S(0) S(0)"), spec("R S(0)"), "all_gather"))
+
+
+def test_a_local_step_that_needs_communication_is_refused():
+    # dim 1 already shards tensor dim 1 (default order: a first, then b); slicing on a would
+    # need data other ranks hold, so the step is not local
+    from meshplan.errors import PlanError
+    from meshplan.layout import Mesh as _Mesh
+    from meshplan.placement import Replicate as _R
+    from meshplan.placement import Shard as _S
+    from meshplan.placement import Spec as _Spec
+    from meshplan.placement import shard as _shard
+    from meshplan.redistribute import Step as _Step
+    from meshplan.redistribute import simulate as _simulate
+
+    mesh = _Mesh.create((2, 2), ("a", "b"))
+    src = _Spec(mesh, (_R(), _S(1)), (4, 4))
+    dst = _Spec(mesh, (_S(1), _S(1)), (4, 4))
+    x = torch.arange(16.0).reshape(4, 4)
+    with pytest.raises(PlanError, match="needs communication"):
+        _simulate(_Step(0, src, dst, None), _shard(x, src))
