@@ -74,8 +74,9 @@ def apply_local(step: Step, rank: int, local: torch.Tensor) -> torch.Tensor:
     op = target_partial_op(step.dst)
     shape = local_shape(step.dst, rank)
     if action == "neutral":
-        return torch.full(shape, neutral_value(op, local.dtype), dtype=local.dtype,
-                          device=local.device)
+        return torch.full(
+            shape, neutral_value(op, local.dtype), dtype=local.dtype, device=local.device
+        )
     if all(s is None for s in segments):
         out = local.clone()
     else:
@@ -84,13 +85,24 @@ def apply_local(step: Step, rank: int, local: torch.Tensor) -> torch.Tensor:
             for d, s in enumerate(segments)
         )
         if covered:
-            out = pack(local, tuple(s if s is not None else ((0, 0, local.shape[d]),)
-                                    for d, s in enumerate(segments))).contiguous().clone()
+            out = (
+                pack(
+                    local,
+                    tuple(
+                        s if s is not None else ((0, 0, local.shape[d]),)
+                        for d, s in enumerate(segments)
+                    ),
+                )
+                .contiguous()
+                .clone()
+            )
         else:
-            out = torch.full(shape, neutral_value(op, local.dtype), dtype=local.dtype,
-                             device=local.device)
-            full = tuple(s if s is not None else ((0, 0, local.shape[d]),)
-                         for d, s in enumerate(segments))
+            out = torch.full(
+                shape, neutral_value(op, local.dtype), dtype=local.dtype, device=local.device
+            )
+            full = tuple(
+                s if s is not None else ((0, 0, local.shape[d]),) for d, s in enumerate(segments)
+            )
             unpack_into(out, full, pack(local, full))
     if factor != 1:
         if out.is_floating_point() or out.is_complex():

@@ -63,9 +63,7 @@ def simulate_step(step: Step, locals_: Mapping[int, torch.Tensor]) -> dict[int, 
     if kind == "reduce_scatter":
         for r in ranks:
             group = step_group(step, r)
-            parts = [
-                pack(locals_[g], reduce_blocks(step, g)[group.position]) for g in group.ranks
-            ]
+            parts = [pack(locals_[g], reduce_blocks(step, g)[group.position]) for g in group.ranks]
             reduced = finish_reduce(_reduce(parts, op), step)
             target = empty_target(step, r, locals_[r])
             unpack_into(target, reduce_blocks(step, r)[group.position], reduced)
