@@ -20,7 +20,9 @@ Searched placements: ``Shard(d)`` for every tensor dim, the StridedShards of
 the sum of its steps' prices under the cost model; the heuristic is a lower bound, so
 the result is a minimum over every plan of such steps (``tests/redistribute/
 test_plan_optimal.py`` checks it against a brute force). Then :func:`merge` runs like-kind
-collectives on flattened aliases. Plans are cached on the frozen arguments.
+collectives on flattened aliases. The search prices single-dim steps only, so on a mesh
+with aliases the plan moving each dim straight to its target is merged too, and the
+cheaper merged plan wins. Plans are cached on the frozen arguments.
 """
 
 from __future__ import annotations
@@ -232,15 +234,96 @@ def _min_cost_plan(src: Spec, dst: Spec, model: CostModel, bound) -> Plan:
     return _plan_value(src, dst, tuple(steps))
 
 
+def _direct_stage(a, b, m: int, src_chains, dst_chains) -> tuple:
+    """Where a direct move of mesh dim ``m`` from code ``a`` towards ``b`` runs in the
+    direct plan: local steps, then all_to_alls, then reductions, then gathers (innermost
+    first); shards joining an order follow the target's order."""
+    def pos(chains, code):
+        return chains[code[0]].index(m) if m in chains[code[0]] else 0
+
+    if a == R or (type(a) is int and type(b) is int and b != R):
+        return (0, pos(dst_chains, b) if type(b) is tuple else 0)
+    if type(a) is tuple:
+        if type(b) is int and b != R:
+            return (0, -pos(src_chains, a))
+        if type(b) is tuple:
+            return (1, pos(dst_chains, b))
+        return (3, -pos(src_chains, a))
+    return (2, pos(dst_chains, b) if type(b) is tuple else 0)
+
+
+def _direct_plan(src: Spec, dst: Spec, model: CostModel, bound) -> Plan | None:
+    """The plan moving each differing mesh dim straight to its target placement (one
+    single-dim step each, a Partial changing op reduced first), or None if some move is
+    not a valid step; its like-kind collectives then meet, ready to merge on an alias."""
+    start_state, goal_state = _state(src), _state(dst)
+    if start_state == goal_state:
+        return None
+    shards, ptargets = _universe(src, dst, src.ndim)
+    ctx = context(src.mesh, src.shape, src.dtype, model, shards, ptargets, bound)
+    goal_codes, goal_chains = goal_state
+    src_chains = start_state[1]
+    moves = []
+    with ctx.lock:
+        ctx._trim()
+        i, goal = ctx.intern(start_state), ctx.intern(goal_state)
+        for _ in range(2 * len(goal_codes) + 1):
+            if i == goal:
+                break
+            codes, chains = ctx.states[i]
+            options = []
+            for trans in ctx.successors(i, goal):
+                dims = trans[2]
+                if len(dims) != 1:
+                    continue
+                m = dims[0]
+                a, b = codes[m], goal_codes[m]
+                if a == b:
+                    continue
+                ncodes, nchains = ctx.states[trans[1]]
+                c = ncodes[m]
+                if c != b and not (c == R and type(a) is int and type(b) is int):
+                    continue  # not a direct move (a Partial changing op goes through R)
+                # keep each order a sub-sequence of the target's
+                if type(c) is tuple:
+                    chain = nchains[c[0]]
+                    if chain != tuple(x for x in goal_chains[c[0]] if x in chain):
+                        continue
+                options.append((_direct_stage(a, c, m, src_chains, goal_chains), m, trans))
+            if not options:
+                return None
+            trans = min(options, key=lambda o: o[:2])[2]
+            moves.append((i, trans))
+            i = trans[1]
+        if i != goal:
+            return None
+        states = [ctx.states[t[1]] for _, t in moves]
+    steps = []
+    a = src
+    for (_, trans), state in zip(moves, states, strict=True):
+        b = dst if trans[1] == goal else _spec(src, state)
+        steps.append(_step(trans[2], a, b, trans[3]))
+        a = b
+    return _plan_value(src, dst, tuple(steps))
+
+
 @functools.lru_cache(maxsize=4096)
 def _plan_cached(src: Spec, dst: Spec, model: CostModel, merge: bool, bound):
     check_plannable(src, dst)
     p = _min_cost_plan(src, dst, model, bound)
     missed: tuple = ()
     if merge and len(p.steps) > 1:
-        from ._merge import merge_plan
+        from ._merge import _total, merge_plan
 
         p, missed = merge_plan(p, model)
+        if src.mesh.aliases:
+            # the search prices single-dim steps only: with aliases, the plan moving each
+            # dim straight to its target may merge into something cheaper
+            direct = _direct_plan(src, dst, model, bound)
+            if direct is not None:
+                d, d_missed = merge_plan(direct, model)
+                if _total(d, model) < _total(p, model) * (1 - 1e-12):
+                    p, missed = d, d_missed
     return p, missed
 
 

@@ -236,3 +236,35 @@ def test_merge_never_raises_cost_and_stays_exact(pair):
             # merged collectives run on an alias flattening exactly their dims
             assert step.alias is not None
             assert src.mesh.alias_for(step.mesh_dims) is not None
+
+
+def test_alias_reduction_is_one_all_reduce_on_the_alias():
+    # reduce_scatter[a] + all_reduce[b] + all_gather[a] is the cheapest unmerged plan, but
+    # all_reduce[a] + all_reduce[b] merge into one all_reduce on "ab", which costs less
+    mesh = Mesh.create((2, 2), ("a", "b")).flatten(("a", "b"), "ab")
+    src = spec(mesh, "P P", (16384, 64))
+    dst = spec(mesh, "R R", (16384, 64))
+    unmerged = plan(src, dst, merge=False)
+    p = plan(src, dst)
+    assert [(s.collective, s.mesh_dims, s.alias) for s in p.steps] == [
+        ("all_reduce", (0, 1), "ab")
+    ]
+    assert cost(p).total < cost(merge(unmerged)).total
+
+
+@given(spec_pairs(max_ranks=8, max_dims=3, max_aliases=2))
+def test_plan_with_aliases_costs_no_more_than_the_merged_direct_plan(pair):
+    from meshplan.redistribute._planner import _direct_plan
+
+    src, dst = pair
+    model = CostModel.default()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", MergeWarning)
+        p = plan(src, dst)
+        direct = _direct_plan(src, dst, model, None)
+        baseline = merge(plan(src, dst, merge=False))
+        assert cost(p).total <= cost(baseline).total * (1 + 1e-12)
+        if direct is not None:
+            assert delivers(direct, values(src.shape), seed=2)
+            assert cost(p).total <= cost(merge(direct)).total * (1 + 1e-12)
+    assert delivers(p, values(src.shape), seed=3)
