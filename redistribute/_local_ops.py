@@ -7,9 +7,43 @@ import torch
 from meshplan.placement import local_shape
 
 from ._step import Step
-from .exchange import Segments, local_transform, partial_actions, target_partial_op
+from . import exchange as _exchange
+from .exchange import Segments
 
-__all__ = ["pack", "unpack_into", "apply_local", "neutral_value", "empty_target", "finish_reduce"]
+__all__ = [
+    "pack",
+    "unpack_into",
+    "apply_local",
+    "neutral_value",
+    "empty_target",
+    "finish_reduce",
+    "traced_as_constant",
+]
+
+
+def traced_as_constant(lookup):
+    """``lookup`` (a pure function of frozen values), which ``torch.compile`` calls while
+    tracing and keeps the result of, instead of tracing through it.
+
+    Dynamo cannot build frozen attrs values inside a graph (each one would break it) and
+    tracing the bookkeeping is slow; the arguments are guarded by identity, so the kept
+    result stays right. Outside tracing it is a plain call.
+
+    >>> traced_as_constant(len)((1, 2))
+    2
+    """
+
+    def constant(*args):
+        return lookup(*args)
+
+    constant.__name__ = getattr(lookup, "__name__", "lookup")
+    return torch._dynamo.assume_constant_result(constant)
+
+
+local_shape = traced_as_constant(local_shape)
+local_transform = traced_as_constant(_exchange.local_transform)
+partial_actions = traced_as_constant(_exchange.partial_actions)
+target_partial_op = traced_as_constant(_exchange.target_partial_op)
 
 
 def _index(segs: Segments, which: int, device) -> torch.Tensor:

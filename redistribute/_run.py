@@ -28,9 +28,16 @@ from meshplan.placement import Partial, Replicate, Spec, local_shape
 
 from . import _collectives as C
 from ._groups import Group, ProcessGroups
-from ._local_ops import apply_local, finish_reduce, pack, unpack_into
+from . import exchange as _exchange
+from ._local_ops import apply_local, finish_reduce, pack, traced_as_constant, unpack_into
 from ._step import Plan, Step, reduce_op
-from .exchange import Segments, reduce_blocks, step_group, transfers_from, transfers_to
+from .exchange import Segments, step_group
+
+# the per-rank bookkeeping, kept as constants by torch.compile (see traced_as_constant)
+transfers_from = traced_as_constant(_exchange.transfers_from)
+transfers_to = traced_as_constant(_exchange.transfers_to)
+reduce_blocks = traced_as_constant(_exchange.reduce_blocks)
+_local_shape = traced_as_constant(local_shape)
 
 __all__ = ["run", "run_step", "prepare_groups", "redistribute", "grad_spec"]
 
@@ -129,6 +136,9 @@ def _members(step: Step, rank: int) -> tuple[int, ...]:
     return step_group(step, rank).ranks
 
 
+
+_members = traced_as_constant(_members)
+
 def _group(step: Step, groups: ProcessGroups) -> Group:
     group = groups.get(_group_key(step))
     expect = _members(step, groups.rank)
@@ -182,11 +192,17 @@ def _same_ranks(a, b) -> bool:
     return a.layout == b.layout and tuple(a.ranks) == tuple(b.ranks)
 
 
+
+_same_ranks = traced_as_constant(_same_ranks)
+
 @functools.lru_cache(maxsize=16384)
 def _shape_of(spec: Spec, rank: int) -> tuple[int, ...] | None:
     """The rank's local shape, or None for a rank outside the mesh."""
     return local_shape(spec, rank) if spec.mesh.contains(rank) else None
 
+
+
+_shape_of = traced_as_constant(_shape_of)
 
 @functools.lru_cache(maxsize=64)
 def _torch_dtype(name: str) -> torch.dtype:
@@ -220,6 +236,9 @@ def _gather_schedule(step: Step, rank: int) -> _Gather:
     pieces = tuple((t.sender_pos, t.segments) for t in transfers_to(step, rank))
     return _Gather(sizes, shapes, pieces, target, _is_concat(pieces, shapes, target))
 
+
+
+_gather_schedule = traced_as_constant(_gather_schedule)
 
 def _is_concat(pieces, shapes, target) -> bool:
     """Whether every position's whole piece lands, in position order, one after another
@@ -257,16 +276,29 @@ def _all_gather(step: Step, me: int, local: torch.Tensor, group: Group) -> torch
     return target
 
 
+@traced_as_constant
+def _recv_numels(step: Step, me: int, size: int) -> tuple[int, ...]:
+    """Elements each position sends this rank (0 when it sends nothing)."""
+    out = [0] * size
+    for t in _exchange.transfers_to(step, me):
+        out[t.sender_pos] = t.numel()
+    return tuple(out)
+
+
+@traced_as_constant
+def _recv_shapes(step: Step, me: int) -> tuple[tuple[int, tuple[int, ...]], ...]:
+    """(sender position, shape) of each piece this rank receives."""
+    return tuple((t.sender_pos, t.shape) for t in _exchange.transfers_to(step, me))
+
+
 def _all_to_all(step: Step, me: int, local: torch.Tensor, group: Group) -> torch.Tensor:
     blocks = [local.new_empty(0) for _ in group.ranks]
     for t in transfers_from(step, me):
         blocks[t.receiver_pos] = pack(local, t.segments).reshape(-1)
     incoming = transfers_to(step, me)
-    recv_shapes: list[tuple[int, ...]] = [(0,) for _ in group.ranks]
-    for t in incoming:
-        recv_shapes[t.sender_pos] = (t.numel(),)
+    recv_shapes = [(n,) for n in _recv_numels(step, me, len(group.ranks))]
     received = C.all_to_all(blocks, group, recv_shapes)
-    target = local.new_empty(local_shape(step.dst, me))
+    target = local.new_empty(_local_shape(step.dst, me))
     for t in incoming:
         unpack_into(target, t.segments, received[t.sender_pos])
     return target
@@ -277,9 +309,9 @@ def _all_permute(step: Step, me: int, local: torch.Tensor, group: Group) -> torc
         (t.receiver_pos, pack(local, t.segments).contiguous()) for t in transfers_from(step, me)
     ]
     incoming = transfers_to(step, me)
-    recvs = [(t.sender_pos, t.shape) for t in incoming]
+    recvs = list(_recv_shapes(step, me))
     received = C.exchange(sends, recvs, group, dtype=local.dtype, device=local.device)
-    target = local.new_empty(local_shape(step.dst, me))
+    target = local.new_empty(_local_shape(step.dst, me))
     for t, data in zip(incoming, received, strict=True):
         unpack_into(target, t.segments, data)
     return target
@@ -308,6 +340,9 @@ def _scatter_rows(step: Step, rank: int) -> tuple[int, ...] | None:
     return tuple(rows) if start == shape[0] else None
 
 
+
+_scatter_rows = traced_as_constant(_scatter_rows)
+
 def _reduce_scatter(
     step: Step, me: int, local: torch.Tensor, group: Group, op: str
 ) -> torch.Tensor:
@@ -317,7 +352,7 @@ def _reduce_scatter(
     mine = reduce_blocks(step, me)
     blocks = [pack(local, segs).contiguous() for segs in mine]
     reduced = C.reduce_scatter(blocks, group, op)
-    target = local.new_empty(local_shape(step.dst, me))
+    target = local.new_empty(_local_shape(step.dst, me))
     unpack_into(target, mine[group.position], finish_reduce(reduced, step))
     return target
 
