@@ -6,8 +6,8 @@ import torch
 
 from meshplan.placement import local_shape
 
-from ._step import Step
 from . import exchange as _exchange
+from ._step import Step
 from .exchange import Segments
 
 __all__ = [

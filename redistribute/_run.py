@@ -27,8 +27,8 @@ from meshplan.errors import RuntimeShellError
 from meshplan.placement import Partial, Replicate, Spec, local_shape
 
 from . import _collectives as C
-from ._groups import Group, ProcessGroups
 from . import exchange as _exchange
+from ._groups import Group, ProcessGroups
 from ._local_ops import apply_local, finish_reduce, pack, traced_as_constant, unpack_into
 from ._step import Plan, Step, reduce_op
 from .exchange import Segments, step_group
@@ -136,8 +136,8 @@ def _members(step: Step, rank: int) -> tuple[int, ...]:
     return step_group(step, rank).ranks
 
 
-
 _members = traced_as_constant(_members)
+
 
 def _group(step: Step, groups: ProcessGroups) -> Group:
     group = groups.get(_group_key(step))
@@ -192,8 +192,8 @@ def _same_ranks(a, b) -> bool:
     return a.layout == b.layout and tuple(a.ranks) == tuple(b.ranks)
 
 
-
 _same_ranks = traced_as_constant(_same_ranks)
+
 
 @functools.lru_cache(maxsize=16384)
 def _shape_of(spec: Spec, rank: int) -> tuple[int, ...] | None:
@@ -201,8 +201,8 @@ def _shape_of(spec: Spec, rank: int) -> tuple[int, ...] | None:
     return local_shape(spec, rank) if spec.mesh.contains(rank) else None
 
 
-
 _shape_of = traced_as_constant(_shape_of)
+
 
 @functools.lru_cache(maxsize=64)
 def _torch_dtype(name: str) -> torch.dtype:
@@ -237,8 +237,8 @@ def _gather_schedule(step: Step, rank: int) -> _Gather:
     return _Gather(sizes, shapes, pieces, target, _is_concat(pieces, shapes, target))
 
 
-
 _gather_schedule = traced_as_constant(_gather_schedule)
+
 
 def _is_concat(pieces, shapes, target) -> bool:
     """Whether every position's whole piece lands, in position order, one after another
@@ -340,8 +340,8 @@ def _scatter_rows(step: Step, rank: int) -> tuple[int, ...] | None:
     return tuple(rows) if start == shape[0] else None
 
 
-
 _scatter_rows = traced_as_constant(_scatter_rows)
+
 
 def _reduce_scatter(
     step: Step, me: int, local: torch.Tensor, group: Group, op: str

@@ -126,5 +126,10 @@ def test_compiled_run_equals_eager_run_bit_for_bit(compiled, mode):
             ok, graphs, collectives = row[mode]
             assert ok, f"rank {rank}, {mode}: compiled result differs for {s}"
             assert graphs >= 1, f"rank {rank}, {mode}: nothing was compiled for {s}"
-            if mode != "autograd" and s.collective in ("all_gather", "all_reduce", "all_to_all", "reduce_scatter"):
+            if mode != "autograd" and s.collective in (
+                "all_gather",
+                "all_reduce",
+                "all_to_all",
+                "reduce_scatter",
+            ):
                 assert collectives >= 1, f"rank {rank}, {mode}: no collective in a graph for {s}"
