@@ -238,6 +238,7 @@ def _direct_stage(a, b, m: int, src_chains, dst_chains) -> tuple:
     """Where a direct move of mesh dim ``m`` from code ``a`` towards ``b`` runs in the
     direct plan: local steps, then all_to_alls, then reductions, then gathers (innermost
     first); shards joining an order follow the target's order."""
+
     def pos(chains, code):
         return chains[code[0]].index(m) if m in chains[code[0]] else 0
 

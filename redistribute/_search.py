@@ -433,7 +433,7 @@ class _Context:
                     or gchain[k] != m
                     or any(
                         x != y or codes[x] != goal_codes[y]
-                        for x, y in zip(chain[:k], gchain[:k])
+                        for x, y in zip(chain[:k], gchain[:k], strict=True)
                     )
                 ):
                     other = True
@@ -595,9 +595,7 @@ def _permute_dims(state, target):
 @functools.lru_cache(maxsize=4096)
 def _may_empty(length: int, sizes: tuple[int, ...]) -> bool:
     """Whether some order of some of the mesh dims of ``sizes`` leaves a piece empty."""
-    return any(
-        _smallest_piece(length, order) == 0 for order in set(itertools.permutations(sizes))
-    )
+    return any(_smallest_piece(length, order) == 0 for order in set(itertools.permutations(sizes)))
 
 
 @functools.lru_cache(maxsize=65536)
@@ -669,11 +667,7 @@ def search(ctx: _Context, start: int, goal: int):
     heuristic = ctx.heuristic
     hmemo = ctx._h
     successors = ctx.successors
-    nbytes = ctx._nbytes
     states = ctx.states
-    price = ctx.price
-    intern = ctx.intern
-    bound = ctx.bound
 
     goal_codes = states[goal][0]
     kept_memo = ctx._kept

@@ -246,9 +246,7 @@ def test_alias_reduction_is_one_all_reduce_on_the_alias():
     dst = spec(mesh, "R R", (16384, 64))
     unmerged = plan(src, dst, merge=False)
     p = plan(src, dst)
-    assert [(s.collective, s.mesh_dims, s.alias) for s in p.steps] == [
-        ("all_reduce", (0, 1), "ab")
-    ]
+    assert [(s.collective, s.mesh_dims, s.alias) for s in p.steps] == [("all_reduce", (0, 1), "ab")]
     assert cost(p).total < cost(merge(unmerged)).total
 
 
