@@ -6,6 +6,7 @@ import time
 import pytest
 import torch
 import torch.distributed as dist
+from _shell_cases import world_meshes
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -15,30 +16,6 @@ from meshplan.redistribute import _collectives as C
 from meshplan.redistribute._groups import Group, ProcessGroups
 from meshplan.redistribute._pool import WorkerPool
 from meshplan.testing import mesh_dims
-
-# -- strategies ---------------------------------------------------------------------------
-
-
-def _factorizations(n, max_dims):
-    if n == 1:
-        return [()]
-    out = []
-    for first in range(2, n + 1):
-        if n % first == 0:
-            out += [(first, *rest) for rest in _factorizations(n // first, max_dims - 1)]
-    return [f for f in out if len(f) <= max_dims]
-
-
-@st.composite
-def world_meshes(draw, world, *, max_dims=3, max_aliases=2):
-    """Meshes over all ``world`` ranks: 1-3 dims, identity or permuted map, some aliases."""
-    shape = draw(st.sampled_from(_factorizations(world, max_dims)))
-    ranks = draw(st.permutations(range(world))) if draw(st.booleans()) else range(world)
-    mesh = Mesh.create(shape, ranks=ranks)
-    for k in range(draw(st.integers(0, max_aliases))):
-        mesh = mesh.flatten(draw(mesh_dims(mesh, min_size=1)), f"f{k}")
-    return mesh
-
 
 # -- tasks (run on every rank) ------------------------------------------------------------
 
@@ -186,7 +163,7 @@ def _check_views(mesh, views):
 @settings(max_examples=15)
 @given(data=st.data())
 def test_groups_list_members_in_mesh_coordinate_order(pool, data):
-    mesh = data.draw(world_meshes(pool.world_size))
+    mesh = data.draw(world_meshes(pool.world_size, part=False))
     keys = list(mesh.names) + sorted(mesh.aliases)
     if mesh.ndim > 1:
         keys.append(data.draw(mesh_dims(mesh, min_size=2)))
