@@ -6,9 +6,9 @@ import time
 import pytest
 import torch
 import torch.distributed as dist
+from _shell_cases import world_meshes
 from hypothesis import given
 from hypothesis import strategies as st
-from test_groups import world_meshes
 from torch.testing import assert_close
 
 from meshplan.errors import RuntimeShellError
@@ -52,7 +52,7 @@ def _shape(sizes_at, dim, other):
 
 @st.composite
 def group_cases(draw, world):
-    mesh = draw(world_meshes(world, max_aliases=1))
+    mesh = draw(world_meshes(world, max_aliases=1, part=False))
     keys = list(mesh.names) + sorted(mesh.aliases)
     key = draw(st.sampled_from(keys))
     if mesh.ndim > 1 and draw(st.booleans()):
