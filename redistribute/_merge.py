@@ -70,25 +70,30 @@ def merge(plan: Plan, cost_model: CostModel | None = None) -> Plan:
     return merged
 
 
-def merge_plan(plan: Plan, model: CostModel) -> tuple[Plan, tuple]:
-    """``merge`` without the warning: the merged plan and the merges an alias would enable."""
+def merge_plan(plan: Plan, model: CostModel, prices=None) -> tuple[Plan, tuple]:
+    """``merge`` without the warning: the merged plan and the merges an alias would enable.
+
+    ``prices``: the steps' costs under ``model`` when known (the planner's own)."""
     kinds = [s.collective for s in plan.steps if s.collective in MERGEABLE]
     if len(kinds) == len(set(kinds)):
         return plan, ()  # no two collectives of one kind: nothing to merge
+    price = _Prices(model)
+    if prices is not None:
+        price.know(plan.steps, prices)
     best = plan
-    best_cost = _total(plan, model)
+    best_cost = price.total(plan)
     missed: list = []
     # beyond torch: let like-kind steps meet by commuting, keep what gets cheaper (with an
     # alias to merge onto; without, only adjacent like-kind steps are reported)
     reordered = _reorderings(plan) if plan.src.mesh.aliases else ()
     for candidate in reordered:
-        merged, miss = _merge_adjacent(candidate, model)
-        c = _total(merged, model)
+        merged, miss = _merge_adjacent(candidate, price)
+        c = price.total(merged)
         if c < best_cost * (1 - 1e-12):
             best, best_cost = merged, c
-    merged, miss = _merge_adjacent(best, model)
+    merged, miss = _merge_adjacent(best, price)
     missed.extend(miss)
-    if _total(merged, model) <= best_cost:
+    if price.total(merged) <= best_cost:
         best = merged
     return best, tuple(dict.fromkeys(missed))
 
@@ -97,10 +102,32 @@ def _total(plan: Plan, model: CostModel) -> float:
     return sum(step_cost(s, model).total for s in plan.steps)
 
 
+class _Prices:
+    """Step prices under one model, each step priced once (by identity: the steps priced
+    live as long as this)."""
+
+    def __init__(self, model: CostModel):
+        self.model = model
+        self._memo: dict = {}
+
+    def __call__(self, step: Step) -> float:
+        hit = self._memo.get(id(step))
+        if hit is None:
+            hit = self._memo[id(step)] = (step, step_cost(step, self.model).total)
+        return hit[1]
+
+    def know(self, steps, prices) -> None:
+        for step, c in zip(steps, prices, strict=True):
+            self._memo[id(step)] = (step, c)
+
+    def total(self, plan: Plan) -> float:
+        return sum(self(s) for s in plan.steps)
+
+
 # -- adjacent merging -----------------------------------------------------------------------
 
 
-def _merge_adjacent(plan: Plan, model: CostModel) -> tuple[Plan, list]:
+def _merge_adjacent(plan: Plan, price: _Prices) -> tuple[Plan, list]:
     steps = list(plan.steps)
     out: list[Step] = []
     missed: list = []
@@ -119,7 +146,7 @@ def _merge_adjacent(plan: Plan, model: CostModel) -> tuple[Plan, list]:
                 j += 1
         run = steps[i:j]
         if len(run) > 1:
-            best, miss = _best_split(run, model)
+            best, miss = _best_split(run, price)
             out.extend(best)
             missed.extend(miss)
         else:
@@ -130,10 +157,18 @@ def _merge_adjacent(plan: Plan, model: CostModel) -> tuple[Plan, list]:
     return Plan(plan.src, plan.dst, tuple(out)), missed
 
 
-def _best_split(run: list[Step], model: CostModel) -> tuple[list[Step], list]:
+def _best_split(run: list[Step], price: _Prices) -> tuple[list[Step], list]:
     """Partition a run of like-kind steps into merged segments of least total cost."""
     n = len(run)
-    costs = [step_cost(s, model).total for s in run]
+    costs = [price(s) for s in run]
+    if not run[0].src.mesh.aliases:
+        # nothing can merge: only note what an alias would enable (the whole run, or else
+        # its first mergeable pair)
+        for start, end in [(0, n)] + [(k, k + 2) for k in range(n - 1)]:
+            _, missed = _merged_step(run[start:end], sum(costs[start:end]), price)
+            if missed is not None:
+                return run, [missed]
+        return run, []
     # best[i] = (cost, steps, missed) for run[:i]
     best: list = [(0.0, [], [])] + [None] * n
     for end in range(1, n + 1):
@@ -143,14 +178,15 @@ def _best_split(run: list[Step], model: CostModel) -> tuple[list[Step], list]:
             if len(seg) == 1:
                 option = (prev[0] + costs[start], prev[1] + seg, prev[2])
             else:
-                step, missed = _merged_step(seg, model)
+                separate = sum(costs[start:end])
+                step, missed = _merged_step(seg, separate, price)
                 if step is None:
                     if missed is None:
                         continue
-                    option = (prev[0] + sum(costs[start:end]), prev[1] + seg, prev[2] + [missed])
+                    option = (prev[0] + separate, prev[1] + seg, prev[2] + [missed])
                 else:
-                    c = step_cost(step, model).total
-                    if c > sum(costs[start:end]):
+                    c = price(step)
+                    if c > separate:
                         continue
                     option = (prev[0] + c, prev[1] + [step], prev[2])
             if best[end] is None or option[0] < best[end][0] - 1e-18:
@@ -160,14 +196,16 @@ def _best_split(run: list[Step], model: CostModel) -> tuple[list[Step], list]:
     return steps, missed
 
 
-def _merged_step(seg: list[Step], model: CostModel):
-    """The merged step for ``seg`` (or None) and, if only an alias is lacking, a missed-merge note."""
+def _merged_step(seg: list[Step], separate: float, price: _Prices):
+    """The merged step for ``seg`` (or None) and, if only an alias is lacking, a missed-merge
+    note; ``separate`` is what the steps of ``seg`` cost one by one."""
     src, dst = seg[0].src, seg[-1].dst
     mesh = src.mesh
     dims = tuple(sorted(m for s in seg for m in s.mesh_dims))
     kind = seg[0].collective
     if not _valid_merge(src, dst, dims, kind):
         return None, None
+    from ._planner import _step as fast_step
     from ._planner import alias_dims
 
     names = alias_dims(mesh)
@@ -177,11 +215,11 @@ def _merged_step(seg: list[Step], model: CostModel):
         if sorted(adims) == list(dims) and (alias is None or adims == dims):
             alias, order = name, adims
     if alias is None:
-        hypothetical = Step(dims, src, dst, kind)
-        if step_cost(hypothetical, model).total <= sum(step_cost(s, model).total for s in seg):
+        hypothetical = fast_step(dims, src, dst, kind)  # valid: checked above
+        if price(hypothetical) <= separate:
             return None, (mesh.shape, tuple(mesh.names[m] for m in dims), kind, len(seg))
         return None, None
-    return Step(order, src, dst, kind, alias=alias), None
+    return fast_step(order, src, dst, kind, alias), None
 
 
 def _valid_merge(src, dst, dims, kind) -> bool:

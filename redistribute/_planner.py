@@ -37,6 +37,7 @@ from meshplan.placement import Partial, Replicate, Shard, Spec, StridedShard
 from ._cost import CostModel
 from ._search import R, context, exact_covers, search
 from ._step import Plan, Step, _avg_scale
+from ._table import clear_tables, table, walk
 
 __all__ = ["plan", "check_plannable", "clear_plan_cache"]
 
@@ -206,16 +207,18 @@ def _universe(src: Spec, dst: Spec, ndim: int) -> tuple[tuple, tuple]:
 # -- plan -------------------------------------------------------------------------------------
 
 
-def _min_cost_plan(src: Spec, dst: Spec, model: CostModel, bound) -> Plan:
+def _min_cost_plan(src: Spec, dst: Spec, model: CostModel, bound) -> tuple[Plan, tuple]:
+    """The cheapest plan of single-dim steps and permutes, and its steps' prices."""
     start_state, goal_state = _state(src), _state(dst)
     if start_state == goal_state:
-        return _plan_value(src, dst, ())
+        return _plan_value(src, dst, ()), ()
     shards, ptargets = _universe(src, dst, src.ndim)
     ctx = context(src.mesh, src.shape, src.dtype, model, shards, ptargets, bound)
     with ctx.lock:
         ctx._trim()
         start, goal = ctx.intern(start_state), ctx.intern(goal_state)
-        found = search(ctx, start, goal)
+        tab = table(ctx)
+        found = walk(ctx, tab, start, goal) if tab is not None else search(ctx, start, goal)
         states = [ctx.states[i] for _, _, i in found[1]] if found else []
         b_start, b_goal = ctx.nbytes(start), ctx.nbytes(goal)
     if found is None:
@@ -231,7 +234,7 @@ def _min_cost_plan(src: Spec, dst: Spec, model: CostModel, bound) -> Plan:
         b = dst if i == goal else _spec(src, state)
         steps.append(_step(trans[2], a, b, trans[3]))
         a = b
-    return _plan_value(src, dst, tuple(steps))
+    return _plan_value(src, dst, tuple(steps)), tuple(trans[0] for _, trans, _ in found[1])
 
 
 def _direct_stage(a, b, m: int, src_chains, dst_chains) -> tuple:
@@ -311,12 +314,12 @@ def _direct_plan(src: Spec, dst: Spec, model: CostModel, bound) -> Plan | None:
 @functools.lru_cache(maxsize=4096)
 def _plan_cached(src: Spec, dst: Spec, model: CostModel, merge: bool, bound):
     check_plannable(src, dst)
-    p = _min_cost_plan(src, dst, model, bound)
+    p, prices = _min_cost_plan(src, dst, model, bound)
     missed: tuple = ()
     if merge and len(p.steps) > 1:
         from ._merge import _total, merge_plan
 
-        p, missed = merge_plan(p, model)
+        p, missed = merge_plan(p, model, prices)
         if src.mesh.aliases:
             # the search prices single-dim steps only: with aliases, the plan moving each
             # dim straight to its target may merge into something cheaper
@@ -379,5 +382,6 @@ def clear_plan_cache(*, tables: bool = True) -> None:
     """
     _plan_cached.cache_clear()
     if tables:
+        clear_tables()
         context.cache_clear()
         exact_covers.cache_clear()

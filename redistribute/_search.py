@@ -69,12 +69,13 @@ class _Context:
         )
         # the memo tables below are shared by every search on this context: one at a time
         self.lock = threading.Lock()
+        self.tabled = None  # whether a plan table fits (``_table``), once known
+        self.planned = 0  # pairs planned by search, towards building the table
         self._ids: dict = {}  # state -> id (states are hashed once, then ids are used)
         self.states: list = []
         self._nbytes: list = []
         self._ext: dict = {}
         self._succ: dict = {}
-        self._perm: dict = {}
         self._coef: dict = {}
         self._overlap: dict = {}
         self._pieces: dict = {}
@@ -119,7 +120,6 @@ class _Context:
             self.states.clear()
             self._nbytes.clear()
             self._succ.clear()
-            self._perm.clear()
             self._overlap.clear()
             self._pieces.clear()
             self._goal_info.clear()
@@ -163,37 +163,43 @@ class _Context:
         return total
 
     # transitions
-    def successors(self, i: int, goal: int):
-        """Every transition from state ``i`` (see the tuple layout above)."""
+    def successors(self, i: int, goal: int | None = None):
+        """Every transition from state ``i`` (see the tuple layout above); goal-free."""
         out = self._succ.get(i)
         if out is None:
-            out = self._successors(self.states[i])
-            out = self._succ[i] = out + self._permutes(i, None, self._moves_last(self.states[i]))
-        key = (i, goal)
-        perm = self._perm.get(key)
-        if perm is None:
-            perm = self._perm[key] = self._permutes(i, goal)
-        return out + perm if perm else out
+            state = self.states[i]
+            out = self._succ[i] = self._successors(state) + self._permutes(i, state)
+        return out
 
-    def _permutes(self, i, goal, targets=None):
+    def _permutes(self, i: int, state) -> tuple:
+        """Every valid all_permute out of ``state``: the sharding mesh dims take other
+        shard placements and orders, keeping per tensor dim a common prefix, and the
+        dims after it (at least two) exchange pieces."""
+        codes, chains = state
+        sharded = [m for m in self.active if type(codes[m]) is tuple]
+        if len(sharded) < 2:
+            return ()
         out = []
-        state = self.states[i]
         b_in = self._nbytes[i]
-        bound = self.bound
-        if targets is None:
-            targets = self._permute_targets(state, self.states[goal])
-        known = set()
-        for t in targets:
-            if t == state or t in known:
-                continue
-            known.add(t)
-            g = _permute_dims(state, t)
-            if g is not None and len(g) > 1:
-                n = math.prod(self.sizes[m] for m in g)
+        bound, sizes, ndim = self.bound, self.sizes, self.ndim
+        for assign in itertools.product(self.shards, repeat=len(sharded)):
+            new_codes = list(codes)
+            for m, c in zip(sharded, assign, strict=True):
+                new_codes[m] = c
+            new_codes = tuple(new_codes)
+            members = [[m for m in sharded if new_codes[m][0] == d] for d in range(ndim)]
+            for new_chains in itertools.product(*(itertools.permutations(x) for x in members)):
+                t = (new_codes, new_chains)
+                if t == state:
+                    continue
+                g = _permute_dims(state, t)
+                if g is None or len(g) < 2:
+                    continue
                 j = self.intern(t)
                 b_out = self._nbytes[j]
                 if bound is None or b_in + b_out <= bound:
-                    c = self.price(g, "all_permute", n, b_in, b_out)
+                    n = math.prod(sizes[m] for m in g)
+                    c = self.price(g, "all_permute", n, b_in, b_out) * _tie(state, t)
                     out.append((c, j, g, "all_permute", n, False, None))
         return tuple(out)
 
@@ -212,7 +218,7 @@ class _Context:
             b_out = nbytes[j]
             if bound is not None and b_in + b_out > bound:
                 return
-            c = price(dims, collective, n_send, b_in, b_out, scaled)
+            c = price(dims, collective, n_send, b_in, b_out, scaled) * _tie(state, t)
             out.append((c, j, dims, collective, n_send, scaled, touch))
 
         for m in self.active:
@@ -298,59 +304,6 @@ class _Context:
             # the structural moves keep inside its group's holdings
             return False
         return exact_covers(length, src, dst, m)
-
-    def _moves_last(self, state):
-        """Goal-free all_permute targets: a mesh dim in the middle of an order moves to the
-        end of it, or to the end of another tensor dim's order (a gather may follow)."""
-        codes, chains = state
-        seen = []
-        for d, chain in enumerate(chains):
-            for i, m in enumerate(chain[:-1]):
-                rest = chain[:i] + chain[i + 1 :]
-                seen.append((codes, _put(chains, d, rest + (m,))))
-                for code in self.shards:
-                    if code[0] != d:
-                        moved = _put(_put(chains, d, rest), code[0], chains[code[0]] + (m,))
-                        seen.append((_put(codes, m, code), moved))
-        return seen
-
-    def _permute_targets(self, state, goal):
-        """Goal-bound all_permute targets: one tensor dim re-ordered as in the goal, or a
-        jump where the dims sharding in both take the goal's placement and order."""
-        codes, chains = state
-        goal_codes, goal_chains = goal
-        seen = []
-        for d, chain in enumerate(chains):
-            if len(chain) < 2:
-                continue
-            gchain = goal_chains[d]
-            if set(gchain) == set(chain) and any(
-                x != y or codes[x] != goal_codes[y] for x, y in zip(chain, gchain, strict=True)
-            ):
-                new_codes = list(codes)
-                for x in gchain:
-                    new_codes[x] = goal_codes[x]
-                seen.append((tuple(new_codes), _put(chains, d, gchain)))
-        both = [m for m in self.active if type(codes[m]) is tuple and type(goal_codes[m]) is tuple]
-        if both:
-            new_codes = list(codes)
-            for m in both:
-                new_codes[m] = goal_codes[m]
-            new_chains = []
-            for d in range(self.ndim):
-                mine = [
-                    m for m in self.active if type(new_codes[m]) is tuple and new_codes[m][0] == d
-                ]
-                first = [m for m in goal_chains[d] if m in mine]
-                tail = [m for m in chains[d] if m in mine and m not in first]
-                tail += [m for m in mine if m not in first and m not in tail]
-                new_chains.append(tuple(first + tail))
-            seen.append((tuple(new_codes), tuple(new_chains)))
-        out = []
-        for t in seen:
-            if t != state and t not in out:
-                out.append(t)
-        return out
 
     # the heuristic
     def heuristic(self, state, goal) -> float:
@@ -658,11 +611,11 @@ def context(mesh, shape, dtype, model, shards, ptargets, bound) -> _Context:
 def search(ctx: _Context, start: int, goal: int):
     """A* from state ``start`` to ``goal`` (ids); ``(cost, [(state, transition, next)])``.
 
-    Partial-order reduction: when two structural single-dim steps on different mesh dims
-    and different shard orders commute, only the cheaper order is kept (on a tie, the one
-    moving the lower mesh dim first), so independent steps are not tried in every order.
-    First, a greedy walk that keeps the heuristic tight (:func:`_tight_path`): a plan
-    priced exactly ``h(start)`` is a minimum, returned without the search.
+    Prices carry the tie-breaking factor of :func:`_tie`, so the minimum is unique: the
+    search and a plan table (``_table``) find the same plan. Partial-order reduction:
+    when two structural single-dim steps on different mesh dims and different shard
+    orders commute, only the cheaper order is kept, so independent steps are not tried
+    in every order.
     """
     heuristic = ctx.heuristic
     hmemo = ctx._h
@@ -679,11 +632,7 @@ def search(ctx: _Context, start: int, goal: int):
             h = hmemo[key] = heuristic(i, goal)
         return h
 
-    h0 = h_of(start)
-    tight = _tight_path(ctx, start, goal, h0, h_of)
-    if tight is not None:
-        return tight
-    memo: dict = {start: h0}
+    memo: dict = {start: h_of(start)}
     best = {start: 0.0}
     parent: dict = {start: None}
     counter = itertools.count()
@@ -699,7 +648,7 @@ def search(ctx: _Context, start: int, goal: int):
         h = memo.get(i)
         if h is None:
             h = memo[i] = h_of(i)
-            if g + h > key * (1 + 1e-12):
+            if g + h > key:
                 heapq.heappush(heap, (g + h, neg_g, next(counter), i))
                 continue
         if i == goal:
@@ -712,16 +661,13 @@ def search(ctx: _Context, start: int, goal: int):
             return g, moves
         closed.add(i)
         via = parent[i]
-        succ = successors(i, goal)
+        succ = successors(i)
         if via is not None and via[1][6] is not None and len(via[1][2]) == 1:
-            # the goal-free successors (cached by ``successors``) that the commuting-steps
-            # reduction keeps, then the goal's permutes (never pruned by it)
+            # the successors the commuting-steps reduction keeps
             kkey = (via[0], via[1][1], via[1][2], via[1][3], i)
-            kept = kept_memo.get(kkey)
-            if kept is None:
-                kept = kept_memo[kkey] = _commute_filter(ctx, via[0], via[1], ctx._succ[i])
-            perm = ctx._perm[(i, goal)]
-            succ = kept + perm if perm else kept
+            succ = kept_memo.get(kkey)
+            if succ is None:
+                succ = kept_memo[kkey] = _commute_filter(ctx, via[0], via[1], ctx._succ[i])
         for trans in succ:
             c, t = trans[0], trans[1]
             if trans[3] is None and trans[6] == () and len(trans[2]) == 1:
@@ -744,37 +690,15 @@ def search(ctx: _Context, start: int, goal: int):
     return None
 
 
-def _tight_path(ctx: _Context, start: int, goal: int, h0: float, h_of):
-    """A plan priced exactly ``h(start)``, found greedily, or None: as the heuristic is a
-    lower bound of every plan's price, such a plan is a minimum without a search.
+def _tie(a, b) -> float:
+    """A deterministic factor in [1, 1 + 2**-31) for the transition ``a -> b`` (states).
 
-    From each state it takes a step whose price plus the next state's heuristic equals
-    the current heuristic (the bound stays tight); it gives up at the first state with
-    none."""
-    successors = ctx.successors
-    tol = 1e-12 * h0
-    i, h, g = start, h0, 0.0
-    moves = []
-    for _ in range(4 * len(ctx.sizes) + 4):
-        if i == goal:
-            return (g, moves) if g <= h0 + 4 * tol else None
-        nxt = None
-        for trans in successors(i, goal):
-            c = trans[0]
-            if c > h + tol:
-                continue
-            t = trans[1]
-            ht = 0.0 if t == goal else h_of(t)
-            if c + ht <= h + tol:
-                nxt = trans
-                break
-        if nxt is None:
-            return None
-        moves.append((i, nxt, nxt[1]))
-        g += nxt[0]
-        h -= nxt[0]
-        i = nxt[1]
-    return None
+    Every price carries it, so plans that would tie exactly differ, and each pair of specs
+    has one cheapest plan, whichever way it is found (search or table, in any process of
+    one Python build: states hold only ints, whose hashes are fixed). A plan's price moves
+    by under 5e-10 of itself.
+    """
+    return 1.0 + (hash((a, b)) & 0xFFFFFFFF) * 2.0**-63
 
 
 def _commute_filter(ctx: _Context, prev: int, x: tuple, succ: tuple) -> tuple:
@@ -805,11 +729,12 @@ def _commute_filter(ctx: _Context, prev: int, x: tuple, succ: tuple) -> tuple:
                     q = intern((q_codes, q_chains))
                     bp, bq, bt = nbytes[prev], nbytes[q], nbytes[t]
                     if bound is None or (bp + bq <= bound and bq + bt <= bound):
-                        alt = price(trans[2], trans[3], trans[4], bp, bq, trans[5]) + price(
-                            x[2], x[3], x[4], bq, bt, x[5]
-                        )
+                        q_state = states[q]
+                        alt = price(trans[2], trans[3], trans[4], bp, bq, trans[5]) * _tie(
+                            states[prev], q_state
+                        ) + price(x[2], x[3], x[4], bq, bt, x[5]) * _tie(q_state, states[t])
                         here = x[0] + trans[0]
-                        if alt < here * (1 - 1e-12) or (alt <= here * (1 + 1e-12) and my < mx):
+                        if alt < here or (alt == here and my < mx):
                             continue
         out.append(trans)
     return tuple(out)
