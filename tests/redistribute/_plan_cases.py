@@ -58,7 +58,7 @@ def spec_pairs(
 
 
 def _ranks(spec: Spec) -> tuple[int, ...]:
-    return tuple(sorted(shard(torch.zeros(spec.shape, dtype=torch.float64), spec)))
+    return tuple(sorted(shard(torch.zeros(spec.shape, dtype=getattr(torch, spec.dtype)), spec)))
 
 
 def _select(x: torch.Tensor, per_dim) -> torch.Tensor:
