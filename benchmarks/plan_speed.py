@@ -8,13 +8,18 @@ placements as meshplan (Replicate, Partial, Shard(0), Shard(1) per mesh dim, def
 shard order, tensors of 1024 x 1024 and 1000 x 768 float32), on meshes (8,), (2, 4),
 (2, 2, 2) and (2, 2, 2, 2). No real communication happens.
 
-Timing, per plan (mean; garbage collection off, as timeit does):
+Timing, per plan (mean; garbage collection off, as timeit does; uncached calls are the
+best of three single calls, for torch's planners too):
 
 * torch greedy / graph: ``_gen_transform_infos_non_cached`` (torch keeps its planner
   object and mesh topology cached across calls, as in a training run);
-* meshplan uncached: ``plan()`` with its plan cache cleared before each call, its
-  per-(mesh, shape, cost model) search tables warm from other random pairs (the analogue
-  of torch's cached planner object); meshplan cold: every table cleared too;
+* meshplan uncached: ``plan()`` with its plan cache cleared before each call, on a
+  context (mesh, shape, dtype, cost model, placements) that has planned enough other
+  random pairs to have built its plan table (the analogue of torch's cached planner
+  object); the one-time build of each table is reported beside it (``table build``);
+* meshplan uncached by search: the same, with no plan table (what a context's first
+  ``_table.LAZY`` pairs cost, and every pair of a context too big for a table);
+* meshplan cold: every table cleared before each plan;
 * cached: the second call of ``plan()`` / torch's ``_gen_transform_infos``.
 
 Quality, per plan: steps, collectives and bytes received per rank. Bytes are priced the
@@ -182,6 +187,35 @@ def timed(fn, repeat: int = 1) -> float:
         gc.enable()
 
 
+REPEAT = 3  # uncached timings: the best of this many single calls, for both planners
+
+
+def best_uncached(fn) -> float:
+    from meshplan.redistribute import clear_plan_cache
+
+    out = math.inf
+    for _ in range(REPEAT):
+        clear_plan_cache(tables=False)
+        out = min(out, timed(fn))
+    return out
+
+
+def table_builds(pairs, model) -> list[float]:
+    """Seconds to build the plan table of each distinct context of ``pairs`` (none: too big)."""
+    from meshplan.redistribute import _planner, _search, _table
+
+    seen = {}
+    for src, dst in pairs:
+        shards, ptargets = _planner._universe(src, dst, src.ndim)
+        ctx = _search.context(src.mesh, src.shape, src.dtype, model, shards, ptargets, None)
+        if ctx not in seen and _table.state_count(ctx) <= _table.MAX_STATES:
+            with ctx.lock:
+                t0 = time.perf_counter()
+                _table._build(ctx)
+                seen[ctx] = time.perf_counter() - t0
+    return list(seen.values())
+
+
 def run(cases_per_mesh: int, graph_cases: int, seed: int, gpus_per_node: int = 8) -> dict:
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
@@ -189,7 +223,7 @@ def run(cases_per_mesh: int, graph_cases: int, seed: int, gpus_per_node: int = 8
     from torch.testing._internal.distributed.fake_pg import FakeStore
 
     from meshplan.layout import Mesh
-    from meshplan.redistribute import CostModel, clear_plan_cache, cost, plan
+    from meshplan.redistribute import CostModel, _table, clear_plan_cache, cost, plan
 
     world = max(math.prod(m) for m in MESHES)
     dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=world)
@@ -213,13 +247,24 @@ def run(cases_per_mesh: int, graph_cases: int, seed: int, gpus_per_node: int = 8
         for row, (src, dst) in zip(rows, mp, strict=True):
             clear_plan_cache()
             row["mp_cold_s"] = timed(lambda s=src, d=dst: plan(s, d, cost_model=model))
-        # meshplan, uncached: search tables warm from other pairs, each pair planned once
+        # meshplan, uncached, by search: tables of the context warm from other pairs, but
+        # no plan table (what a context's first LAZY pairs cost)
+        lazy = _table.LAZY
+        _table.LAZY = 10**9
         clear_plan_cache()
         for a, b, sh in warm:
             plan(mp_spec(mesh, a, sh), mp_spec(mesh, b, sh), cost_model=model)
         for row, (src, dst) in zip(rows, mp, strict=True):
-            clear_plan_cache(tables=False)
-            row["mp_uncached_s"] = timed(lambda s=src, d=dst: plan(s, d, cost_model=model))
+            row["mp_search_s"] = best_uncached(lambda s=src, d=dst: plan(s, d, cost_model=model))
+        # meshplan, uncached, from the plan table each context builds after LAZY pairs
+        _table.LAZY = 0
+        clear_plan_cache()
+        for a, b, sh in warm:
+            plan(mp_spec(mesh, a, sh), mp_spec(mesh, b, sh), cost_model=model)
+        for row, (src, dst) in zip(rows, mp, strict=True):
+            row["mp_uncached_s"] = best_uncached(lambda s=src, d=dst: plan(s, d, cost_model=model))
+        _table.LAZY = lazy
+        builds = table_builds(mp, model)
         for row, (src, dst) in zip(rows, mp, strict=True):
             row["mp_cached_s"] = timed(lambda s=src, d=dst: plan(s, d, cost_model=model), 50)
             p = plan(src, dst, cost_model=model)
@@ -235,8 +280,9 @@ def run(cases_per_mesh: int, graph_cases: int, seed: int, gpus_per_node: int = 8
         for tsrc, tdst in tt[:2]:
             R._gen_transform_infos_non_cached(tsrc, tdst, False)
         for row, (tsrc, tdst) in zip(rows, tt, strict=True):
-            row["greedy_s"] = timed(
-                lambda a=tsrc, b=tdst: R._gen_transform_infos_non_cached(a, b, False)
+            row["greedy_s"] = min(
+                timed(lambda a=tsrc, b=tdst: R._gen_transform_infos_non_cached(a, b, False))
+                for _ in range(REPEAT)
             )
         for row, (tsrc, tdst), (src, dst) in zip(rows, tt, mp, strict=True):
             R._gen_transform_infos(tsrc, tdst, False)
@@ -251,8 +297,10 @@ def run(cases_per_mesh: int, graph_cases: int, seed: int, gpus_per_node: int = 8
             )
             infos = R._gen_transform_infos_non_cached(tsrc, tdst, True)
             _add_torch(row, "graph", infos, src, dst, model, cost)
-        report["meshes"].append({"mesh": list(shape_mesh), "ranks": n, "cases": rows})
-        print_mesh(shape_mesh, rows)
+        report["meshes"].append(
+            {"mesh": list(shape_mesh), "ranks": n, "cases": rows, "table_builds_s": builds}
+        )
+        print_mesh(shape_mesh, rows, builds)
     dist.destroy_process_group()
     return report
 
@@ -297,6 +345,8 @@ def summarize(rows) -> dict:
         "graph_cases": sum("graph_s" in r for r in rows),
         "mp_uncached_us": _mean(rows, "mp_uncached_s") * 1e6,
         "mp_uncached_median_us": _median(rows, "mp_uncached_s") * 1e6,
+        "mp_search_us": _mean(rows, "mp_search_s") * 1e6,
+        "mp_search_median_us": _median(rows, "mp_search_s") * 1e6,
         "mp_cold_us": _mean(rows, "mp_cold_s") * 1e6,
         "mp_cached_us": _mean(rows, "mp_cached_s") * 1e6,
         "greedy_us": _mean(rows, "greedy_s") * 1e6,
@@ -326,7 +376,7 @@ def summarize(rows) -> dict:
     }
 
 
-def print_mesh(shape_mesh, rows) -> None:
+def print_mesh(shape_mesh, rows, builds) -> None:
     s = summarize(rows)
     print(
         f"\nmesh {shape_mesh} ({len(shape_mesh)}-D, {math.prod(shape_mesh)} ranks), "
@@ -339,6 +389,17 @@ def print_mesh(shape_mesh, rows) -> None:
         f"{s['graph_us'] / s['graph_subset_mp_uncached_us']:10.0f}"
     )
     print(f"  {'  (median) us':22}{s['mp_uncached_median_us']:12.1f}")
+    print(
+        f"  {'  by search us':22}{s['mp_search_us']:12.1f}{'':24}"
+        f"{s['mp_search_us'] / s['greedy_us']:11.2f}"
+        f"{s['graph_us'] / _mean([r for r in rows if 'graph_s' in r], 'mp_search_s') / 1e6:10.0f}"
+    )
+    print(f"  {'    (median) us':22}{s['mp_search_median_us']:12.1f}")
+    if builds:
+        print(
+            f"  {'  table build ms':22}{1e3 * statistics.fmean(builds):12.1f}"
+            f"   ({len(builds)} contexts, max {1e3 * max(builds):.1f} ms, once per context)"
+        )
     print(
         f"  {'  cold tables us':22}{s['mp_cold_us']:12.1f}{'':24}"
         f"{s['mp_cold_us'] / s['greedy_us']:11.2f}"

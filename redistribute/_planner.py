@@ -11,18 +11,21 @@ The steps a plan may take (each a valid :class:`Step`):
   on index intervals allows (tiny dims, StridedShards);
 * ``all_permute`` over several mesh dims sharded in both specs: a change of shard order,
   or of which dims shard which tensor dims, valid when per tensor dim the old and new
-  orders share a prefix and differ only in the step's dims. Candidates: one order
-  re-arranged as in the target, a dim moved to the end of some order, and a jump where
-  every dim sharded in both takes the target's placement and order.
+  orders share a prefix and differ only in the step's dims. Every such permute is a move.
 
 Searched placements: ``Shard(d)`` for every tensor dim, the StridedShards of
 ``src``/``dst``, Replicate and the Partial ops of ``src``/``dst``. The price of a plan is
-the sum of its steps' prices under the cost model; the heuristic is a lower bound, so
-the result is a minimum over every plan of such steps (``tests/redistribute/
-test_plan_optimal.py`` checks it against a brute force). Then :func:`merge` runs like-kind
-collectives on flattened aliases. The search prices single-dim steps only, so on a mesh
-with aliases the plan moving each dim straight to its target is merged too, and the
-cheaper merged plan wins. Plans are cached on the frozen arguments.
+the sum of its steps' prices under the cost model, each times a deterministic
+tie-breaking factor below 1 + 5e-10 (``_search._tie``), so the cheapest plan is unique.
+A context (mesh, shape, dtype, model, placements, memory bound) plans its first pairs by
+A* search (the heuristic is a lower bound, so the result is a minimum over every plan of
+such steps: ``tests/redistribute/test_plan_optimal.py`` checks it against a brute
+force); after ``_table.LAZY`` pairs, a context small enough builds an all-pairs table
+and walks it, to the very same plan (``tests/redistribute/test_table.py``). Then
+:func:`merge` runs like-kind collectives on flattened aliases. The search prices
+single-dim steps only, so on a mesh with aliases the plan moving each dim straight to
+its target is merged too, and the cheaper merged plan wins. Plans are cached on the
+frozen arguments.
 """
 
 from __future__ import annotations

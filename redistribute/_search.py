@@ -8,13 +8,14 @@ memory bound), the tables every search on it shares: interned states (ids), thei
 padded local bytes, their transitions and prices, heuristic values per goal.
 
 Transitions (see ``meshplan.redistribute._planner`` for the rules) are generated per
-state, validity checked structurally (a mesh dim leaves an order from its end and joins
-one at its end; an all_permute changes only what follows a common prefix of each order)
-or, for tiny dims and StridedShards, exactly on index intervals. The heuristic is a
-lower bound of the remaining price: launches and latency of the collectives each mesh
-dim still needs, local launches, and a bandwidth floor. The search prunes commuting
-steps taken in the costlier order, never reduces into a Partial the goal does not hold,
-and evaluates the heuristic lazily.
+state, goal-free and memoized: single-dim steps, validity checked structurally (a mesh
+dim leaves an order from its end and joins one at its end) or, for tiny dims and
+StridedShards, exactly on index intervals; and every valid all_permute. Each price
+carries the tie-breaking factor of :func:`_tie`. The heuristic is a lower bound of the
+remaining price: launches and latency of the collectives each mesh dim still needs,
+local launches, and a bandwidth floor. The search prunes commuting steps taken in the
+costlier order, never reduces into a Partial the goal does not hold, and evaluates the
+heuristic lazily.
 """
 
 from __future__ import annotations

@@ -1,18 +1,18 @@
 """All-pairs plan tables for small state spaces (no torch).
 
 When every spec a search context can reach is few (at most :data:`MAX_STATES`: meshes of
-up to three active dims, four-dim meshes over 2-D tensors), the context's whole state
-graph is built once, in a canonical order: every single-dim transition of the search and
-**every** valid ``all_permute`` (not only the search's candidates), priced with the
-same cost model and memory bound. Floyd-Warshall then gives the exact minimum price
-between any two states; a plan walks from the source, always taking the first
-transition that stays on a cheapest path to the goal.
+up to three active dims, four-dim meshes over 2-D tensors with one Partial op), the
+context's whole state graph is built in a canonical order from the search's own
+transitions (every single-dim step and every valid ``all_permute``, with the same
+tie-broken prices and memory bound); Floyd-Warshall gives the minimum price between any
+two states, and a plan walks from the source, always taking the transition that leads
+on most cheaply.
 
-Whether a context has a table depends only on the context (mesh, shape, dtype, cost
-model, placement universe, memory bound), never on what was planned before, so every
-rank computes the same plan. Building costs a one-time few milliseconds (3-D meshes) to
-about 0.1-0.2 s (536 states on a 4-D mesh over a 2-D tensor); each plan is then a walk
-of a few microseconds per step.
+Prices are tie-broken (``_search._tie``), so each pair has one cheapest plan: the walk
+returns exactly what the A* search returns. That makes the table a pure speed-up, built
+lazily once a context has planned :data:`LAZY` pairs, whatever each process planned
+before. Building takes about a millisecond on 1-3-D meshes over 2-D tensors and
+60-120 ms for the 4-D ones (536 states); a walk then costs a few microseconds per step.
 """
 
 from __future__ import annotations
@@ -111,10 +111,12 @@ _TABLES: collections.OrderedDict = collections.OrderedDict()
 _LOCK = threading.Lock()
 
 
-def table(ctx, *, after: int = LAZY) -> Table | None:
-    """The context's table, or None: while it has planned at most ``after`` pairs (a
-    search is cheaper than a table for a few), or when its state space exceeds
-    :data:`MAX_STATES`. Call with ``ctx.lock`` held."""
+def table(ctx, *, after: int | None = None) -> Table | None:
+    """The context's table, or None: while it has planned at most ``after`` pairs
+    (default :data:`LAZY`; a search is cheaper than a table for a few), or when its state
+    space exceeds :data:`MAX_STATES`. Call with ``ctx.lock`` held."""
+    if after is None:
+        after = LAZY
     if ctx.tabled is None:
         ctx.tabled = state_count(ctx) <= MAX_STATES
     if not ctx.tabled:
