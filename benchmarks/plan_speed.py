@@ -369,6 +369,11 @@ def summarize(rows) -> dict:
             r["mp_collectives"] > r["greedy_collectives"] for r in rows
         ),
         "more_bytes_than_greedy": sum(r["mp_bytes"] > r["greedy_bytes"] for r in priced),
+        "more_and_cheaper": sum(
+            (r["mp_collectives"] > r["greedy_collectives"] or r["mp_bytes"] > r["greedy_bytes"])
+            and r["mp_cost_s"] < r["greedy_cost_s"]
+            for r in priced
+        ),
         "costlier_than_greedy": sum(
             r["mp_cost_s"] > r["greedy_cost_s"] * (1 + 1e-9) for r in priced
         ),
@@ -432,6 +437,10 @@ def print_mesh(shape_mesh, rows, builds) -> None:
         f"  cases where meshplan uses more collectives than greedy: "
         f"{s['more_collectives_than_greedy']}, more bytes: {s['more_bytes_than_greedy']}, "
         f"costs more: {s['costlier_than_greedy']} (of {s['greedy_priced']} priced)"
+    )
+    print(
+        f"    of the cases with more collectives or bytes, cheaper under the cost model: "
+        f"{s['more_and_cheaper']} (an extra launch buys fewer bytes, or fewer on the slower link)"
     )
 
 
