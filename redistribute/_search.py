@@ -76,7 +76,9 @@ class _Context:
         self.states: list = []
         self._nbytes: list = []
         self._ext: dict = {}
-        self._succ: dict = {}
+        self._succ: dict = {}  # state -> its single-dim transitions
+        self._perms: dict = {}  # state -> its all_permute transitions
+        self._floor: dict = {}  # state -> lower bound of their prices
         self._coef: dict = {}
         self._overlap: dict = {}
         self._pieces: dict = {}
@@ -121,6 +123,8 @@ class _Context:
             self.states.clear()
             self._nbytes.clear()
             self._succ.clear()
+            self._perms.clear()
+            self._floor.clear()
             self._overlap.clear()
             self._pieces.clear()
             self._goal_info.clear()
@@ -166,11 +170,38 @@ class _Context:
     # transitions
     def successors(self, i: int, goal: int | None = None):
         """Every transition from state ``i`` (see the tuple layout above); goal-free."""
+        return self.singles(i) + self.permutes(i)
+
+    def singles(self, i: int):
+        """The single-dim transitions from state ``i``."""
         out = self._succ.get(i)
         if out is None:
-            state = self.states[i]
-            out = self._succ[i] = self._successors(state) + self._permutes(i, state)
+            out = self._succ[i] = self._successors(self.states[i])
         return out
+
+    def permutes(self, i: int):
+        """The all_permute transitions from state ``i``."""
+        out = self._perms.get(i)
+        if out is None:
+            out = self._perms[i] = self._permutes(i, self.states[i])
+        return out
+
+    def permute_floor(self, i: int) -> float:
+        """A lower bound on the price of every all_permute from state ``i`` (inf: none)."""
+        f = self._floor.get(i)
+        if f is None:
+            codes = self.states[i][0]
+            sharded = [m for m in self.active if type(codes[m]) is tuple]
+            b_in = self._nbytes[i]
+            f = min(
+                (
+                    self.price(g, "all_permute", self.sizes[g[0]] * self.sizes[g[1]], b_in, 0)
+                    for g in itertools.combinations(sharded, 2)
+                ),
+                default=math.inf,
+            )
+            self._floor[i] = f
+        return f
 
     def _permutes(self, i: int, state) -> tuple:
         """Every valid all_permute out of ``state``: the sharding mesh dims take other
@@ -183,6 +214,7 @@ class _Context:
         out = []
         b_in = self._nbytes[i]
         bound, sizes, ndim = self.bound, self.sizes, self.ndim
+        intern, nbytes, price = self.intern, self._nbytes, self.price
         for assign in itertools.product(self.shards, repeat=len(sharded)):
             new_codes = list(codes)
             for m, c in zip(sharded, assign, strict=True):
@@ -190,18 +222,27 @@ class _Context:
             new_codes = tuple(new_codes)
             members = [[m for m in sharded if new_codes[m][0] == d] for d in range(ndim)]
             for new_chains in itertools.product(*(itertools.permutations(x) for x in members)):
+                # the dims after the longest common prefix of each order: the step's group
+                g: set[int] = set()
+                for chain, tchain in zip(chains, new_chains, strict=True):
+                    k = 0
+                    n = min(len(chain), len(tchain))
+                    while (
+                        k < n and chain[k] == tchain[k] and codes[chain[k]] == new_codes[chain[k]]
+                    ):
+                        k += 1
+                    g.update(chain[k:])
+                    g.update(tchain[k:])
+                if len(g) < 2:
+                    continue  # the state itself, or a single-dim step
                 t = (new_codes, new_chains)
-                if t == state:
-                    continue
-                g = _permute_dims(state, t)
-                if g is None or len(g) < 2:
-                    continue
-                j = self.intern(t)
-                b_out = self._nbytes[j]
+                j = intern(t)
+                b_out = nbytes[j]
                 if bound is None or b_in + b_out <= bound:
-                    n = math.prod(sizes[m] for m in g)
-                    c = self.price(g, "all_permute", n, b_in, b_out) * _tie(state, t)
-                    out.append((c, j, g, "all_permute", n, False, None))
+                    dims = tuple(sorted(g))
+                    n = math.prod(sizes[m] for m in dims)
+                    c = price(dims, "all_permute", n, b_in, b_out) * _tie(state, t)
+                    out.append((c, j, dims, "all_permute", n, False, None))
         return tuple(out)
 
     def _successors(self, state):
@@ -521,31 +562,6 @@ def mixable(codes, op) -> bool:
     return True
 
 
-def _permute_dims(state, target):
-    """The mesh dims an all_permute from ``state`` to ``target`` runs over, or None if invalid."""
-    codes, chains = state
-    tcodes, tchains = target
-    g: set[int] = set()
-    for chain, tchain in zip(chains, tchains, strict=True):
-        k = 0
-        while (
-            k < len(chain)
-            and k < len(tchain)
-            and chain[k] == tchain[k]
-            and codes[chain[k]] == tcodes[tchain[k]]
-        ):
-            k += 1
-        g.update(chain[k:])
-        g.update(tchain[k:])
-    for m, (a, b) in enumerate(zip(codes, tcodes, strict=True)):
-        if m in g:
-            if type(a) is not tuple or type(b) is not tuple:
-                return None
-        elif a != b:
-            return None
-    return tuple(sorted(g))
-
-
 @functools.lru_cache(maxsize=4096)
 def _may_empty(length: int, sizes: tuple[int, ...]) -> bool:
     """Whether some order of some of the mesh dims of ``sizes`` leaves a piece empty."""
@@ -620,7 +636,7 @@ def search(ctx: _Context, start: int, goal: int):
     """
     heuristic = ctx.heuristic
     hmemo = ctx._h
-    successors = ctx.successors
+    singles = ctx.singles
     states = ctx.states
 
     goal_codes = states[goal][0]
@@ -639,9 +655,38 @@ def search(ctx: _Context, start: int, goal: int):
     counter = itertools.count()
     heap = [(memo[start], 0.0, 0, start)]
     closed = set()
+    push = heapq.heappush
+
+    def relax(i, g, h, succ):
+        for trans in succ:
+            c, t = trans[0], trans[1]
+            if trans[3] is None and trans[6] == () and len(trans[2]) == 1:
+                # Replicate -> Partial, or sum <-> avg, on a mesh dim the goal keeps
+                # un-Partial: whatever reduces it later could have run without it
+                b = goal_codes[trans[2][0]]
+                if type(b) is not int or b == R:
+                    continue
+            ng = g + c
+            old = best.get(t)
+            if old is None or ng < old:
+                best[t] = ng
+                parent[t] = (i, trans)
+                ht = memo.get(t)
+                if ht is None:
+                    ht = h - c if h > c else 0.0
+                push(heap, (ng + ht, -ng, next(counter), t))
+                closed.discard(t)
+
     while heap:
         key, neg_g, _, i = heapq.heappop(heap)
         g = -neg_g
+        if i < 0:
+            # the all_permutes of state ~i, queued when it was expanded (at a lower bound
+            # of their successors' rank), generated only now
+            i = ~i
+            if g <= best[i]:
+                relax(i, g, memo[i], ctx.permutes(i))
+            continue
         if i in closed or g > best[i]:
             continue
         # lazy heuristic: a state was queued under h(parent) - step price (a lower bound
@@ -650,7 +695,7 @@ def search(ctx: _Context, start: int, goal: int):
         if h is None:
             h = memo[i] = h_of(i)
             if g + h > key:
-                heapq.heappush(heap, (g + h, neg_g, next(counter), i))
+                push(heap, (g + h, neg_g, next(counter), i))
                 continue
         if i == goal:
             moves = []
@@ -662,32 +707,18 @@ def search(ctx: _Context, start: int, goal: int):
             return g, moves
         closed.add(i)
         via = parent[i]
-        succ = successors(i)
+        succ = singles(i)
         if via is not None and via[1][6] is not None and len(via[1][2]) == 1:
-            # the successors the commuting-steps reduction keeps
+            # the single-dim steps the commuting-steps reduction keeps
             kkey = (via[0], via[1][1], via[1][2], via[1][3], i)
             succ = kept_memo.get(kkey)
             if succ is None:
-                succ = kept_memo[kkey] = _commute_filter(ctx, via[0], via[1], ctx._succ[i])
-        for trans in succ:
-            c, t = trans[0], trans[1]
-            if trans[3] is None and trans[6] == () and len(trans[2]) == 1:
-                # Replicate -> Partial, or sum <-> avg, on a mesh dim the goal keeps
-                # un-Partial: whatever reduces it later could have run without it
-                m = trans[2][0]
-                b = goal_codes[m]
-                if type(b) is not int or b == R:
-                    continue
-            ng = g + c
-            old = best.get(t)
-            if old is None or ng < old:
-                best[t] = ng
-                parent[t] = (i, trans)
-                ht = memo.get(t)
-                if ht is None:
-                    ht = h - c if h > c else 0.0
-                heapq.heappush(heap, (ng + ht, -ng, next(counter), t))
-                closed.discard(t)
+                succ = kept_memo[kkey] = _commute_filter(ctx, via[0], via[1], singles(i))
+        relax(i, g, h, succ)
+        floor = ctx.permute_floor(i)
+        if floor < math.inf:
+            # every permute leads to a state ranked at least this
+            push(heap, (g + (floor if floor > h else h), neg_g, next(counter), ~i))
     return None
 
 

@@ -117,9 +117,7 @@ def table(ctx, *, after: int | None = None) -> Table | None:
     space exceeds :data:`MAX_STATES`. Call with ``ctx.lock`` held."""
     if after is None:
         after = LAZY
-    if ctx.tabled is None:
-        ctx.tabled = state_count(ctx) <= MAX_STATES
-    if not ctx.tabled:
+    if ctx.tabled is False:
         return None
     with _LOCK:
         tab = _TABLES.get(ctx)
@@ -129,6 +127,10 @@ def table(ctx, *, after: int | None = None) -> Table | None:
     ctx.planned += 1
     if ctx.planned <= after:
         return None
+    if ctx.tabled is None:
+        ctx.tabled = state_count(ctx) <= MAX_STATES
+        if not ctx.tabled:
+            return None
     tab = _build(ctx)
     with _LOCK:
         _TABLES[ctx] = tab
