@@ -38,7 +38,8 @@ from meshplan.layout import FrozenMap, Mesh
 from meshplan.placement import Partial, Replicate, Shard, Spec, StridedShard
 
 from ._cost import CostModel
-from ._search import R, context, exact_covers, search
+from ._exact import exact_covers
+from ._search import R, context, search
 from ._step import Plan, Step, _avg_scale
 from ._table import clear_tables, table, walk
 

@@ -1,0 +1,218 @@
+"""The search's heuristic: a lower bound of what a plan from a state to a goal costs (no torch).
+
+A mix-in of the search context (``_search._Context``), whose tables it reads: the
+per-mesh-dim weights, latencies and launch prices set up there, and its memo tables.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+from meshplan.placement import Shard, StridedShard, shard_intervals
+
+R = 0
+_SUMAVG = (1, 2)
+
+
+class _Bounds:
+    def heuristic(self, state, goal) -> float:
+        """A lower bound on the price of any plan from ``state`` to ``goal``.
+
+        Launches: every mesh dim that must reduce, or go from a shard to Replicate, needs
+        a single-dim collective of its own (the search merges nothing); any other mesh
+        dim in the wrong shard placement or order position needs at least one more
+        collective between them; alpha * log2(size) per such dim; one local launch per
+        dim that must become a shard or Partial from Replicate, or change Partial kind.
+        Bandwidth: each of those collectives moves at least its share of the smallest
+        local tensor it can run on (the tensor split over every mesh dim sharded in
+        ``state`` or ``goal``, and over dims replicated in both that the plan might shard
+        for a while, paying a slice and a gather for each), on its own dim's link; and
+        the first rank must receive what it lacks, at the fastest link.
+        """
+        codes, chains = state = self.states[state]
+        info = self._goal_info.get(goal)
+        if info is None:
+            info = self._goal_info[goal] = self._goal_table(self.states[goal])
+        tables, goal_partial, goal_chains, goal_codes = info
+        single = 0
+        other = False
+        lat = 0.0
+        local = 0
+        reduce = False
+        split = 1
+        unsplit = 1  # sizes of dims Partial in state or goal (a plan may shard them)
+        lw = 0  # local steps, each weighted by the split its output cannot have
+        loose = None  # those dims: a plan may shard them for a while at an extra step
+        spare = None
+        w_single = 0.0
+        w_other = 0.0
+        for m, table in tables:
+            a = codes[m]
+            e = table.get(a)
+            if e is None:
+                e = table[a] = self._entry(m, a, goal_codes[m])
+            kind, n_split, dlat, dlocal, dw = e
+            split *= n_split
+            if n_split == 1 and kind != 4:
+                unsplit *= self.sizes[m]
+                # the cheapest way to shard it for a while: R -> S -> P takes one more local
+                # step; P -> S -> P' (P' not sum/avg of P) none; any other needs a collective
+                b = goal_codes[m]
+                if a == R:
+                    extra = self.local_launch
+                elif kind == 1 and b != R:
+                    extra = 0.0
+                else:
+                    extra = self.launch + self.alpha_log[m]
+                loose = ((m, extra),) if loose is None else loose + ((m, extra),)
+            if kind == 0:
+                continue
+            if kind == 1:  # a collective of its own
+                single += 1
+                lat += dlat
+                if dlocal:
+                    local += 1
+                    lw += self.sizes[m]  # its local step writes a tensor unsplit on m
+                w_single += dw
+                if type(a) is int:
+                    reduce = True
+            elif kind == 2:  # some collective
+                other = True
+                lat += dlat
+                if dw > w_other:
+                    w_other = dw
+            elif kind == 3:  # local
+                local += 1
+                lw += self.sizes[m] if type(goal_codes[m]) is int else 1
+            elif kind == 4:  # replicated in both
+                spare = (m,) if spare is None else spare + (m,)
+            else:  # same shard placement: is its order position right?
+                d = a[0]
+                chain, gchain = chains[d], goal_chains[d]
+                k = chain.index(m)
+                if (
+                    k >= len(gchain)
+                    or gchain[k] != m
+                    or any(
+                        x != y or codes[x] != goal_codes[y]
+                        for x, y in zip(chain[:k], gchain[:k], strict=True)
+                    )
+                ):
+                    other = True
+                    lat += dlat
+                    if dw > w_other:
+                        w_other = dw
+        h = (single + (1 if other else 0)) * self.launch + lat + local * self.local_launch
+        w = w_single + w_other
+        full = self.total_bytes / split
+        n_spare = 1
+        for x in spare or ():
+            n_spare *= self.sizes[x]
+        # each local step writes at least the smallest local tensor it can run on
+        local_copy = lw * self.copy * full / (unsplit * n_spare)
+        best = local_copy
+        if w:
+            bw = w * full
+            if spare:
+                detour = self.detour
+                spare_all = tuple((x, detour[x]) for x in spare)
+                if loose:
+                    spare_all += loose
+            else:
+                spare_all = loose
+            if spare_all and (bw > self.detour_floor or loose):
+                sizes = self.sizes
+                for k in range(1, len(spare_all) + 1):
+                    for combo in itertools.combinations(spare_all, k):
+                        n = 1
+                        extra = 0.0
+                        for x, e in combo:
+                            n *= sizes[x]
+                            extra += e
+                        v = extra + w * full / n
+                        if v < bw:
+                            bw = v
+            best += bw
+        if not goal_partial:
+            missing = self._missing(state, self.states[goal], reduce) * self.itemsize / self.fastest
+            missing += local_copy
+            if missing > best:
+                best = missing
+        return h + best
+
+    def _goal_table(self, goal):
+        goal_codes, goal_chains = goal
+        partial = any(type(c) is int and c != R for c in goal_codes)
+        return [(m, {}) for m in self.active], partial, goal_chains, goal_codes
+
+    def _entry(self, m, a, b):
+        """What mesh dim ``m`` going from ``a`` to the goal's ``b`` needs, for the heuristic:
+        ``(kind, split, latency, local steps, bandwidth weight)``."""
+        wt = self.weights[m]
+        n = self.sizes[m] if (type(a) is tuple or type(b) is tuple) else 1
+        if a == b:
+            if a == R:
+                return (4, n, 0.0, 0, 0.0)
+            if type(a) is tuple and not self.tiny[a[0]]:
+                return (5, n, self.alpha_log[m], 0, wt[2])
+            return (0, n, 0.0, 0, 0.0)
+        if a == R:
+            return (3, n, 0.0, 1, 0.0)
+        if type(a) is int:
+            if type(b) is int and b != R and a in _SUMAVG and b in _SUMAVG:
+                return (3, n, 0.0, 1, 0.0)
+            local = 1 if (type(b) is int and b != R) else 0
+            w = wt[1] * (self.sizes[m] if type(b) is tuple else 1)
+            return (1, n, self.alpha_log[m], local, w)
+        if b == R:
+            return (1, n, self.alpha_log[m], 0, wt[0])
+        if type(b) is int:
+            return (3, n, 0.0, 1, 0.0)
+        return (2, n, self.alpha_log[m], 0, wt[2])
+
+    def _missing(self, state, goal, reduce: bool) -> int:
+        """Elements the first rank (mesh coordinate 0) needs in ``goal`` and lacks in ``state``."""
+        codes, chains = state
+        goal_codes, goal_chains = goal
+        need = have = 1
+        for d in range(self.ndim):
+            key = (d, chains[d], tuple(codes[m] for m in chains[d]), goal_chains[d])
+            v = self._overlap.get(key)
+            if v is None:
+                a = self._piece0(d, chains[d], codes)
+                b = self._piece0(d, goal_chains[d], goal_codes)
+                v = self._overlap[key] = (_length(b), _common(a, b))
+            need *= v[0]
+            have *= v[1]
+        return need if reduce else need - have
+
+    def _piece0(self, d, chain, codes):
+        key = (d, chain, tuple(codes[m] for m in chain))
+        ivs = self._pieces.get(key)
+        if ivs is None:
+            ivs = self._pieces[key] = self._piece0_uncached(d, chain, codes)
+        return ivs
+
+    def _piece0_uncached(self, d, chain, codes):
+        length = self.shape[d]
+        ivs = ((0, length),) if length else ()
+        for m in chain:
+            sf = codes[m][1]
+            ivs = shard_intervals(
+                ivs, Shard(d) if sf == 1 else StridedShard(d, sf), self.sizes[m], 0
+            )
+        return ivs
+
+
+def _length(ivs) -> int:
+    return sum(b - a for a, b in ivs)
+
+
+def _common(a, b) -> int:
+    n = 0
+    for x0, x1 in a:
+        for y0, y1 in b:
+            lo, hi = max(x0, y0), min(x1, y1)
+            if lo < hi:
+                n += hi - lo
+    return n
