@@ -69,6 +69,14 @@ def _guard(what: str, group: Group) -> Iterator[None]:
     except (RuntimeError, ValueError) as exc:
         text = str(exc).strip()
         first = text.splitlines()[0] if text else type(exc).__name__
+        if "Invalid scalar type" in text or "Unsupported data type" in text:
+            raise RuntimeShellError(
+                f"{what} on group {group.name!r} failed on rank {group.rank}: the process "
+                f"group's backend cannot carry this dtype ({first}; gloo lacks e.g. int16 "
+                "and the float8 types). View the tensor as a same-size dtype it carries "
+                "(meshplan's run() does) or convert it",
+                value=group,
+            ) from exc
         raise RuntimeShellError(
             f"{what} on group {group.name!r} (ranks {group.ranks!r}) failed on rank "
             f"{group.rank}: {first}. A peer rank died, did not join within the group's "

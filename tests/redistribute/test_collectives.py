@@ -325,6 +325,22 @@ def test_bad_arguments_fail_before_any_communication(pool4):
         assert "dtype=" in errors["recv_dtype"]
 
 
+def _unsupported_dtype():
+    g = _group(_world_mesh(), "x")
+    try:
+        C.all_reduce(torch.ones(3, dtype=torch.int16), g, op="sum")
+    except RuntimeShellError as exc:
+        return str(exc)
+    return None
+
+
+def test_a_dtype_the_backend_cannot_carry_is_named_as_such(pool4):
+    # gloo has no int16 reductions: the error says so, not that a peer died
+    for msg in pool4.run(_unsupported_dtype):
+        assert msg is not None and "cannot carry this dtype" in msg, msg
+        assert "peer rank died" not in msg
+
+
 def test_a_rank_killed_mid_collective_ends_the_others_with_a_clear_error(pool8):
     timeout = 3.0
     start = time.monotonic()
