@@ -10,8 +10,9 @@ import itertools
 
 from meshplan.placement import Shard, StridedShard, shard_intervals
 
-R = 0
-_SUMAVG = (1, 2)
+R = 0  # the code of Replicate; Partial sum/avg/max/min are 1..4 (see ``_search``)
+SUMAVG = (1, 2)  # the Partial codes that mix
+_SUMAVG = SUMAVG
 
 
 class _Bounds:

@@ -362,7 +362,7 @@ def _valid_single(step: Step) -> bool:
     ctx = context(src.mesh, src.shape, src.dtype, CostModel.default(), shards, ptargets, None)
     with ctx.lock:
         ids = ctx.intern(_state(src)), ctx.intern(_state(dst))
-        for trans in ctx.successors(*ids):
+        for trans in ctx.singles(ids[0]):
             nxt, dims, collective = trans[1], trans[2], trans[3]
             if nxt == ids[1] and dims == step.mesh_dims and collective == step.collective:
                 return True

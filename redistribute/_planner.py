@@ -280,11 +280,8 @@ def _direct_plan(src: Spec, dst: Spec, model: CostModel, bound) -> Plan | None:
                 break
             codes, chains = ctx.states[i]
             options = []
-            for trans in ctx.successors(i, goal):
-                dims = trans[2]
-                if len(dims) != 1:
-                    continue
-                m = dims[0]
+            for trans in ctx.singles(i):
+                m = trans[2][0]
                 a, b = codes[m], goal_codes[m]
                 if a == b:
                     continue

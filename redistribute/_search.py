@@ -31,12 +31,10 @@ from meshplan.placement import dtype_itemsize
 
 from ._cost import chain_extent, coefficients, group_link
 from ._exact import _may_empty, _smallest_piece, exact_covers
-from ._heuristic import _Bounds
+from ._heuristic import SUMAVG, R, _Bounds
 
 __all__ = ["R", "SUMAVG", "search", "context", "mixable"]
 
-R = 0
-SUMAVG = (1, 2)
 _SUMAVG = SUMAVG
 
 
@@ -171,7 +169,7 @@ class _Context(_Bounds):
         return total
 
     # transitions
-    def successors(self, i: int, goal: int | None = None):
+    def successors(self, i: int):
         """Every transition from state ``i`` (see the tuple layout above); goal-free."""
         return self.singles(i) + self.permutes(i)
 
