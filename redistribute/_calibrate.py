@@ -61,6 +61,12 @@ def measure(
     numel = max(1, nbytes // 4)
     big = torch.ones(numel, dtype=torch.float32, device=device)
     tiny = torch.ones(1, dtype=torch.float32, device=device)
+    src, dst = big.clone(), torch.empty_like(big)
+    copy_s = _time(lambda: dst.copy_(src), repeats)
+    add_s = _time(lambda: torch.add(src, big, out=dst), repeats)
+    launch_s = _time(lambda: tiny.clone(), repeats * 10)
+    # no link moves bytes faster than a local copy: the floor when noise hides the transfer
+    copy_per_byte = copy_s / (numel * 4)
     row: list[float] = []
     for name in mesh.names:
         group = groups.get(name)
@@ -71,13 +77,10 @@ def measure(
         small_s = _time(lambda g=group: C.all_gather_concat(tiny, g), repeats * 4)
         large_s = _time(lambda g=group: C.all_gather_concat(big, g), repeats)
         hops = max(1, math.ceil(math.log2(n)))
-        per_byte = max(large_s - small_s, 1e-9) / ((n - 1) * big.numel() * big.element_size())
+        per_byte = (large_s - small_s) / ((n - 1) * big.numel() * big.element_size())
+        per_byte = max(per_byte, copy_per_byte, 1e-15)
         row += [small_s / hops, per_byte]  # seconds, seconds per byte (both: larger = slower)
-    src, dst = big.clone(), torch.empty_like(big)
-    copy_s = _time(lambda: dst.copy_(src), repeats)
-    add_s = _time(lambda: torch.add(src, big, out=dst), repeats)
-    launch_s = _time(lambda: tiny.clone(), repeats * 10)
-    row += [copy_s / (numel * 4), add_s / (numel * 4), launch_s]
+    row += [max(copy_per_byte, 1e-15), add_s / (numel * 4), launch_s]
     # every rank keeps the slowest rank's numbers, so every rank plans alike
     slowest = C.all_reduce(
         torch.tensor(row, dtype=torch.float64), groups.get(tuple(mesh.names)), "max"
