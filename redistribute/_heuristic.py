@@ -64,7 +64,7 @@ class _Bounds:
                 elif kind == 1 and b != R:
                     extra = 0.0
                 else:
-                    extra = self.launch + self.alpha_log[m]
+                    extra = self.launch + self.per_collective + self.alpha_log[m]
                 loose = ((m, extra),) if loose is None else loose + ((m, extra),)
             if kind == 0:
                 continue
@@ -103,7 +103,8 @@ class _Bounds:
                     lat += dlat
                     if dw > w_other:
                         w_other = dw
-        h = (single + (1 if other else 0)) * self.launch + lat + local * self.local_launch
+        count = single + (1 if other else 0)  # collectives the plan needs at least
+        h = count * (self.launch + self.per_collective) + lat + local * self.local_launch
         w = w_single + w_other
         full = self.total_bytes / split
         n_spare = 1

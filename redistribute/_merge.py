@@ -70,14 +70,17 @@ def merge(plan: Plan, cost_model: CostModel | None = None) -> Plan:
     return merged
 
 
-def merge_plan(plan: Plan, model: CostModel, prices=None) -> tuple[Plan, tuple]:
+def merge_plan(
+    plan: Plan, model: CostModel, prices=None, per_collective: float = 0.0
+) -> tuple[Plan, tuple]:
     """``merge`` without the warning: the merged plan and the merges an alias would enable.
 
-    ``prices``: the steps' costs under ``model`` when known (the planner's own)."""
+    ``prices``: the steps' prices when known (the planner's own); ``per_collective``: the
+    price each collective adds on top of its time (the ``"collectives"`` objective)."""
     kinds = [s.collective for s in plan.steps if s.collective in MERGEABLE]
     if len(kinds) == len(set(kinds)):
         return plan, ()  # no two collectives of one kind: nothing to merge
-    price = _Prices(model)
+    price = _Prices(model, per_collective)
     if prices is not None:
         price.know(plan.steps, prices)
     best = plan
@@ -106,14 +109,18 @@ class _Prices:
     """Step prices under one model, each step priced once (by identity: the steps priced
     live as long as this)."""
 
-    def __init__(self, model: CostModel):
+    def __init__(self, model: CostModel, per_collective: float = 0.0):
         self.model = model
+        self.per_collective = per_collective  # the "collectives" objective's weight
         self._memo: dict = {}
 
     def __call__(self, step: Step) -> float:
         hit = self._memo.get(id(step))
         if hit is None:
-            hit = self._memo[id(step)] = (step, step_cost(step, self.model).total)
+            c = step_cost(step, self.model).total
+            if step.collective is not None:
+                c += self.per_collective
+            hit = self._memo[id(step)] = (step, c)
         return hit[1]
 
     def know(self, steps, prices) -> None:

@@ -32,14 +32,15 @@ from __future__ import annotations
 
 import functools
 import itertools
+import math
 
 from meshplan.errors import PlanError
 from meshplan.layout import FrozenMap, Mesh
-from meshplan.placement import Partial, Replicate, Shard, Spec, StridedShard
+from meshplan.placement import Partial, Replicate, Shard, Spec, StridedShard, dtype_itemsize
 
-from ._cost import CostModel
+from ._cost import OBJECTIVES, CostModel, collective_weight
 from ._exact import exact_covers
-from ._search import R, context, search
+from ._search import R, clear_contexts, context, search
 from ._step import Plan, Step, _avg_scale
 from ._table import clear_tables, table, walk
 
@@ -211,13 +212,15 @@ def _universe(src: Spec, dst: Spec, ndim: int) -> tuple[tuple, tuple]:
 # -- plan -------------------------------------------------------------------------------------
 
 
-def _min_cost_plan(src: Spec, dst: Spec, model: CostModel, bound) -> tuple[Plan, tuple]:
+def _min_cost_plan(
+    src: Spec, dst: Spec, model: CostModel, bound, objective: str = "time"
+) -> tuple[Plan, tuple]:
     """The cheapest plan of single-dim steps and permutes, and its steps' prices."""
     start_state, goal_state = _state(src), _state(dst)
     if start_state == goal_state:
         return _plan_value(src, dst, ()), ()
     shards, ptargets = _universe(src, dst, src.ndim)
-    ctx = context(src.mesh, src.shape, src.dtype, model, shards, ptargets, bound)
+    ctx = context(src.mesh, src.shape, src.dtype, model, shards, ptargets, bound, objective)
     with ctx.lock:
         ctx._trim()
         start, goal = ctx.intern(start_state), ctx.intern(goal_state)
@@ -313,21 +316,30 @@ def _direct_plan(src: Spec, dst: Spec, model: CostModel, bound) -> Plan | None:
 
 
 @functools.lru_cache(maxsize=4096)
-def _plan_cached(src: Spec, dst: Spec, model: CostModel, merge: bool, bound):
+def _plan_cached(src: Spec, dst: Spec, model: CostModel, merge: bool, bound, objective: str):
     check_plannable(src, dst)
-    p, prices = _min_cost_plan(src, dst, model, bound)
+    p, prices = _min_cost_plan(src, dst, model, bound, objective)
     missed: tuple = ()
     if merge and len(p.steps) > 1:
         from ._merge import _total, merge_plan
 
-        p, missed = merge_plan(p, model, prices)
+        weight = 0.0
+        if objective == "collectives":
+            weight = collective_weight(
+                model, src.mesh, dtype_itemsize(src.dtype) * math.prod(src.shape)
+            )
+        p, missed = merge_plan(p, model, prices, weight)
         if src.mesh.aliases:
             # the search prices single-dim steps only: with aliases, the plan moving each
             # dim straight to its target may merge into something cheaper
             direct = _direct_plan(src, dst, model, bound)
             if direct is not None:
-                d, d_missed = merge_plan(direct, model)
-                if _total(d, model) < _total(p, model) * (1 - 1e-12):
+                d, d_missed = merge_plan(direct, model, None, weight)
+
+                def rank(x):
+                    return _total(x, model) + weight * len(x.collectives)
+
+                if rank(d) < rank(p) * (1 - 1e-12):
                     p, missed = d, d_missed
     return p, missed
 
@@ -339,12 +351,17 @@ def plan(
     cost_model: CostModel | None = None,
     merge: bool = True,
     max_local_bytes: int | None = None,
+    objective: str = "time",
 ) -> Plan:
     """The minimum-cost plan turning ``src`` into ``dst`` (same mesh, shape and dtype).
 
     ``merge`` folds adjacent like-kind collectives onto flattened aliases of the mesh
     (see :func:`merge`); ``max_local_bytes`` bounds every step's input plus output bytes
-    per rank (raising :class:`PlanError` when no plan fits). Cached on the arguments.
+    per rank (raising :class:`PlanError` when no plan fits). ``objective`` is what
+    "minimum" means: ``"time"`` (default), the modeled time of the cost model; or
+    ``"collectives"``, the fewest collectives, and among plans with that many the least
+    time (for when a collective's real price is above the model's: synchronization,
+    overlap with compute, launch jitter). Cached on the arguments.
 
     >>> from meshplan.layout import Mesh
     >>> from meshplan.placement import Shard, Replicate
@@ -364,8 +381,12 @@ def plan(
             f"max_local_bytes must be an int or None, got {max_local_bytes!r}",
             value=max_local_bytes,
         )
+    if objective not in OBJECTIVES:
+        raise PlanError(
+            f"objective must be one of {OBJECTIVES!r}, got {objective!r}", value=objective
+        )
     try:
-        p, missed = _plan_cached(src, dst, cost_model, bool(merge), max_local_bytes)
+        p, missed = _plan_cached(src, dst, cost_model, bool(merge), max_local_bytes, objective)
     except TypeError:  # unhashable input: validate to raise a clear error
         check_plannable(src, dst)
         raise
@@ -384,5 +405,5 @@ def clear_plan_cache(*, tables: bool = True) -> None:
     _plan_cached.cache_clear()
     if tables:
         clear_tables()
-        context.cache_clear()
+        clear_contexts()
         exact_covers.cache_clear()

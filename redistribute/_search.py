@@ -29,11 +29,11 @@ import threading
 
 from meshplan.placement import dtype_itemsize
 
-from ._cost import chain_extent, coefficients, group_link
+from ._cost import chain_extent, coefficients, collective_weight, group_link
 from ._exact import _may_empty, _smallest_piece, exact_covers
 from ._heuristic import SUMAVG, R, _Bounds
 
-__all__ = ["R", "SUMAVG", "search", "context", "mixable"]
+__all__ = ["R", "SUMAVG", "search", "context", "clear_contexts", "mixable"]
 
 _SUMAVG = SUMAVG
 
@@ -48,7 +48,7 @@ _SUMAVG = SUMAVG
 class _Context(_Bounds):
     """Everything a search needs that depends on the mesh/tensor/model, not on the pair."""
 
-    def __init__(self, mesh, shape, dtype, model, shards, ptargets, bound):
+    def __init__(self, mesh, shape, dtype, model, shards, ptargets, bound, objective="time"):
         self.mesh = mesh
         self.sizes = mesh.shape
         self.active = tuple(m for m, n in enumerate(mesh.shape) if n > 1)
@@ -59,6 +59,7 @@ class _Context(_Bounds):
         self.shards = shards
         self.ptargets = ptargets
         self.bound = bound
+        self.objective = objective
         self.strided = any(c[1] > 1 for c in shards)
         active_sizes = tuple(sorted(mesh.shape[m] for m in self.active))
         # tensor dims where a mesh dim may leave or join the middle of an order: tiny
@@ -99,6 +100,10 @@ class _Context(_Bounds):
             [group_link(model, mesh, (m,)).bytes_per_s for m in self.active] or [1.0]
         )
         self.total_bytes = self.itemsize * math.prod(shape)
+        # the "collectives" objective: each collective costs more than any plan's time
+        self.per_collective = (
+            collective_weight(model, mesh, self.total_bytes) if objective == "collectives" else 0.0
+        )
         # per mesh dim, seconds per byte of the smallest local tensor a collective on it
         # can run on: (gather: (n-1) x its input; reduce: (n-1)/n x its input, plus the
         # reduction; other shard change: (n-1)/n x, plus a copy)
@@ -112,7 +117,8 @@ class _Context(_Bounds):
             )
         # temporarily sharding a dim replicated in source and target: a slice and a gather
         self.detour = [
-            hw.local_launch_s + hw.launch_s + self.alpha_log[m] for m in range(mesh.ndim)
+            hw.local_launch_s + hw.launch_s + self.per_collective + self.alpha_log[m]
+            for m in range(mesh.ndim)
         ]
         self.detour_floor = min(self.detour) if self.detour else 0.0
 
@@ -162,7 +168,8 @@ class _Context(_Bounds):
         c = self._coef.get(key)
         if c is None:
             c = coefficients(self.model, self.mesh, dims, collective, n_send)
-            c = self._coef[key] = (c[0] + c[3], c[1] + c[4], c[2] + c[5])
+            c0 = c[0] + c[3] + (self.per_collective if collective is not None else 0.0)
+            c = self._coef[key] = (c0, c[1] + c[4], c[2] + c[5])
         total = c[0] + c[1] * b_in + c[2] * b_out
         if scaled:
             total += b_out * self.copy
@@ -360,9 +367,19 @@ def mixable(codes, op) -> bool:
     return True
 
 
+def context(mesh, shape, dtype, model, shards, ptargets, bound, objective="time") -> _Context:
+    """The search context of these arguments (one per distinct value of them)."""
+    return _context(mesh, shape, dtype, model, shards, ptargets, bound, objective)
+
+
 @functools.lru_cache(maxsize=256)
-def context(mesh, shape, dtype, model, shards, ptargets, bound) -> _Context:
-    return _Context(mesh, shape, dtype, model, shards, ptargets, bound)
+def _context(mesh, shape, dtype, model, shards, ptargets, bound, objective) -> _Context:
+    return _Context(mesh, shape, dtype, model, shards, ptargets, bound, objective)
+
+
+def clear_contexts() -> None:
+    """Forget every search context (and so every memo table)."""
+    _context.cache_clear()
 
 
 def search(ctx: _Context, start: int, goal: int):

@@ -40,13 +40,14 @@ LAZY = 16
 class Table:
     """A context's states (ctx ids in canonical order), transitions and all-pairs prices."""
 
-    __slots__ = ("ids", "index", "edges", "dist")
+    __slots__ = ("ids", "index", "edges", "dist", "hop")
 
-    def __init__(self, ids: list, edges: list, dist: np.ndarray):
+    def __init__(self, ids: list, edges: list, dist: np.ndarray, hop: np.ndarray):
         self.ids = ids  # row -> ctx state id
         self.index = {i: row for row, i in enumerate(ids)}  # ctx state id -> row
         self.edges = edges  # row -> ((price, row of target, transition), ...)
         self.dist = dist  # dist[a, b]: minimum price from row a to row b (inf: none)
+        self.hop = hop  # hop[a, b]: the edge of row a a cheapest plan to b takes first
 
 
 def _codes(ctx):
@@ -103,7 +104,14 @@ def _build(ctx) -> Table:
                 row[b] = c
     for k in range(n):
         np.minimum(dist, dist[:, k, None] + dist[None, k, :], out=dist)
-    return Table(ids, edges, dist)
+    # per row, the first edge (in the row's order) that leads on most cheaply to each row
+    hop = np.zeros((n, n), dtype=np.int32)
+    for a, out in enumerate(edges):
+        if out:
+            prices = np.array([e[0] for e in out])
+            targets = np.array([e[1] for e in out])
+            hop[a] = np.argmin(prices[:, None] + dist[targets, :], axis=0)
+    return Table(ids, edges, dist, hop)
 
 
 _KEEP = 32  # tables kept (least recently used dropped first; 536 states take 2.3 MB)
@@ -148,17 +156,17 @@ def walk(ctx, tab: Table, start: int, goal: int):
     """The cheapest plan from state ``start`` to ``goal`` (ctx ids), as :func:`search`
     returns it: ``(price, [(state, transition, next)])``, or None when unreachable."""
     a, b = tab.index[start], tab.index[goal]
-    col = tab.dist[:, b].tolist()
-    total = col[a]
+    total = float(tab.dist[a, b])
     if total == math.inf:
         return None
-    ids = tab.ids
+    ids, edges = tab.ids, tab.edges
+    hop = tab.hop
     moves = []
     here = a
-    for _ in range(len(col)):
+    for _ in range(len(ids)):
         if here == b:
             return total, moves
-        step = min(tab.edges[here], key=lambda e: e[0] + col[e[1]])
+        step = edges[here][hop.item(here, b)]
         moves.append((ids[here], step[2], step[2][1]))
         here = step[1]
     raise PlanError(f"the plan table of {ctx.mesh} loops from {ctx.states[start]}", value=start)

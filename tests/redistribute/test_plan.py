@@ -86,6 +86,18 @@ def test_plan_under_other_cost_models_delivers(pair, which):
     assert delivers(p, values(src.shape), seed=3)
 
 
+@given(spec_pairs(max_aliases=1))
+def test_fewest_collectives_plan_delivers_and_never_has_more_collectives(pair):
+    src, dst = pair
+    p = plan(src, dst, objective="collectives")
+    note(str(p))
+    assert delivers(p, values(src.shape), seed=4)
+    fast = plan(src, dst)
+    assert len(p.collectives) <= len(fast.collectives)
+    if len(p.collectives) == len(fast.collectives):
+        assert cost(fast).total <= cost(p).total * (1 + 1e-9)
+
+
 # -- shapes of plans ----------------------------------------------------------------------
 
 

@@ -132,7 +132,11 @@ def brute_force_cost(src: Spec, dst: Spec, model: CostModel) -> float:
     return brute_force(src, dst, model)[0]
 
 
-def brute_force(src: Spec, dst: Spec, model: CostModel) -> tuple[float, list[Step]]:
+def brute_force(
+    src: Spec, dst: Spec, model: CostModel, fewest_collectives: bool = False
+) -> tuple[float, list[Step]]:
+    """Dijkstra over every spec; with ``fewest_collectives`` the price of a path is
+    (its collectives, its cost), compared lexicographically, and the result is that pair."""
     specs = _all_specs(src, dst)
     assert src in specs and dst in specs
     mesh = src.mesh
@@ -162,9 +166,10 @@ def brute_force(src: Spec, dst: Spec, model: CostModel) -> tuple[float, list[Ste
             if all(m in shard_dims and is_shard_like(t.placements[m]) for m in g):
                 yield Step(g, s, t, "all_permute")
 
-    best = {src: 0.0}
+    zero = (0, 0.0) if fewest_collectives else 0.0
+    best = {src: zero}
     parent: dict = {src: None}
-    heap = [(0.0, 0, src)]
+    heap = [(zero, 0, src)]
     count = itertools.count(1)
     done = set()
     while heap:
@@ -180,8 +185,14 @@ def brute_force(src: Spec, dst: Spec, model: CostModel) -> tuple[float, list[Ste
         done.add(s)
         for step in edges(s):
             t = step.dst
-            nc = c + step_cost(step, model).total
-            if nc < best.get(t, math.inf) and _valid(step):
+            price = step_cost(step, model).total
+            if fewest_collectives:
+                nc = (c[0] + (step.collective is not None), c[1] + price)
+                old = best.get(t, (math.inf, math.inf))
+            else:
+                nc = c + price
+                old = best.get(t, math.inf)
+            if nc < old and _valid(step):
                 best[t] = nc
                 parent[t] = step
                 heapq.heappush(heap, (nc, next(count), t))
@@ -299,3 +310,34 @@ def test_documented_cases_are_optimal(src_text, dst_text, mesh_shape, shape):
     for model in MODELS:
         p = plan(src, dst, cost_model=model, merge=False)
         assert cost(p, model).total == pytest.approx(brute_force_cost(src, dst, model), rel=1e-9)
+
+
+@settings(
+    max_examples=int(os.environ.get("BF_EXAMPLES", 50)) // 2,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)
+@given(small_pairs(max_ranks=int(os.environ.get("BF_MAX_RANKS", 6))))
+def test_fewest_collectives_objective_equals_lexicographic_brute_force(case):
+    """objective="collectives": the fewest collectives of any plan, then the least cost."""
+    src, dst, model = case
+    p = plan(src, dst, cost_model=model, merge=False, objective="collectives")
+    (count, want), _ = brute_force(src, dst, model, fewest_collectives=True)
+    assert len(p.collectives) == count, str(p)
+    assert cost(p, model).total == pytest.approx(want, rel=1e-9, abs=1e-15), str(p)
+    assert len(p.collectives) <= len(plan(src, dst, cost_model=model, merge=False).collectives)
+
+
+def test_fewest_collectives_trades_time_for_a_collective():
+    """(2, 4) S(0) P -> R S(0) at 4 MiB: the time optimum runs three collectives to move
+    fewer bytes; the collectives objective two (a local slice, reduce_scatter, all_reduce)."""
+    mesh = Mesh.create((2, 4), ("a", "b"))
+    src = Spec(mesh, [Shard(0), Partial()], (1024, 1024))
+    dst = Spec(mesh, [Replicate(), Shard(0)], (1024, 1024))
+    model = CostModel(HardwareProfile.nvlink_ib())
+    fast = plan(src, dst, cost_model=model)
+    few = plan(src, dst, cost_model=model, objective="collectives")
+    assert len(few.collectives) == 2 < len(fast.collectives) == 3
+    assert cost(fast, model).total < cost(few, model).total
+    with pytest.raises(PlanError, match="objective must be one of"):
+        plan(src, dst, objective="bytes")

@@ -30,9 +30,9 @@ MODELS = [
 ]
 
 
-def _context(src, dst, model, bound=None):
+def _context(src, dst, model, bound=None, objective="time"):
     shards, ptargets = P._universe(src, dst, src.ndim)
-    ctx = S.context(src.mesh, src.shape, src.dtype, model, shards, ptargets, bound)
+    ctx = S.context(src.mesh, src.shape, src.dtype, model, shards, ptargets, bound, objective)
     return ctx, ctx.intern(P._state(src)), ctx.intern(P._state(dst))
 
 
@@ -45,14 +45,15 @@ def _moves(found):
     pair=spec_pairs(max_ranks=16, max_dims=4, max_side=9),
     model=st.sampled_from(MODELS),
     bounded=st.booleans(),
+    objective=st.sampled_from(["time", "collectives"]),
 )
-def test_the_table_walk_is_the_search_plan(pair, model, bounded):
+def test_the_table_walk_is_the_search_plan(pair, model, bounded, objective):
     src, dst = pair
     bound = None
     if bounded:  # a memory bound some plans exceed
         full = math.prod(src.shape) * 8
         bound = max(full // 2, 16)
-    ctx, start, goal = _context(src, dst, model, bound)
+    ctx, start, goal = _context(src, dst, model, bound, objective)
     with ctx.lock:
         tab = T.table(ctx, after=0)
         event("tabled" if tab is not None else "too many states for a table")
