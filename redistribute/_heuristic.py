@@ -20,15 +20,19 @@ class _Bounds:
         """A lower bound on the price of any plan from ``state`` to ``goal``.
 
         Launches: every mesh dim that must reduce, or go from a shard to Replicate, needs
-        a single-dim collective of its own (the search merges nothing); any other mesh
-        dim in the wrong shard placement or order position needs at least one more
-        collective between them; alpha * log2(size) per such dim; one local launch per
-        dim that must become a shard or Partial from Replicate, or change Partial kind.
+        a collective; any other mesh dim in the wrong shard placement or order position
+        needs at least one more collective between them; a step merged onto an alias
+        serves up to ``widest`` of those needs at once; alpha * log2(size) per such dim;
+        one local launch per dim that must become a shard or Partial from Replicate, or
+        change Partial kind. The "collectives" objective's weight rides on every launch.
         Bandwidth: each of those collectives moves at least its share of the smallest
         local tensor it can run on (the tensor split over every mesh dim sharded in
         ``state`` or ``goal``, and over dims replicated in both that the plan might shard
         for a while, paying a slice and a gather for each), on its own dim's link; and
-        the first rank must receive what it lacks, at the fastest link.
+        the first rank must receive what it lacks, at the fastest link. Alias dims count
+        less (``_search._Context._set_aliases``): a merged all_reduce moves (N-1)/N of its
+        input, less than its dims' shares summed; a gather to undo a detour, or to
+        re-shard by gather and slice, may ride in a merged step.
         """
         codes, chains = state = self.states[state]
         info = self._goal_info.get(goal)
@@ -61,7 +65,7 @@ class _Bounds:
                 b = goal_codes[m]
                 if a == R:
                     extra = self.local_launch
-                elif kind == 1 and b != R:
+                elif (kind == 1 and b != R) or m in self.merge_dims:
                     extra = 0.0
                 else:
                     extra = self.launch + self.per_collective + self.alpha_log[m]
@@ -103,7 +107,9 @@ class _Bounds:
                     lat += dlat
                     if dw > w_other:
                         w_other = dw
-        count = single + (1 if other else 0)  # collectives the plan needs at least
+        # collectives the plan needs at least (a merged step serves up to ``widest`` dims,
+        # a dim to re-shard among them: gathered with the others, then sliced)
+        count = -(-(single + (1 if other else 0)) // self.widest)
         h = count * (self.launch + self.per_collective) + lat + local * self.local_launch
         w = w_single + w_other
         full = self.total_bytes / split
@@ -156,7 +162,7 @@ class _Bounds:
             if a == R:
                 return (4, n, 0.0, 0, 0.0)
             if type(a) is tuple and not self.tiny[a[0]]:
-                return (5, n, self.alpha_log[m], 0, wt[2])
+                return (5, n, self.alpha_log[m], 0, self._reshard_weight(m))
             return (0, n, 0.0, 0, 0.0)
         if a == R:
             return (3, n, 0.0, 1, 0.0)
@@ -164,13 +170,18 @@ class _Bounds:
             if type(b) is int and b != R and a in _SUMAVG and b in _SUMAVG:
                 return (3, n, 0.0, 1, 0.0)
             local = 1 if (type(b) is int and b != R) else 0
-            w = wt[1] * (self.sizes[m] if type(b) is tuple else 1)
+            w = wt[1] * (self.sizes[m] if type(b) is tuple else self.reduce_share[m])
             return (1, n, self.alpha_log[m], local, w)
         if b == R:
             return (1, n, self.alpha_log[m], 0, wt[0])
         if type(b) is int:
             return (3, n, 0.0, 1, 0.0)
-        return (2, n, self.alpha_log[m], 0, wt[2])
+        return (2, n, self.alpha_log[m], 0, self._reshard_weight(m))
+
+    def _reshard_weight(self, m: int) -> float:
+        # a dim of an alias may re-shard by a merged gather and a slice: no copy counted
+        wt = self.weights[m]
+        return wt[2] - self.copy if m in self.merge_dims else wt[2]
 
     def _missing(self, state, goal, reduce: bool) -> int:
         """Elements the first rank (mesh coordinate 0) needs in ``goal`` and lacks in ``state``."""

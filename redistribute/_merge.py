@@ -71,12 +71,14 @@ def merge(plan: Plan, cost_model: CostModel | None = None) -> Plan:
 
 
 def merge_plan(
-    plan: Plan, model: CostModel, prices=None, per_collective: float = 0.0
+    plan: Plan, model: CostModel, prices=None, per_collective: float = 0.0, reorder: bool = True
 ) -> tuple[Plan, tuple]:
     """``merge`` without the warning: the merged plan and the merges an alias would enable.
 
     ``prices``: the steps' prices when known (the planner's own); ``per_collective``: the
-    price each collective adds on top of its time (the ``"collectives"`` objective)."""
+    price each collective adds on top of its time (the ``"collectives"`` objective);
+    ``reorder``: also try commuting steps so like-kind ones meet (the planner's search
+    has tried every merge already, so it only asks for the adjacent ones)."""
     kinds = [s.collective for s in plan.steps if s.collective in MERGEABLE]
     if len(kinds) == len(set(kinds)):
         return plan, ()  # no two collectives of one kind: nothing to merge
@@ -88,7 +90,7 @@ def merge_plan(
     missed: list = []
     # beyond torch: let like-kind steps meet by commuting, keep what gets cheaper (with an
     # alias to merge onto; without, only adjacent like-kind steps are reported)
-    reordered = _reorderings(plan) if plan.src.mesh.aliases else ()
+    reordered = _reorderings(plan) if reorder and plan.src.mesh.aliases else ()
     for candidate in reordered:
         merged, miss = _merge_adjacent(candidate, price)
         c = price.total(merged)

@@ -11,7 +11,12 @@ The steps a plan may take (each a valid :class:`Step`):
   on index intervals allows (tiny dims, StridedShards);
 * ``all_permute`` over several mesh dims sharded in both specs: a change of shard order,
   or of which dims shard which tensor dims, valid when per tensor dim the old and new
-  orders share a prefix and differ only in the step's dims. Every such permute is a move.
+  orders share a prefix and differ only in the step's dims. Every such permute is a move;
+* with ``merge`` (the default), on a mesh with flattened aliases: one all_reduce,
+  all_gather, reduce_scatter or all_to_all over every dim of an alias, ending where a
+  chain of like-kind single-dim steps over those dims ends, when it is one valid step
+  (:mod:`._merge`'s rules). So a plan may slice or turn a dim Partial first to let a
+  merged collective serve it.
 
 Searched placements: ``Shard(d)`` for every tensor dim, the StridedShards of
 ``src``/``dst``, Replicate and the Partial ops of ``src``/``dst``. The price of a plan is
@@ -22,10 +27,10 @@ A* search (the heuristic is a lower bound, so the result is a minimum over every
 such steps: ``tests/redistribute/test_plan_optimal.py`` checks it against a brute
 force); after ``_table.LAZY`` pairs, a context small enough builds an all-pairs table
 and walks it, to the very same plan (``tests/redistribute/test_table.py``). Then
-:func:`merge` runs like-kind collectives on flattened aliases. The search prices
-single-dim steps only, so on a mesh with aliases the plan moving each dim straight to
-its target is merged too, and the cheaper merged plan wins. Plans are cached on the
-frozen arguments.
+:func:`merge` notes like-kind collectives a missing alias kept apart (for the warning).
+``objective="collectives"`` adds to every collective's price more than any plan's time,
+so the plan has the fewest collectives and, among those, the least time. Plans are
+cached on the frozen arguments.
 """
 
 from __future__ import annotations
@@ -213,14 +218,15 @@ def _universe(src: Spec, dst: Spec, ndim: int) -> tuple[tuple, tuple]:
 
 
 def _min_cost_plan(
-    src: Spec, dst: Spec, model: CostModel, bound, objective: str = "time"
+    src: Spec, dst: Spec, model: CostModel, bound, objective: str = "time", merge: bool = True
 ) -> tuple[Plan, tuple]:
-    """The cheapest plan of single-dim steps and permutes, and its steps' prices."""
+    """The cheapest plan of single-dim steps, permutes and (with ``merge``) steps merged
+    onto the mesh's aliases, and its steps' prices."""
     start_state, goal_state = _state(src), _state(dst)
     if start_state == goal_state:
         return _plan_value(src, dst, ()), ()
     shards, ptargets = _universe(src, dst, src.ndim)
-    ctx = context(src.mesh, src.shape, src.dtype, model, shards, ptargets, bound, objective)
+    ctx = context(src.mesh, src.shape, src.dtype, model, shards, ptargets, bound, objective, merge)
     with ctx.lock:
         ctx._trim()
         start, goal = ctx.intern(start_state), ctx.intern(goal_state)
@@ -237,110 +243,32 @@ def _min_cost_plan(
         )
     steps = []
     a = src
+    names = {dims: name for name, dims in reversed(list(alias_dims(src.mesh).items()))}
     for (_, trans, i), state in zip(found[1], states, strict=True):
         b = dst if i == goal else _spec(src, state)
-        steps.append(_step(trans[2], a, b, trans[3]))
+        dims, kind = trans[2], trans[3]
+        alias = names[dims] if len(dims) > 1 and kind != "all_permute" else None
+        steps.append(_step(dims, a, b, kind, alias))
         a = b
     return _plan_value(src, dst, tuple(steps)), tuple(trans[0] for _, trans, _ in found[1])
-
-
-def _direct_stage(a, b, m: int, src_chains, dst_chains) -> tuple:
-    """Where a direct move of mesh dim ``m`` from code ``a`` towards ``b`` runs in the
-    direct plan: local steps, then all_to_alls, then reductions, then gathers (innermost
-    first); shards joining an order follow the target's order."""
-
-    def pos(chains, code):
-        return chains[code[0]].index(m) if m in chains[code[0]] else 0
-
-    if a == R or (type(a) is int and type(b) is int and b != R):
-        return (0, pos(dst_chains, b) if type(b) is tuple else 0)
-    if type(a) is tuple:
-        if type(b) is int and b != R:
-            return (0, -pos(src_chains, a))
-        if type(b) is tuple:
-            return (1, pos(dst_chains, b))
-        return (3, -pos(src_chains, a))
-    return (2, pos(dst_chains, b) if type(b) is tuple else 0)
-
-
-def _direct_plan(src: Spec, dst: Spec, model: CostModel, bound) -> Plan | None:
-    """The plan moving each differing mesh dim straight to its target placement (one
-    single-dim step each, a Partial changing op reduced first), or None if some move is
-    not a valid step; its like-kind collectives then meet, ready to merge on an alias."""
-    start_state, goal_state = _state(src), _state(dst)
-    if start_state == goal_state:
-        return None
-    shards, ptargets = _universe(src, dst, src.ndim)
-    ctx = context(src.mesh, src.shape, src.dtype, model, shards, ptargets, bound)
-    goal_codes, goal_chains = goal_state
-    src_chains = start_state[1]
-    moves = []
-    with ctx.lock:
-        ctx._trim()
-        i, goal = ctx.intern(start_state), ctx.intern(goal_state)
-        for _ in range(2 * len(goal_codes) + 1):
-            if i == goal:
-                break
-            codes, chains = ctx.states[i]
-            options = []
-            for trans in ctx.singles(i):
-                m = trans[2][0]
-                a, b = codes[m], goal_codes[m]
-                if a == b:
-                    continue
-                ncodes, nchains = ctx.states[trans[1]]
-                c = ncodes[m]
-                if c != b and not (c == R and type(a) is int and type(b) is int):
-                    continue  # not a direct move (a Partial changing op goes through R)
-                # keep each order a sub-sequence of the target's
-                if type(c) is tuple:
-                    chain = nchains[c[0]]
-                    if chain != tuple(x for x in goal_chains[c[0]] if x in chain):
-                        continue
-                options.append((_direct_stage(a, c, m, src_chains, goal_chains), m, trans))
-            if not options:
-                return None
-            trans = min(options, key=lambda o: o[:2])[2]
-            moves.append((i, trans))
-            i = trans[1]
-        if i != goal:
-            return None
-        states = [ctx.states[t[1]] for _, t in moves]
-    steps = []
-    a = src
-    for (_, trans), state in zip(moves, states, strict=True):
-        b = dst if trans[1] == goal else _spec(src, state)
-        steps.append(_step(trans[2], a, b, trans[3]))
-        a = b
-    return _plan_value(src, dst, tuple(steps))
 
 
 @functools.lru_cache(maxsize=4096)
 def _plan_cached(src: Spec, dst: Spec, model: CostModel, merge: bool, bound, objective: str):
     check_plannable(src, dst)
-    p, prices = _min_cost_plan(src, dst, model, bound, objective)
+    p, prices = _min_cost_plan(src, dst, model, bound, objective, merge)
     missed: tuple = ()
     if merge and len(p.steps) > 1:
-        from ._merge import _total, merge_plan
+        from ._merge import merge_plan
 
         weight = 0.0
         if objective == "collectives":
             weight = collective_weight(
                 model, src.mesh, dtype_itemsize(src.dtype) * math.prod(src.shape)
             )
-        p, missed = merge_plan(p, model, prices, weight)
-        if src.mesh.aliases:
-            # the search prices single-dim steps only: with aliases, the plan moving each
-            # dim straight to its target may merge into something cheaper
-            direct = _direct_plan(src, dst, model, bound)
-            if direct is not None:
-                d, d_missed = merge_plan(direct, model, None, weight)
-
-                def rank(x):
-                    return _total(x, model) + weight * len(x.collectives)
-
-                if rank(d) < rank(p) * (1 - 1e-12):
-                    p, missed = d, d_missed
+        # steps merged onto aliases are moves of the search already; this merges what
+        # runs one after another without an alias (to warn) and reorders nothing cheaper
+        p, missed = merge_plan(p, model, prices, weight, reorder=False)
     return p, missed
 
 

@@ -4,19 +4,22 @@ States are ``(codes, chains)``: one code per mesh dim (``0`` Replicate, ``1..4``
 Partial sum/avg/max/min, ``(tensor_dim, split_factor)`` for Shard (split factor 1) and
 StridedShard) and, per tensor dim, the mesh dims sharding it in application order.
 A :class:`_Context` holds, per (mesh, shape, dtype, cost model, placement universe,
-memory bound), the tables every search on it shares: interned states (ids), their
+memory bound, objective, merging), the tables every search on it shares: interned states (ids), their
 padded local bytes, their transitions and prices, heuristic values per goal.
 
 Transitions (see ``meshplan.redistribute._planner`` for the rules) are generated per
 state, goal-free and memoized: single-dim steps, validity checked structurally (a mesh
 dim leaves an order from its end and joins one at its end) or, for tiny dims and
-StridedShards, exactly on index intervals (``_exact``); and every valid all_permute,
-generated only once the search reaches a lower bound of their rank. Each price carries
+StridedShards, exactly on index intervals (``_exact``); every valid all_permute,
+generated only once the search reaches a lower bound of their rank; and the steps merged
+onto the mesh's aliases (the ends of like-kind single-dim chains over an alias's dims
+that ``_merge._valid_merge`` accepts as one step). Each price carries
 the tie-breaking factor of :func:`_tie`. The heuristic (``_heuristic``) is a lower bound
 of the remaining price: launches and latency of the collectives each mesh dim still
 needs, local launches, and a bandwidth floor. The search prunes commuting steps taken in
-the costlier order, never reduces into a Partial the goal does not hold, and evaluates
-the heuristic lazily.
+the costlier order, never turns a dim Partial that the goal does not hold (unless a
+merged step may reduce it with an alias's other dims), and evaluates the heuristic
+lazily.
 """
 
 from __future__ import annotations
@@ -48,12 +51,15 @@ _SUMAVG = SUMAVG
 class _Context(_Bounds):
     """Everything a search needs that depends on the mesh/tensor/model, not on the pair."""
 
-    def __init__(self, mesh, shape, dtype, model, shards, ptargets, bound, objective="time"):
+    def __init__(
+        self, mesh, shape, dtype, model, shards, ptargets, bound, objective="time", merge=True
+    ):
         self.mesh = mesh
         self.sizes = mesh.shape
         self.active = tuple(m for m, n in enumerate(mesh.shape) if n > 1)
         self.shape = shape
         self.ndim = len(shape)
+        self.dtype = dtype
         self.itemsize = dtype_itemsize(dtype)
         self.model = model
         self.shards = shards
@@ -121,6 +127,36 @@ class _Context(_Bounds):
             for m in range(mesh.ndim)
         ]
         self.detour_floor = min(self.detour) if self.detour else 0.0
+        self._set_aliases(merge)
+
+    def _set_aliases(self, merge: bool) -> None:
+        """The mesh's aliases a merged step can run on (none unless ``merge``), and what
+        they weaken in the heuristic."""
+        from ._planner import alias_dims
+
+        self.aliases = tuple(
+            (name, dims)
+            for name, dims in (alias_dims(self.mesh).items() if merge else ())
+            if len(dims) > 1 and all(self.sizes[m] > 1 for m in dims)
+        )
+        self._merges: dict = {}
+        self._valid: dict = {}
+        # the heuristic's allowances for merged steps: one collective may serve ``widest``
+        # dims; a merged all_reduce moves (N-1)/N of its input, less than its dims' shares
+        # summed, so those dims' reduce weights shrink to fit; a dim sharded for a while
+        # may be gathered back inside a merged step, at no launch of its own
+        self.widest = max((len(d) for _, d in self.aliases), default=1)
+        self.reduce_share = [1.0] * len(self.sizes)
+        for _, dims in self.aliases:
+            n = math.prod(self.sizes[m] for m in dims)
+            shares = sum((self.sizes[m] - 1) / self.sizes[m] for m in dims)
+            r = min(1.0, ((n - 1) / n) / shares)
+            for m in dims:
+                self.reduce_share[m] = min(self.reduce_share[m], r)
+                self.detour[m] = self.local_launch
+        if self.aliases:
+            self.detour_floor = min(self.detour) if self.detour else 0.0
+        self.merge_dims = frozenset(m for _, dims in self.aliases for m in dims)
 
     def _trim(self) -> None:
         # bound the memo tables (a long-lived process plans many pairs on one context);
@@ -137,6 +173,8 @@ class _Context(_Bounds):
             self._goal_info.clear()
             self._h.clear()
             self._kept.clear()
+            self._merges.clear()
+            self._valid.clear()
 
     def intern(self, state) -> int:
         i = self._ids.get(state)
@@ -178,7 +216,7 @@ class _Context(_Bounds):
     # transitions
     def successors(self, i: int):
         """Every transition from state ``i`` (see the tuple layout above); goal-free."""
-        return self.singles(i) + self.permutes(i)
+        return self.singles(i) + self.permutes(i) + self.merges(i)
 
     def singles(self, i: int):
         """The single-dim transitions from state ``i``."""
@@ -193,6 +231,75 @@ class _Context(_Bounds):
         if out is None:
             out = self._perms[i] = self._permutes(i, self.states[i])
         return out
+
+    def merges(self, i: int):
+        """The merged steps from state ``i``: like-kind collectives over every dim of an
+        alias at once (``()`` on a mesh without aliases)."""
+        if not self.aliases:
+            return ()
+        out = self._merges.get(i)
+        if out is None:
+            out = self._merges[i] = self._merged(i)
+        return out
+
+    def _merged(self, i: int) -> tuple:
+        # a merged step ends where a chain of like-kind single-dim steps over the alias's
+        # dims (in any order) ends; it is a move when it is one valid step (``_merge``)
+        from ._merge import MERGEABLE
+
+        state = self.states[i]
+        codes = state[0]
+        b_in = self._nbytes[i]
+        out = []
+        for _, dims in self.aliases:
+            for kind in MERGEABLE:
+                ends: dict = {i: ()}
+                for _ in dims:
+                    nxt: dict = {}
+                    for x, used in ends.items():
+                        for trans in self.singles(x):
+                            m = trans[2][0]
+                            if trans[3] == kind and m in dims and m not in used:
+                                nxt.setdefault(trans[1], used + (m,))
+                    ends = nxt
+                for j in ends:
+                    if j == i or not self._valid_merge(i, j, dims, kind):
+                        continue
+                    b_out = self._nbytes[j]
+                    if self.bound is not None and b_in + b_out > self.bound:
+                        continue
+                    n_send = 1
+                    if kind in ("all_gather", "all_to_all"):
+                        n_send = math.prod(self.sizes[m] for m in dims if type(codes[m]) is tuple)
+                    scaled = kind in ("all_reduce", "reduce_scatter") and any(
+                        codes[m] == 2 for m in dims
+                    )
+                    c = self.price(dims, kind, n_send, b_in, b_out, scaled)
+                    c *= _tie(state, self.states[j])
+                    out.append((c, j, dims, kind, n_send, scaled, None))
+        return tuple(out)
+
+    def _valid_merge(self, i: int, j: int, dims: tuple, kind: str) -> bool:
+        key = (i, j, dims, kind)
+        ok = self._valid.get(key)
+        if ok is None:
+            from ._merge import _valid_merge
+            from ._planner import _spec
+
+            template = self._template()
+            a, b = _spec(template, self.states[i]), _spec(template, self.states[j])
+            ok = self._valid[key] = _valid_merge(a, b, tuple(sorted(dims)), kind)
+        return ok
+
+    def _template(self):
+        t = getattr(self, "_spec_template", None)
+        if t is None:
+            from meshplan.placement import Replicate, Spec
+
+            t = self._spec_template = Spec(
+                self.mesh, [Replicate()] * len(self.sizes), self.shape, self.dtype
+            )
+        return t
 
     def permute_floor(self, i: int) -> float:
         """A lower bound on the price of every all_permute from state ``i`` (inf: none)."""
@@ -367,14 +474,17 @@ def mixable(codes, op) -> bool:
     return True
 
 
-def context(mesh, shape, dtype, model, shards, ptargets, bound, objective="time") -> _Context:
-    """The search context of these arguments (one per distinct value of them)."""
-    return _context(mesh, shape, dtype, model, shards, ptargets, bound, objective)
+def context(
+    mesh, shape, dtype, model, shards, ptargets, bound, objective="time", merge=True
+) -> _Context:
+    """The search context of these arguments (one per distinct value of them); with
+    ``merge``, steps merged onto the mesh's aliases are moves too."""
+    return _context(mesh, shape, dtype, model, shards, ptargets, bound, objective, bool(merge))
 
 
 @functools.lru_cache(maxsize=256)
-def _context(mesh, shape, dtype, model, shards, ptargets, bound, objective) -> _Context:
-    return _Context(mesh, shape, dtype, model, shards, ptargets, bound, objective)
+def _context(mesh, shape, dtype, model, shards, ptargets, bound, objective, merge) -> _Context:
+    return _Context(mesh, shape, dtype, model, shards, ptargets, bound, objective, merge)
 
 
 def clear_contexts() -> None:
@@ -398,6 +508,8 @@ def search(ctx: _Context, start: int, goal: int):
 
     goal_codes = states[goal][0]
     kept_memo = ctx._kept
+    merges_on = bool(ctx.aliases)
+    merge_dims = ctx.merge_dims
 
     def h_of(i):
         key = (i, goal)
@@ -419,9 +531,11 @@ def search(ctx: _Context, start: int, goal: int):
             c, t = trans[0], trans[1]
             if trans[3] is None and trans[6] == () and len(trans[2]) == 1:
                 # Replicate -> Partial, or sum <-> avg, on a mesh dim the goal keeps
-                # un-Partial: whatever reduces it later could have run without it
-                b = goal_codes[trans[2][0]]
-                if type(b) is not int or b == R:
+                # un-Partial: whatever reduces it later could have run without it (unless
+                # it is reduced in a step merged onto an alias, the only one there may be)
+                m = trans[2][0]
+                b = goal_codes[m]
+                if (type(b) is not int or b == R) and m not in merge_dims:
                     continue
             ng = g + c
             old = best.get(t)
@@ -472,6 +586,8 @@ def search(ctx: _Context, start: int, goal: int):
             if succ is None:
                 succ = kept_memo[kkey] = _commute_filter(ctx, via[0], via[1], singles(i))
         relax(i, g, h, succ)
+        if merges_on:
+            relax(i, g, h, ctx.merges(i))
         floor = ctx.permute_floor(i)
         if floor < math.inf:
             # every permute leads to a state ranked at least this

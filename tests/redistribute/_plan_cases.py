@@ -12,6 +12,8 @@ from hypothesis import strategies as st
 from meshplan.layout import Mesh
 from meshplan.placement import Partial, Spec, gather_index, local_intervals, shard, unshard
 from meshplan.redistribute import simulate
+from meshplan.redistribute._planner import _plan_value, _spec, _state, _step, _universe
+from meshplan.redistribute._search import R, context
 from meshplan.testing import mesh_dims, shapes, specs
 
 OPS = ("sum", "avg", "max", "min")
@@ -124,3 +126,77 @@ def values(shape) -> torch.Tensor:
 
 def partial_of(spec: Spec) -> set[str]:
     return {p.op for p in spec.placements if isinstance(p, Partial)}
+
+
+# -- an oracle: the per-dim plan (each mesh dim straight to its target, as torch's greedy) --
+
+
+def direct_stage(a, b, m: int, src_chains, dst_chains) -> tuple:
+    """Where a direct move of mesh dim ``m`` from code ``a`` towards ``b`` runs in the
+    direct plan: local steps, then all_to_alls, then reductions, then gathers (innermost
+    first); shards joining an order follow the target's order."""
+
+    def pos(chains, code):
+        return chains[code[0]].index(m) if m in chains[code[0]] else 0
+
+    if a == R or (type(a) is int and type(b) is int and b != R):
+        return (0, pos(dst_chains, b) if type(b) is tuple else 0)
+    if type(a) is tuple:
+        if type(b) is int and b != R:
+            return (0, -pos(src_chains, a))
+        if type(b) is tuple:
+            return (1, pos(dst_chains, b))
+        return (3, -pos(src_chains, a))
+    return (2, pos(dst_chains, b) if type(b) is tuple else 0)
+
+
+def direct_plan(src: Spec, dst: Spec, model, bound):
+    """The plan moving each differing mesh dim straight to its target placement (one
+    single-dim step each, a Partial changing op reduced first), or None if some move is
+    not a valid step; its like-kind collectives then meet, ready to merge on an alias."""
+    start_state, goal_state = _state(src), _state(dst)
+    if start_state == goal_state:
+        return None
+    shards, ptargets = _universe(src, dst, src.ndim)
+    ctx = context(src.mesh, src.shape, src.dtype, model, shards, ptargets, bound)
+    goal_codes, goal_chains = goal_state
+    src_chains = start_state[1]
+    moves = []
+    with ctx.lock:
+        ctx._trim()
+        i, goal = ctx.intern(start_state), ctx.intern(goal_state)
+        for _ in range(2 * len(goal_codes) + 1):
+            if i == goal:
+                break
+            codes, chains = ctx.states[i]
+            options = []
+            for trans in ctx.singles(i):
+                m = trans[2][0]
+                a, b = codes[m], goal_codes[m]
+                if a == b:
+                    continue
+                ncodes, nchains = ctx.states[trans[1]]
+                c = ncodes[m]
+                if c != b and not (c == R and type(a) is int and type(b) is int):
+                    continue  # not a direct move (a Partial changing op goes through R)
+                # keep each order a sub-sequence of the target's
+                if type(c) is tuple:
+                    chain = nchains[c[0]]
+                    if chain != tuple(x for x in goal_chains[c[0]] if x in chain):
+                        continue
+                options.append((direct_stage(a, c, m, src_chains, goal_chains), m, trans))
+            if not options:
+                return None
+            trans = min(options, key=lambda o: o[:2])[2]
+            moves.append((i, trans))
+            i = trans[1]
+        if i != goal:
+            return None
+        states = [ctx.states[t[1]] for _, t in moves]
+    steps = []
+    a = src
+    for (_, trans), state in zip(moves, states, strict=True):
+        b = dst if trans[1] == goal else _spec(src, state)
+        steps.append(_step(trans[2], a, b, trans[3]))
+        a = b
+    return _plan_value(src, dst, tuple(steps))

@@ -252,14 +252,14 @@ def test_alias_reduction_is_one_all_reduce_on_the_alias():
 
 @given(spec_pairs(max_ranks=8, max_dims=3, max_aliases=2))
 def test_plan_with_aliases_costs_no_more_than_the_merged_direct_plan(pair):
-    from meshplan.redistribute._planner import _direct_plan
+    from _plan_cases import direct_plan
 
     src, dst = pair
     model = CostModel.default()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", MergeWarning)
         p = plan(src, dst)
-        direct = _direct_plan(src, dst, model, None)
+        direct = direct_plan(src, dst, model, None)
         baseline = merge(plan(src, dst, merge=False))
         assert cost(p).total <= cost(baseline).total * (1 + 1e-12)
         if direct is not None:

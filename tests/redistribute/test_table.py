@@ -42,7 +42,7 @@ def _moves(found):
 
 @settings(deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
 @given(
-    pair=spec_pairs(max_ranks=16, max_dims=4, max_side=9),
+    pair=spec_pairs(max_ranks=16, max_dims=4, max_side=9, max_aliases=1),
     model=st.sampled_from(MODELS),
     bounded=st.booleans(),
     objective=st.sampled_from(["time", "collectives"]),
