@@ -68,6 +68,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-merge", action="store_true", help="do not merge onto flattened aliases")
     p.add_argument("--max-local-bytes", type=int, help="bound each step's input+output bytes")
     p.add_argument(
+        "--objective",
+        choices=("time", "collectives"),
+        default="time",
+        help="least modeled time (default), or fewest collectives, then time",
+    )
+    p.add_argument(
         "--hardware",
         choices=sorted(_PROFILES),
         default="nvlink-ib",
@@ -118,6 +124,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 cost_model=model,
                 merge=not args.no_merge,
                 max_local_bytes=args.max_local_bytes,
+                objective=args.objective,
             )
     except (MeshplanError, argparse.ArgumentTypeError) as e:
         print(f"meshplan: error: {e}", file=sys.stderr)

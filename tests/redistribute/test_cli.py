@@ -38,6 +38,13 @@ def test_options_reach_the_planner(capsys):
     assert out.count("all_reduce") == 2 and "ac=" not in out
     assert main(ARGS + ["--src", "S(0)[2,0] R S(0)", "--dst", "S(0) R S(0)"]) == 0
     assert "all_permute" in capsys.readouterr().out
+    # (2, 4) S(0) P -> R S(0) at 4 MiB: three collectives by time, two by count
+    big = ["plan", "--mesh", "2x4", "--src", "S(0) P", "--dst", "R S(0)", "--shape", "1024,1024"]
+    assert main(big) == 0
+    assert capsys.readouterr().out.count("all_permute") == 1
+    assert main(big + ["--objective", "collectives"]) == 0
+    out = capsys.readouterr().out
+    assert "all_permute" not in out and "all_reduce" in out
 
 
 @pytest.mark.parametrize(
