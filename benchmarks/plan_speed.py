@@ -278,8 +278,8 @@ def run(cases_per_mesh: int, graph_cases: int, seed: int, gpus_per_node: int = 8
         _table.LAZY = lazy
         builds = table_builds(mp, model)
         for row, (src, dst) in zip(rows, mp, strict=True):
+            p = plan(src, dst, cost_model=model)  # cached from here on
             row["mp_cached_s"] = timed(lambda s=src, d=dst: plan(s, d, cost_model=model), 50)
-            p = plan(src, dst, cost_model=model)
             c = cost(p, model)
             row.update(
                 mp_steps=len(p.steps),
