@@ -81,10 +81,18 @@ def _placement(code) -> object:
     return Shard(d) if sf == 1 else StridedShard(d, sf)
 
 
+_STATES: dict = {}  # Spec -> its encoded state (Specs are frozen; their hash is cached)
+
+
 def _state(spec: Spec) -> tuple:
-    codes = tuple(_code(p) for p in spec.placements)
-    chains = tuple(spec.order(d) for d in range(spec.ndim))
-    return codes, chains
+    state = _STATES.get(spec)
+    if state is None:
+        codes = tuple(_code(p) for p in spec.placements)
+        chains = tuple(spec.order(d) for d in range(spec.ndim))
+        if len(_STATES) >= 65536:
+            _STATES.clear()
+        state = _STATES[spec] = (codes, chains)
+    return state
 
 
 def _spec(template: Spec, state: tuple) -> Spec:
@@ -157,6 +165,14 @@ def alias_dims(mesh: Mesh) -> FrozenMap:
     return FrozenMap(found)
 
 
+def _alias_named(mesh: Mesh, dims: tuple[int, ...]) -> str:
+    """The (first) alias of ``mesh`` flattening exactly ``dims``, in that order."""
+    for name, adims in alias_dims(mesh).items():
+        if adims == dims:
+            return name
+    raise PlanError(f"no alias of {mesh} flattens mesh dims {dims}", value=dims)
+
+
 def check_plannable(src: Spec, dst: Spec) -> None:
     """Raise :class:`PlanError` naming what differs when ``src`` and ``dst`` cannot be planned.
 
@@ -203,14 +219,18 @@ def check_plannable(src: Spec, dst: Spec) -> None:
 
 
 def _universe(src: Spec, dst: Spec, ndim: int) -> tuple[tuple, tuple]:
+    """The shard codes (every Shard, the StridedShards of ``src``/``dst``) and Partial op
+    codes a plan between them searches."""
+    return _universe_of(_state(src)[0], _state(dst)[0], ndim)
+
+
+@functools.lru_cache(maxsize=4096)
+def _universe_of(codes_a: tuple, codes_b: tuple, ndim: int) -> tuple[tuple, tuple]:
     shards = [(d, 1) for d in range(ndim)]
-    for spec in (src, dst):
-        for p in spec.placements:
-            if isinstance(p, StridedShard) and (p.dim, p.split_factor) not in shards:
-                shards.append((p.dim, p.split_factor))
-    ops = sorted(
-        {_OP_CODE[p.op] for spec in (src, dst) for p in spec.placements if isinstance(p, Partial)}
-    )
+    for c in codes_a + codes_b:
+        if type(c) is tuple and c[1] > 1 and c not in shards:
+            shards.append(c)
+    ops = sorted({c for c in codes_a + codes_b if type(c) is int and c != R})
     return tuple(shards), tuple(ops)
 
 
@@ -243,11 +263,10 @@ def _min_cost_plan(
         )
     steps = []
     a = src
-    names = {dims: name for name, dims in reversed(list(alias_dims(src.mesh).items()))}
     for (_, trans, i), state in zip(found[1], states, strict=True):
         b = dst if i == goal else _spec(src, state)
         dims, kind = trans[2], trans[3]
-        alias = names[dims] if len(dims) > 1 and kind != "all_permute" else None
+        alias = _alias_named(src.mesh, dims) if len(dims) > 1 and kind != "all_permute" else None
         steps.append(_step(dims, a, b, kind, alias))
         a = b
     return _plan_value(src, dst, tuple(steps)), tuple(trans[0] for _, trans, _ in found[1])
@@ -345,13 +364,16 @@ def plan(
 
 
 def clear_plan_cache(*, tables: bool = True) -> None:
-    """Forget cached plans, and with ``tables`` the search tables too (for benchmarks).
+    """Forget cached plans, and with ``tables`` the search tables and spec encodings too
+    (for benchmarks).
 
     >>> clear_plan_cache(tables=False)
     """
     _plan_cached.cache_clear()
     _SEEN.clear()
     if tables:
+        _STATES.clear()
         clear_tables()
         clear_contexts()
         exact_covers.cache_clear()
+        _universe_of.cache_clear()
