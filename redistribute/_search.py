@@ -4,8 +4,9 @@ States are ``(codes, chains)``: one code per mesh dim (``0`` Replicate, ``1..4``
 Partial sum/avg/max/min, ``(tensor_dim, split_factor)`` for Shard (split factor 1) and
 StridedShard) and, per tensor dim, the mesh dims sharding it in application order.
 A :class:`_Context` holds, per (mesh, shape, dtype, cost model, placement universe,
-memory bound, objective, merging), the tables every search on it shares: interned states (ids), their
-padded local bytes, their transitions and prices, heuristic values per goal.
+memory bound, objective, merging), the tables every search on it shares: interned
+states (ids), their padded local bytes, their transitions and prices, heuristic values
+per goal.
 
 Transitions (see ``meshplan.redistribute._planner`` for the rules) are generated per
 state, goal-free and memoized: single-dim steps, validity checked structurally (a mesh
@@ -244,7 +245,9 @@ class _Context(_Bounds):
 
     def _merged(self, i: int) -> tuple:
         # a merged step ends where a chain of like-kind single-dim steps over the alias's
-        # dims (in any order) ends; it is a move when it is one valid step (``_merge``)
+        # dims (in any order) ends; it is a move when it is one valid step (``_merge``).
+        # Under a memory bound the chain's own states must fit too (a merged step whose
+        # every chain passes through a larger state is not tried: a conservative choice)
         from ._merge import MERGEABLE
 
         state = self.states[i]

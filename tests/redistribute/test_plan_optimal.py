@@ -4,10 +4,13 @@ The brute force knows nothing of the planner's rules. It enumerates every spec o
 mesh (every placement of a generous universe on every mesh dim, every shard order) and
 every step between two of them that changes one mesh dim's placement and position in
 the shard orders (the others keep their relative order; the collective follows from the
-placement kinds), or that rearranges several sharded mesh dims (an all_permute); a step is an edge when the exchange bookkeeping delivers every rank's
-target data (collectives) or when the simulator turns random data into the target
-(local steps). Dijkstra over that graph, priced with the same cost model, gives the
-minimum that ``plan(..., merge=False)`` must match.
+placement kinds), or that rearranges several sharded mesh dims (an all_permute), or,
+on a mesh with an alias, that runs one collective over the alias's dims; a step is an
+edge when the exchange bookkeeping delivers every rank's target data (collectives) or
+when the simulator turns random data into the target (local steps). Dijkstra over that
+graph, priced with the same cost model, gives the minimum that ``plan(..., merge=False)``
+(and, with an alias, ``plan()``) must match; ordered by (collectives, cost), the minimum
+that ``plan(..., objective="collectives")`` must match.
 """
 
 from __future__ import annotations
