@@ -272,9 +272,6 @@ def _min_cost_plan(
     return _plan_value(src, dst, tuple(steps)), tuple(trans[0] for _, trans, _ in found[1])
 
 
-_SEEN: dict = {}  # the last plans by the identity of their arguments (see plan())
-
-
 @functools.lru_cache(maxsize=4096)
 def _plan_cached(src: Spec, dst: Spec, model: CostModel, merge: bool, bound, objective: str):
     check_plannable(src, dst)
@@ -324,18 +321,6 @@ def plan(
     """
     if cost_model is None:
         cost_model = CostModel.default()
-    if max_local_bytes is None or type(max_local_bytes) is int:
-        # the same objects again: found by identity, without hashing the specs
-        key = (id(src), id(dst), id(cost_model), bool(merge), max_local_bytes, objective)
-        hit = _SEEN.get(key)
-        if hit is not None and hit[0] is src and hit[1] is dst and hit[2] is cost_model:
-            if hit[4]:
-                from ._merge import warn_missed
-
-                warn_missed(hit[3], hit[4])
-            return hit[3]
-    else:
-        key = None
     if max_local_bytes is not None and (
         isinstance(max_local_bytes, bool) or not isinstance(max_local_bytes, int)
     ):
@@ -352,10 +337,6 @@ def plan(
     except TypeError:  # unhashable input: validate to raise a clear error
         check_plannable(src, dst)
         raise
-    if key is not None:
-        if len(_SEEN) >= 4096:
-            _SEEN.clear()
-        _SEEN[key] = (src, dst, cost_model, p, missed)  # holds the objects: ids stay theirs
     if missed:
         from ._merge import warn_missed
 
@@ -370,7 +351,6 @@ def clear_plan_cache(*, tables: bool = True) -> None:
     >>> clear_plan_cache(tables=False)
     """
     _plan_cached.cache_clear()
-    _SEEN.clear()
     if tables:
         _STATES.clear()
         clear_tables()

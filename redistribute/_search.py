@@ -122,17 +122,21 @@ class _Context(_Bounds):
             self.weights.append(
                 ((n - 1) / bw, f / bw + f / hw.reduce_bytes_per_s, f / bw + self.copy)
             )
+        self._set_aliases(merge)
         # temporarily sharding a dim replicated in source and target: a slice and a gather
+        # (on an alias dim the gather may ride in a merged step, at no launch of its own)
+        gather = hw.launch_s + self.per_collective
         self.detour = [
-            hw.local_launch_s + hw.launch_s + self.per_collective + self.alpha_log[m]
+            hw.local_launch_s + (0.0 if m in self.merge_dims else gather + self.alpha_log[m])
             for m in range(mesh.ndim)
         ]
         self.detour_floor = min(self.detour) if self.detour else 0.0
-        self._set_aliases(merge)
 
     def _set_aliases(self, merge: bool) -> None:
         """The mesh's aliases a merged step can run on (none unless ``merge``), and what
         they weaken in the heuristic."""
+        from meshplan.placement import Replicate, Spec
+
         from ._planner import alias_dims
 
         self.aliases = tuple(
@@ -140,12 +144,18 @@ class _Context(_Bounds):
             for name, dims in (alias_dims(self.mesh).items() if merge else ())
             if len(dims) > 1 and all(self.sizes[m] > 1 for m in dims)
         )
+        self.merge_dims = frozenset(m for _, dims in self.aliases for m in dims)
         self._merges: dict = {}
         self._valid: dict = {}
+        # states become Specs (for the merge check) on this template
+        self._template = (
+            Spec(self.mesh, [Replicate()] * len(self.sizes), self.shape, self.dtype)
+            if self.aliases
+            else None
+        )
         # the heuristic's allowances for merged steps: one collective may serve ``widest``
         # dims; a merged all_reduce moves (N-1)/N of its input, less than its dims' shares
-        # summed, so those dims' reduce weights shrink to fit; a dim sharded for a while
-        # may be gathered back inside a merged step, at no launch of its own
+        # summed, so those dims' reduce weights shrink to fit
         self.widest = max((len(d) for _, d in self.aliases), default=1)
         self.reduce_share = [1.0] * len(self.sizes)
         for _, dims in self.aliases:
@@ -154,10 +164,6 @@ class _Context(_Bounds):
             r = min(1.0, ((n - 1) / n) / shares)
             for m in dims:
                 self.reduce_share[m] = min(self.reduce_share[m], r)
-                self.detour[m] = self.local_launch
-        if self.aliases:
-            self.detour_floor = min(self.detour) if self.detour else 0.0
-        self.merge_dims = frozenset(m for _, dims in self.aliases for m in dims)
 
     def _trim(self) -> None:
         # bound the memo tables (a long-lived process plans many pairs on one context);
@@ -289,20 +295,9 @@ class _Context(_Bounds):
             from ._merge import _valid_merge
             from ._planner import _spec
 
-            template = self._template()
-            a, b = _spec(template, self.states[i]), _spec(template, self.states[j])
+            a, b = _spec(self._template, self.states[i]), _spec(self._template, self.states[j])
             ok = self._valid[key] = _valid_merge(a, b, tuple(sorted(dims)), kind)
         return ok
-
-    def _template(self):
-        t = getattr(self, "_spec_template", None)
-        if t is None:
-            from meshplan.placement import Replicate, Spec
-
-            t = self._spec_template = Spec(
-                self.mesh, [Replicate()] * len(self.sizes), self.shape, self.dtype
-            )
-        return t
 
     def permute_floor(self, i: int) -> float:
         """A lower bound on the price of every all_permute from state ``i`` (inf: none)."""
