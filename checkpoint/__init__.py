@@ -31,6 +31,7 @@ True
 """
 
 from meshplan.errors import CheckpointError
+from meshplan.layout._lazy import lazy_attributes
 
 from ._index import (
     INDEX_NAME,
@@ -46,14 +47,8 @@ from ._plan import Box, Read, check_target, intersect, local_boxes, plan_reads, 
 
 _LAZY = {"save": "_io", "save_all": "_io", "load": "_io", "load_all": "_io", "checksum": "_io"}
 
-
-def __getattr__(name):
-    # save/load touch tensors and files: import torch only when they are used.
-    if name in _LAZY:
-        import importlib
-
-        return getattr(importlib.import_module(f"{__name__}.{_LAZY[name]}"), name)
-    raise AttributeError(f"module 'meshplan.checkpoint' has no attribute {name!r}")
+# save/load touch tensors and files: import torch only when they are used.
+__getattr__ = lazy_attributes(__name__, _LAZY)
 
 
 __all__ = [

@@ -10,6 +10,7 @@ convert to and from torch DTensor placements. Never communicates; the planning p
 """
 
 from meshplan.errors import PlacementError
+from meshplan.layout._lazy import lazy_attributes
 
 from ._local import (
     Chunk,
@@ -50,14 +51,8 @@ _LAZY = {
     "Sharded": "_sharded",
 }
 
-
-def __getattr__(name):
-    # shard/unshard/Sharded touch tensor values: import torch only when they are used.
-    if name in _LAZY:
-        import importlib
-
-        return getattr(importlib.import_module(f"{__name__}.{_LAZY[name]}"), name)
-    raise AttributeError(f"module 'meshplan.placement' has no attribute {name!r}")
+# shard/unshard/Sharded touch tensor values: import torch only when they are used.
+__getattr__ = lazy_attributes(__name__, _LAZY)
 
 
 __all__ = [

@@ -6,6 +6,7 @@ torch.distributed process groups. The planning part never imports torch.
 """
 
 from meshplan.errors import PlanError
+from meshplan.layout._lazy import lazy_attributes
 
 from . import exchange
 from ._cost import Cost, CostModel, HardwareProfile, Link, cost, step_cost, transition_cost
@@ -14,8 +15,11 @@ from ._merge import MergeWarning, merge, reset_merge_warnings
 from ._planner import check_plannable, clear_plan_cache, plan
 from ._step import COLLECTIVES, Plan, Step, reduce_op
 
-# The runtime shell imports torch.distributed: loaded on first use, like simulate.
-_SHELL = {
+# simulate touches tensor values, and the runtime shell imports torch.distributed:
+# imported only when they are used.
+_LAZY = {
+    "simulate": "_simulate",
+    "simulate_step": "_simulate",
     "Group": "_groups",
     "ProcessGroups": "_groups",
     "WorkerError": "_pool",
@@ -28,18 +32,7 @@ _SHELL = {
     "grad_spec": "_run",
 }
 
-
-def __getattr__(name):
-    # simulate touches tensor values: import torch only when it is used.
-    if name in ("simulate", "simulate_step"):
-        from . import _simulate
-
-        return getattr(_simulate, name)
-    if name in _SHELL:
-        import importlib
-
-        return getattr(importlib.import_module(f"{__name__}.{_SHELL[name]}"), name)
-    raise AttributeError(f"module 'meshplan.redistribute' has no attribute {name!r}")
+__getattr__ = lazy_attributes(__name__, _LAZY)
 
 
 __all__ = [

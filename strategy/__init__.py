@@ -10,6 +10,7 @@ Never communicates; the planning part never imports torch (the rule checker
 """
 
 from meshplan.errors import StrategyError
+from meshplan.layout._lazy import lazy_attributes
 
 from ._expand import Strategy, check_constraint, expand
 from ._rule import DimStrategy, Meta, Placeholder, fill, meta_of, replicate_strategy, shard_kinds
@@ -28,14 +29,8 @@ _LAZY = {
     "run_local": "_reference",
 }
 
-
-def __getattr__(name):
-    # the checker and propagate touch tensors: import torch only when they are used
-    if name in _LAZY:
-        import importlib
-
-        return getattr(importlib.import_module(f"{__name__}.{_LAZY[name]}"), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+# the checker and propagate touch tensors: import torch only when they are used
+__getattr__ = lazy_attributes(__name__, _LAZY)
 
 
 __all__ = [
