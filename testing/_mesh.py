@@ -25,6 +25,18 @@ def _check_order(lo_name: str, lo: int, hi_name: str, hi: int) -> None:
         raise InvalidArgument(f"{lo_name}={lo!r} must not exceed {hi_name}={hi!r}")
 
 
+def mesh_strategy(mesh: object, default: st.SearchStrategy[Mesh]) -> st.SearchStrategy[Mesh]:
+    """A strategy for the ``mesh=`` argument of a public strategy: ``default`` for None,
+    ``just`` a Mesh, a strategy as it is; anything else raises InvalidArgument."""
+    if mesh is None:
+        return default
+    if isinstance(mesh, Mesh):
+        return st.just(mesh)
+    if isinstance(mesh, st.SearchStrategy):
+        return mesh
+    raise InvalidArgument(f"mesh={mesh!r} must be a Mesh, a strategy for meshes, or None")
+
+
 def meshes(
     *,
     min_dims: int = 1,

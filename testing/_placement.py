@@ -20,7 +20,7 @@ from meshplan.placement import (
     dtype_name,
 )
 
-from ._mesh import meshes
+from ._mesh import mesh_strategy, meshes
 
 __all__ = ["placements", "shapes", "specs"]
 
@@ -145,14 +145,7 @@ def specs(
     ...     assert spec.mesh.shape == (2, 3) and not spec.is_partial
     >>> check()
     """
-    if mesh is None:
-        mesh_st: st.SearchStrategy[Mesh] = meshes(min_dims=1, max_dims=3, max_side=4)
-    elif isinstance(mesh, Mesh):
-        mesh_st = st.just(mesh)
-    elif isinstance(mesh, st.SearchStrategy):
-        mesh_st = mesh
-    else:
-        raise InvalidArgument(f"mesh={mesh!r} must be a Mesh, a strategy for meshes, or None")
+    mesh_st = mesh_strategy(mesh, meshes(min_dims=1, max_dims=3, max_side=4))
     if shape is not None:
         if isinstance(shape, str) or not isinstance(shape, Sequence):
             raise InvalidArgument(f"shape={shape!r} must be a sequence of ints >= 0")

@@ -13,7 +13,7 @@ from hypothesis.errors import InvalidArgument
 from meshplan.layout import Mesh
 from meshplan.placement import Spec
 
-from ._mesh import meshes
+from ._mesh import mesh_strategy, meshes
 from ._placement import specs
 
 __all__ = ["OpCall", "op_calls", "BUILTIN_OPS"]
@@ -171,14 +171,7 @@ def op_calls(
         raise InvalidArgument(f"ops={ops!r} must be a non-empty subset of {BUILTIN_OPS!r}")
     if isinstance(max_side, bool) or not isinstance(max_side, int) or max_side < 1:
         raise InvalidArgument(f"max_side={max_side!r} must be an int >= 1")
-    if mesh is None:
-        mesh_st: st.SearchStrategy[Mesh] = meshes(min_dims=1, max_dims=3, max_side=3, max_aliases=1)
-    elif isinstance(mesh, Mesh):
-        mesh_st = st.just(mesh)
-    elif isinstance(mesh, st.SearchStrategy):
-        mesh_st = mesh
-    else:
-        raise InvalidArgument(f"mesh={mesh!r} must be a Mesh, a strategy for meshes, or None")
+    mesh_st = mesh_strategy(mesh, meshes(min_dims=1, max_dims=3, max_side=3, max_aliases=1))
     return _op_calls(ops, mesh_st, max_side, allow_strided, allow_partial)
 
 
