@@ -21,6 +21,8 @@ import attrs
 
 from meshplan.errors import MeshError
 
+from ._frozen import identity_first_eq
+
 __all__ = ["Axis", "MeshLayout", "coalesce", "complement", "compose", "modes_of"]
 
 Mode = tuple[int, int]  # (size, stride)
@@ -60,6 +62,7 @@ def coalesce(modes: Iterable[Mode]) -> tuple[Mode, ...]:
     return tuple(out)
 
 
+@identity_first_eq
 @attrs.frozen(repr=False, cache_hash=True)
 class Axis:
     """One mesh dimension as a normalized CuTe layout (last mode fastest).
@@ -362,7 +365,8 @@ def _compose_mode(outer: Axis, size: int, stride: int) -> list[Mode]:
     return list(reversed(pieces))
 
 
-@attrs.frozen(repr=False)
+@identity_first_eq
+@attrs.frozen(repr=False, cache_hash=True)
 class MeshLayout:
     """The layout of a whole mesh: one :class:`Axis` per mesh dimension.
 

@@ -8,7 +8,7 @@ from typing import Any, Generic, TypeVar
 K = TypeVar("K")
 V = TypeVar("V")
 
-__all__ = ["FrozenMap"]
+__all__ = ["FrozenMap", "identity_first_eq"]
 
 
 class FrozenMap(Mapping[K, V], Generic[K, V]):
@@ -44,6 +44,8 @@ class FrozenMap(Mapping[K, V], Generic[K, V]):
         return self._hash
 
     def __eq__(self, other: object) -> bool:
+        if self is other:
+            return True
         if isinstance(other, FrozenMap):
             return self._data == other._data
         if isinstance(other, Mapping):
@@ -72,3 +74,35 @@ def frozen_map(value: Mapping | Any) -> FrozenMap:
     if isinstance(value, FrozenMap):
         return value
     return FrozenMap(value)
+
+
+T = TypeVar("T", bound=type)
+
+
+def identity_first_eq(cls: T) -> T:
+    """Make the attrs-generated ``==`` of a frozen, hash-caching class answer at once for
+    the same object, and for values whose cached hashes differ, before comparing fields.
+
+    attrs compares field by field with ``==``, which never short-cuts on identity; values
+    that nest other values (a Spec holds a Mesh holding a MeshLayout) then compare every
+    level even when both sides share it. Apply after ``@attrs.frozen(cache_hash=True)``.
+    """
+    fields_eq = cls.__eq__
+
+    def __eq__(self, other):  # noqa: N807
+        if self is other:
+            return True
+        if other.__class__ is not self.__class__:
+            return NotImplemented
+        if hash(self) != hash(other):
+            return False
+        return fields_eq(self, other)
+
+    def __ne__(self, other):  # noqa: N807
+        result = __eq__(self, other)
+        return result if result is NotImplemented else not result
+
+    __eq__.__doc__ = fields_eq.__doc__
+    cls.__eq__ = __eq__
+    cls.__ne__ = __ne__
+    return cls

@@ -11,7 +11,7 @@ import attrs
 from meshplan.errors import MeshError
 
 from ._axis import Axis, MeshLayout, complement, compose, row_major_strides
-from ._frozen import FrozenMap, frozen_map
+from ._frozen import FrozenMap, frozen_map, identity_first_eq
 from ._ranks import RankMap, index_of, rank_map, short_repr, trusted_rank_map
 
 __all__ = ["Mesh", "flatten", "unflatten", "DimKey"]
@@ -32,6 +32,7 @@ def _tuple(value: Iterable, what: str) -> tuple:
     return tuple(value)
 
 
+@identity_first_eq
 @attrs.frozen(repr=False, cache_hash=True)
 class Mesh:
     """A device mesh: an N-D layout over a rank map, with dim names and flattened aliases.

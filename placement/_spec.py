@@ -9,6 +9,7 @@ import attrs
 
 from meshplan.errors import PlacementError
 from meshplan.layout import FrozenMap, Mesh
+from meshplan.layout._frozen import identity_first_eq
 
 from ._types import Partial, Placement, Replicate, Shard, StridedShard, dtype_name
 
@@ -52,6 +53,7 @@ def _order(value: Any) -> Any:
         ) from None
 
 
+@identity_first_eq
 @attrs.frozen(repr=False, cache_hash=True)
 class Spec:
     """How a tensor of ``shape`` and ``dtype`` lies on ``mesh``: one placement per mesh dim.

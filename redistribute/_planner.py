@@ -245,7 +245,7 @@ def _min_cost_plan(
     start_state, goal_state = _state(src), _state(dst)
     if start_state == goal_state:
         return _plan_value(src, dst, ()), ()
-    shards, ptargets = _universe(src, dst, src.ndim)
+    shards, ptargets = _universe_of(start_state[0], goal_state[0], src.ndim)
     ctx = context(src.mesh, src.shape, src.dtype, model, shards, ptargets, bound, objective, merge)
     with ctx.lock:
         ctx._trim()
