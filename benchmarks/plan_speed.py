@@ -8,19 +8,23 @@ placements as meshplan (Replicate, Partial, Shard(0), Shard(1) per mesh dim, def
 shard order, tensors of 1024 x 1024 and 1000 x 768 float32), on meshes (8,), (2, 4),
 (2, 2, 2) and (2, 2, 2, 2). No real communication happens.
 
-Timing, per plan (mean; garbage collection off, as timeit does; uncached calls are the
-best of three single calls, for torch's planners too):
+Timing, per plan (mean and median over the pairs; garbage collection off, as timeit does).
+Every uncached time is one call on spec objects built just before it (outside the timer),
+as a program meets a pair it has not planned: hashing and encoding the new specs, and every
+memo a pair's first plan fills, count. So each pair is timed once per row, for torch too:
 
 * torch greedy / graph: ``_gen_transform_infos_non_cached`` (torch keeps its planner
-  object and mesh topology cached across calls, as in a training run);
-* meshplan uncached: ``plan()`` with its plan cache cleared before each call, on a
-  context (mesh, shape, dtype, cost model, placements) that has planned enough other
-  random pairs to have built its plan table (the analogue of torch's cached planner
-  object); the one-time build of each table is reported beside it (``table build``);
-* meshplan uncached by search: the same, with no plan table (what a context's first
-  ``_table.LAZY`` pairs cost, and every pair of a context too big for a table);
+  object per (mesh, tensor meta) and its mesh topology cached across calls, as in a
+  training run; it warms on two other pairs first);
+* meshplan uncached: the pair's first ``plan()``, on a context (mesh, shape, dtype, cost
+  model, placements) that has planned other random pairs and so built its plan table
+  (the analogue of torch's cached planner object); the one-time build of each table is
+  reported beside it (``table build``);
+* meshplan uncached by search: the same on a context without a plan table (what a
+  context's first ``_table.LAZY`` pairs cost, and every pair of a context too big for a
+  table);
 * meshplan cold: every table cleared before each plan;
-* cached: the second call of ``plan()`` / torch's ``_gen_transform_infos``.
+* cached: the second call of ``plan()`` / torch's ``_gen_transform_infos`` (mean of 50).
 
 Quality, per plan: steps, collectives and bytes received per rank. Bytes are priced the
 same way for both (meshplan's cost model on the plan's steps: padded local sizes, ring
@@ -189,17 +193,22 @@ def timed(fn, repeat: int = 1) -> float:
 
 FEWEST = "collectives"  # plan()'s other objective
 
-REPEAT = 3  # uncached timings: the best of this many single calls, for both planners
+
+def fresh(make, mesh, a, b, shape):
+    """A builder of a new (source, target) pair of spec objects (``make``: mp_spec or torch_spec)."""
+    return lambda: (make(mesh, a, shape), make(mesh, b, shape))
 
 
-def best_uncached(fn) -> float:
+def first_call(build, fn, clear=True) -> float:
+    """Seconds of one ``fn(*build())``, the arguments built outside the timer (fresh
+    objects: nothing keyed by them is warm); with ``clear``, meshplan's plan cache is
+    cleared first (its tables are kept)."""
     from meshplan.redistribute import clear_plan_cache
 
-    out = math.inf
-    for _ in range(REPEAT):
+    args = build()
+    if clear:
         clear_plan_cache(tables=False)
-        out = min(out, timed(fn))
-    return out
+    return timed(lambda: fn(*args))
 
 
 def table_builds(pairs, model) -> list[float]:
@@ -245,10 +254,14 @@ def run(cases_per_mesh: int, graph_cases: int, seed: int, gpus_per_node: int = 8
         mp = [(mp_spec(mesh, a, sh), mp_spec(mesh, b, sh)) for a, b, sh in cases]
         tt = [(torch_spec(tmesh, a, sh), torch_spec(tmesh, b, sh)) for a, b, sh in cases]
         rows = [{"src": " ".join(a), "dst": " ".join(b), "shape": list(sh)} for a, b, sh in cases]
+
+        def mp_plan(src, dst, objective="time"):
+            return plan(src, dst, cost_model=model, objective=objective)
+
         # meshplan, cold: every table cleared before each plan
-        for row, (src, dst) in zip(rows, mp, strict=True):
+        for row, (a, b, sh) in zip(rows, cases, strict=True):
             clear_plan_cache()
-            row["mp_cold_s"] = timed(lambda s=src, d=dst: plan(s, d, cost_model=model))
+            row["mp_cold_s"] = first_call(fresh(mp_spec, mesh, a, b, sh), mp_plan)
         # meshplan, uncached, by search: tables of the context warm from other pairs, but
         # no plan table (what a context's first LAZY pairs cost)
         lazy = _table.LAZY
@@ -256,21 +269,21 @@ def run(cases_per_mesh: int, graph_cases: int, seed: int, gpus_per_node: int = 8
         clear_plan_cache()
         for a, b, sh in warm:
             plan(mp_spec(mesh, a, sh), mp_spec(mesh, b, sh), cost_model=model)
-        for row, (src, dst) in zip(rows, mp, strict=True):
-            row["mp_search_s"] = best_uncached(lambda s=src, d=dst: plan(s, d, cost_model=model))
+        for row, (a, b, sh) in zip(rows, cases, strict=True):
+            row["mp_search_s"] = first_call(fresh(mp_spec, mesh, a, b, sh), mp_plan)
         # meshplan, uncached, from the plan table each context builds after LAZY pairs
         _table.LAZY = 0
         clear_plan_cache()
         for a, b, sh in warm:
             plan(mp_spec(mesh, a, sh), mp_spec(mesh, b, sh), cost_model=model)
-        for row, (src, dst) in zip(rows, mp, strict=True):
-            row["mp_uncached_s"] = best_uncached(lambda s=src, d=dst: plan(s, d, cost_model=model))
+        for row, (a, b, sh) in zip(rows, cases, strict=True):
+            row["mp_uncached_s"] = first_call(fresh(mp_spec, mesh, a, b, sh), mp_plan)
         # meshplan, objective="collectives" (fewest collectives, then least time), tables warm
         for a, b, sh in warm:
             plan(mp_spec(mesh, a, sh), mp_spec(mesh, b, sh), cost_model=model, objective=FEWEST)
-        for row, (src, dst) in zip(rows, mp, strict=True):
-            row["mpc_uncached_s"] = best_uncached(
-                lambda s=src, d=dst: plan(s, d, cost_model=model, objective=FEWEST)
+        for row, (a, b, sh), (src, dst) in zip(rows, cases, mp, strict=True):
+            row["mpc_uncached_s"] = first_call(
+                fresh(mp_spec, mesh, a, b, sh), lambda s, d: mp_plan(s, d, FEWEST)
             )
             p = plan(src, dst, cost_model=model, objective=FEWEST)
             c = cost(p, model)
@@ -291,10 +304,11 @@ def run(cases_per_mesh: int, graph_cases: int, seed: int, gpus_per_node: int = 8
         # torch: one planner object per (mesh, tensor meta), cached by torch, as in training
         for tsrc, tdst in tt[:2]:
             R._gen_transform_infos_non_cached(tsrc, tdst, False)
-        for row, (tsrc, tdst) in zip(rows, tt, strict=True):
-            row["greedy_s"] = min(
-                timed(lambda a=tsrc, b=tdst: R._gen_transform_infos_non_cached(a, b, False))
-                for _ in range(REPEAT)
+        for row, (a, b, sh) in zip(rows, cases, strict=True):
+            row["greedy_s"] = first_call(
+                fresh(torch_spec, tmesh, a, b, sh),
+                lambda x, y: R._gen_transform_infos_non_cached(x, y, False),
+                clear=False,
             )
         for row, (tsrc, tdst), (src, dst) in zip(rows, tt, mp, strict=True):
             R._gen_transform_infos(tsrc, tdst, False)
@@ -303,9 +317,13 @@ def run(cases_per_mesh: int, graph_cases: int, seed: int, gpus_per_node: int = 8
             )
             infos = R._gen_transform_infos_non_cached(tsrc, tdst, False)
             _add_torch(row, "greedy", infos, src, dst, model, cost)
-        for row, (tsrc, tdst), (src, dst) in list(zip(rows, tt, mp, strict=True))[:graph_cases]:
-            row["graph_s"] = timed(
-                lambda a=tsrc, b=tdst: R._gen_transform_infos_non_cached(a, b, True)
+        for row, (tsrc, tdst), (src, dst), (a, b, sh) in list(
+            zip(rows, tt, mp, cases, strict=True)
+        )[:graph_cases]:
+            row["graph_s"] = first_call(
+                fresh(torch_spec, tmesh, a, b, sh),
+                lambda x, y: R._gen_transform_infos_non_cached(x, y, True),
+                clear=False,
             )
             infos = R._gen_transform_infos_non_cached(tsrc, tdst, True)
             _add_torch(row, "graph", infos, src, dst, model, cost)
@@ -362,6 +380,7 @@ def summarize(rows) -> dict:
         "mp_cold_us": _mean(rows, "mp_cold_s") * 1e6,
         "mp_cached_us": _mean(rows, "mp_cached_s") * 1e6,
         "greedy_us": _mean(rows, "greedy_s") * 1e6,
+        "greedy_median_us": _median(rows, "greedy_s") * 1e6,
         "graph_us": _mean(rows, "graph_s") * 1e6,
         "torch_cached_us": _mean(rows, "torch_cached_s") * 1e6,
         "mp_steps": _mean(rows, "mp_steps"),
@@ -416,13 +435,20 @@ def print_mesh(shape_mesh, rows, builds) -> None:
         f"{s['graph_us']:12.1f}{s['mp_uncached_us'] / s['greedy_us']:11.2f}"
         f"{s['graph_us'] / s['graph_subset_mp_uncached_us']:10.0f}"
     )
-    print(f"  {'  (median) us':22}{s['mp_uncached_median_us']:12.1f}")
+    print(
+        f"  {'  (median) us':22}{s['mp_uncached_median_us']:12.1f}"
+        f"{s['greedy_median_us']:12.1f}{'':12}"
+        f"{s['mp_uncached_median_us'] / s['greedy_median_us']:11.2f}"
+    )
     print(
         f"  {'  by search us':22}{s['mp_search_us']:12.1f}{'':24}"
         f"{s['mp_search_us'] / s['greedy_us']:11.2f}"
         f"{s['graph_us'] / _mean([r for r in rows if 'graph_s' in r], 'mp_search_s') / 1e6:10.0f}"
     )
-    print(f"  {'    (median) us':22}{s['mp_search_median_us']:12.1f}")
+    print(
+        f"  {'    (median) us':22}{s['mp_search_median_us']:12.1f}{'':24}"
+        f"{s['mp_search_median_us'] / s['greedy_median_us']:11.2f}"
+    )
     if builds:
         print(
             f"  {'  table build ms':22}{1e3 * statistics.fmean(builds):12.1f}"

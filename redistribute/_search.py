@@ -9,7 +9,9 @@ states (ids), their padded local bytes, their transitions and prices, heuristic 
 per goal.
 
 Transitions (see ``meshplan.redistribute._planner`` for the rules) are generated per
-state, goal-free and memoized: single-dim steps, validity checked structurally (a mesh
+state, goal-free and memoized, the single-dim steps and permutes as shape-free moves that
+every context of the mesh and placement universe shares (a context prices them on its
+tensor): single-dim steps, validity checked structurally (a mesh
 dim leaves an order from its end and joins one at its end) or, for tiny dims and
 StridedShards, exactly on index intervals (``_exact``); every valid all_permute,
 generated only once the search reaches a lower bound of their rank; and the steps merged
@@ -76,6 +78,13 @@ class _Context(_Bounds):
         self.tiny = tuple(
             any(c[0] == d and c[1] > 1 for c in shards) or _may_empty(length, active_sizes)
             for d, length in enumerate(shape)
+        )
+        # keys of the shape-free moves (``_SINGLE_MOVES``/``_PERMUTE_MOVES``) this context
+        # shares with others on the mesh: a tiny dim's moves depend on its length
+        self._permutes_key = (self.sizes, self.active, shards, self.ndim)
+        self._moves_key = self._permutes_key + (
+            ptargets,
+            tuple(length if t else -1 for length, t in zip(shape, self.tiny, strict=True)),
         )
         # the memo tables below are shared by every search on this context: one at a time
         self.lock = threading.Lock()
@@ -229,15 +238,39 @@ class _Context(_Bounds):
         """The single-dim transitions from state ``i``."""
         out = self._succ.get(i)
         if out is None:
-            out = self._succ[i] = self._successors(self.states[i])
+            state = self.states[i]
+            key = (self._moves_key, state)
+            moves = _SINGLE_MOVES.get(key)
+            if moves is None:
+                moves = _remember(_SINGLE_MOVES, key, self._successors(state))
+            out = self._succ[i] = self._priced(i, moves)
         return out
 
     def permutes(self, i: int):
         """The all_permute transitions from state ``i``."""
         out = self._perms.get(i)
         if out is None:
-            out = self._perms[i] = self._permutes(i, self.states[i])
+            state = self.states[i]
+            key = (self._permutes_key, state)
+            moves = _PERMUTE_MOVES.get(key)
+            if moves is None:
+                moves = _remember(_PERMUTE_MOVES, key, self._permutes(state))
+            out = self._perms[i] = self._priced(i, moves)
         return out
+
+    def _priced(self, i: int, moves: tuple) -> tuple:
+        """Transitions (see the tuple layout above) from state ``i``: its shape-free
+        ``moves`` priced on this context's tensor, within its memory bound."""
+        b_in = self._nbytes[i]
+        bound, intern, nbytes, price = self.bound, self.intern, self._nbytes, self.price
+        out = []
+        for t, dims, collective, n_send, scaled, touch, tie in moves:
+            j = intern(t)
+            b_out = nbytes[j]
+            if bound is None or b_in + b_out <= bound:
+                c = price(dims, collective, n_send, b_in, b_out, scaled) * tie
+                out.append((c, j, dims, collective, n_send, scaled, touch))
+        return tuple(out)
 
     def merges(self, i: int):
         """The merged steps from state ``i``: like-kind collectives over every dim of an
@@ -316,18 +349,16 @@ class _Context(_Bounds):
             self._floor[i] = f
         return f
 
-    def _permutes(self, i: int, state) -> tuple:
-        """Every valid all_permute out of ``state``: the sharding mesh dims take other
-        shard placements and orders, keeping per tensor dim a common prefix, and the
-        dims after it (at least two) exchange pieces."""
+    def _permutes(self, state) -> tuple:
+        """Every valid all_permute out of ``state``, as shape-free moves: the sharding mesh
+        dims take other shard placements and orders, keeping per tensor dim a common
+        prefix, and the dims after it (at least two) exchange pieces."""
         codes, chains = state
         sharded = [m for m in self.active if type(codes[m]) is tuple]
         if len(sharded) < 2:
             return ()
         out = []
-        b_in = self._nbytes[i]
-        bound, sizes, ndim = self.bound, self.sizes, self.ndim
-        intern, nbytes, price = self.intern, self._nbytes, self.price
+        sizes, ndim = self.sizes, self.ndim
         for assign in itertools.product(self.shards, repeat=len(sharded)):
             new_codes = list(codes)
             for m, c in zip(sharded, assign, strict=True):
@@ -349,32 +380,19 @@ class _Context(_Bounds):
                 if len(g) < 2:
                     continue  # the state itself, or a single-dim step
                 t = (new_codes, new_chains)
-                j = intern(t)
-                b_out = nbytes[j]
-                if bound is None or b_in + b_out <= bound:
-                    dims = tuple(sorted(g))
-                    n = math.prod(sizes[m] for m in dims)
-                    c = price(dims, "all_permute", n, b_in, b_out) * _tie(state, t)
-                    out.append((c, j, dims, "all_permute", n, False, None))
+                dims = tuple(sorted(g))
+                n = math.prod(sizes[m] for m in dims)
+                out.append((t, dims, "all_permute", n, False, None, _tie(state, t)))
         return tuple(out)
 
     def _successors(self, state):
+        """The single-dim steps out of ``state``, as shape-free moves (``_priced``)."""
         codes, chains = state
         out: list = []
-        b_in = self._nbytes[self._ids[state]]
         sizes = self.sizes
-        bound = self.bound
-        intern = self.intern
-        nbytes = self._nbytes
-        price = self.price
 
         def add(dims, collective, t, touch, n_send=1, scaled=False):
-            j = intern(t)
-            b_out = nbytes[j]
-            if bound is not None and b_in + b_out > bound:
-                return
-            c = price(dims, collective, n_send, b_in, b_out, scaled) * _tie(state, t)
-            out.append((c, j, dims, collective, n_send, scaled, touch))
+            out.append((t, dims, collective, n_send, scaled, touch, _tie(state, t)))
 
         for m in self.active:
             a = codes[m]
@@ -461,6 +479,21 @@ class _Context(_Bounds):
         return exact_covers(length, src, dst, m)
 
 
+# Shape-free moves out of a state: (next_state, mesh_dims, collective, n_send, scaled, touch,
+# tie factor), shared by the contexts of one mesh and placement universe (tensor shapes,
+# dtypes, cost models, memory bounds); a context prices them on its tensor (``_priced``).
+_SINGLE_MOVES: dict = {}
+_PERMUTE_MOVES: dict = {}
+_MOVES_KEPT = 100000  # entries per memo before it starts over
+
+
+def _remember(memo: dict, key, moves: tuple) -> tuple:
+    if len(memo) >= _MOVES_KEPT:
+        memo.clear()
+    memo[key] = moves
+    return moves
+
+
 def _put(t: tuple, i: int, v) -> tuple:
     return t[:i] + (v,) + t[i + 1 :]
 
@@ -486,8 +519,10 @@ def _context(mesh, shape, dtype, model, shards, ptargets, bound, objective, merg
 
 
 def clear_contexts() -> None:
-    """Forget every search context (and so every memo table)."""
+    """Forget every search context (and so every memo table), and the shape-free moves."""
     _context.cache_clear()
+    _SINGLE_MOVES.clear()
+    _PERMUTE_MOVES.clear()
 
 
 def search(ctx: _Context, start: int, goal: int):
