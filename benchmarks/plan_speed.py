@@ -21,7 +21,7 @@ memo a pair's first plan fills, count. So each pair is timed once per row, for t
   (the analogue of torch's cached planner object); the one-time build of each table is
   reported beside it (``table build``);
 * meshplan uncached by search: the same on a context without a plan table (what a
-  context's first ``_table.LAZY`` pairs cost, and every pair of a context too big for a
+  context's first ``_table.lazy_pairs`` pairs cost: 2 to 64, by its state count; and every pair of a context too big for a
   table);
 * meshplan cold: every table cleared before each plan;
 * cached: the second call of ``plan()`` / torch's ``_gen_transform_infos`` (mean of 50).
@@ -263,7 +263,7 @@ def run(cases_per_mesh: int, graph_cases: int, seed: int, gpus_per_node: int = 8
             clear_plan_cache()
             row["mp_cold_s"] = first_call(fresh(mp_spec, mesh, a, b, sh), mp_plan)
         # meshplan, uncached, by search: tables of the context warm from other pairs, but
-        # no plan table (what a context's first LAZY pairs cost)
+        # no plan table (what a context's first lazy_pairs pairs cost)
         lazy = _table.LAZY
         _table.LAZY = 10**9
         clear_plan_cache()
@@ -271,7 +271,7 @@ def run(cases_per_mesh: int, graph_cases: int, seed: int, gpus_per_node: int = 8
             plan(mp_spec(mesh, a, sh), mp_spec(mesh, b, sh), cost_model=model)
         for row, (a, b, sh) in zip(rows, cases, strict=True):
             row["mp_search_s"] = first_call(fresh(mp_spec, mesh, a, b, sh), mp_plan)
-        # meshplan, uncached, from the plan table each context builds after LAZY pairs
+        # meshplan, uncached, from the plan table each context builds
         _table.LAZY = 0
         clear_plan_cache()
         for a, b, sh in warm:

@@ -25,7 +25,7 @@ tie-breaking factor below 1 + 5e-10 (``_search._tie``), so the cheapest plan is 
 A context (mesh, shape, dtype, model, placements, memory bound) plans its first pairs by
 A* search (the heuristic is a lower bound, so the result is a minimum over every plan of
 such steps: ``tests/redistribute/test_plan_optimal.py`` checks it against a brute
-force); after ``_table.LAZY`` pairs, a context small enough builds an all-pairs table
+force); after ``_table.lazy_pairs`` pairs, a context small enough builds an all-pairs table
 and walks it, to the very same plan (``tests/redistribute/test_table.py``). Then
 :func:`merge` notes like-kind collectives a missing alias kept apart (for the warning).
 ``objective="collectives"`` adds to every collective's price more than any plan's time,

@@ -90,6 +90,7 @@ class _Context(_Bounds):
         self.lock = threading.Lock()
         self.tabled = None  # whether a plan table fits (``_table``), once known
         self.planned = 0  # pairs planned by search, towards building the table
+        self.lazy = 0  # how many (``_table.lazy_pairs``), once the table is known to fit
         self._ids: dict = {}  # state -> id (states are hashed once, then ids are used)
         self.states: list = []
         self._nbytes: list = []
