@@ -232,8 +232,10 @@ class _Context(_Bounds):
 
     # transitions
     def successors(self, i: int):
-        """Every transition from state ``i`` (see the tuple layout above); goal-free."""
-        return self.singles(i) + self.permutes(i) + self.merges(i)
+        """Every transition from state ``i`` (see the tuple layout above); goal-free. In
+        the order :func:`search` relaxes them (single-dim steps, merged steps, permutes),
+        so that of two moves to one state at one price, a table keeps the search's."""
+        return self.singles(i) + self.merges(i) + self.permutes(i)
 
     def singles(self, i: int):
         """The single-dim transitions from state ``i``."""

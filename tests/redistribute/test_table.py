@@ -17,7 +17,7 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from meshplan.layout import Mesh
-from meshplan.placement import Spec, is_shard_like, parse_placements
+from meshplan.placement import Replicate, Shard, Spec, is_shard_like, parse_placements
 from meshplan.redistribute import CostModel, HardwareProfile, clear_plan_cache, cost, plan
 from meshplan.redistribute import _planner as P
 from meshplan.redistribute import _search as S
@@ -85,7 +85,7 @@ def test_the_table_walk_is_the_search_plan(pair, model, bounded, objective):
 def test_the_table_walk_is_the_search_plan_on_every_pair_of_a_context(mesh_shape, tensor):
     """Exhaustive on one context: every (source, target) among a fixed sample of its states."""
     mesh = Mesh.create(mesh_shape)
-    from meshplan.placement import Partial, Replicate, Shard
+    from meshplan.placement import Partial
 
     a = Spec(mesh, [Partial()] + [Replicate()] * (mesh.ndim - 1), tensor)
     b = Spec(mesh, [Shard(0)] * mesh.ndim, tensor)
@@ -120,7 +120,7 @@ def test_state_count_is_the_number_of_states_enumerated():
 def test_a_context_builds_its_table_only_after_planning_some_pairs():
     clear_plan_cache()
     mesh = Mesh.create((2, 2, 2))
-    from meshplan.placement import Partial, Replicate, Shard
+    from meshplan.placement import Partial
 
     def spec(*pl):
         return Spec(mesh, list(pl), (64, 64))
@@ -198,3 +198,17 @@ def _old_candidate(step, goal: Spec) -> bool:
         if is_shard_like(s.placements[m]) and is_shard_like(goal.placements[m])
     ]
     return bool(both) and all(t.placements[m] == goal.placements[m] for m in both)
+
+
+def test_a_merged_step_and_a_permute_at_one_price_resolve_alike():
+    # an empty tensor: a merged all_to_all over (d1, d2) and an all_permute over the
+    # same dims cost the same latency; the table must keep the search's choice
+    mesh = Mesh.create((1, 2, 4), ("d0", "d1", "d2")).flatten(("d1", "d2"), "f0")
+    src = Spec(mesh, [Replicate(), Shard(0), Shard(0)], (0, 0), "float64")
+    dst = Spec(mesh, [Replicate(), Shard(1), Shard(1)], (0, 0), "float64")
+    ctx, start, goal = _context(src, dst, CostModel(HardwareProfile.nvlink_ib()))
+    with ctx.lock:
+        by_search = S.search(ctx, start, goal)
+        by_table = T.walk(ctx, T.table(ctx, after=0), start, goal)
+    assert _moves(by_table) == _moves(by_search)
+    assert [t[3] for _, t, _ in by_search[1]] == ["all_to_all"]
