@@ -17,12 +17,14 @@ memo a pair's first plan fills, count. So each pair is timed once per row, for t
   object per (mesh, tensor meta) and its mesh topology cached across calls, as in a
   training run; it warms on two other pairs first);
 * meshplan uncached: the pair's first ``plan()``, on a context (mesh, shape, dtype, cost
-  model, placements) that has planned other random pairs and so built its plan table
-  (the analogue of torch's cached planner object); the one-time build of each table is
-  reported beside it (``table build``);
-* meshplan uncached by search: the same on a context without a plan table (what a
-  context's first ``_table.lazy_pairs`` pairs cost: 2 to 64, by its state count; and every pair of a context too big for a
-  table);
+  model, placements) that has built its plan table (the analogue of torch's cached
+  planner object); the one-time build of each table, on a new context (whose moves
+  another tensor shape on the mesh may have generated), is reported beside it
+  (``table build``);
+* meshplan uncached by search: the pair's first ``plan()`` on a context without a plan
+  table that has planned other random pairs (none on the 1-D mesh: its 24 pairs are all
+  cases). What a context's first ``_table.lazy_pairs`` pairs cost (2 to 64, by its state
+  count), and every pair of a context too big for a table;
 * meshplan cold: every table cleared before each plan;
 * cached: the second call of ``plan()`` / torch's ``_gen_transform_infos`` (mean of 50).
 
@@ -211,18 +213,21 @@ def first_call(build, fn, clear=True) -> float:
     return timed(lambda: fn(*args))
 
 
-def table_builds(pairs, model) -> list[float]:
-    """Seconds to build the plan table of each distinct context of ``pairs`` (none: too big)."""
+def table_builds(pairs, model, objective="time") -> list[float]:
+    """Build the plan table of each distinct context of ``pairs`` (none when too big), as
+    ``plan()`` would use it; the seconds each took."""
     from meshplan.redistribute import _planner, _search, _table
 
     seen = {}
     for src, dst in pairs:
         shards, ptargets = _planner._universe(src, dst, src.ndim)
-        ctx = _search.context(src.mesh, src.shape, src.dtype, model, shards, ptargets, None)
+        ctx = _search.context(
+            src.mesh, src.shape, src.dtype, model, shards, ptargets, None, objective
+        )
         if ctx not in seen and _table.state_count(ctx) <= _table.MAX_STATES:
             with ctx.lock:
                 t0 = time.perf_counter()
-                _table._build(ctx)
+                _table.table(ctx, after=0)
                 seen[ctx] = time.perf_counter() - t0
     return list(seen.values())
 
@@ -271,16 +276,15 @@ def run(cases_per_mesh: int, graph_cases: int, seed: int, gpus_per_node: int = 8
             plan(mp_spec(mesh, a, sh), mp_spec(mesh, b, sh), cost_model=model)
         for row, (a, b, sh) in zip(rows, cases, strict=True):
             row["mp_search_s"] = first_call(fresh(mp_spec, mesh, a, b, sh), mp_plan)
-        # meshplan, uncached, from the plan table each context builds
+        # meshplan, uncached, from each context's plan table (built first on new contexts,
+        # timed apart: "table build")
         _table.LAZY = 0
         clear_plan_cache()
-        for a, b, sh in warm:
-            plan(mp_spec(mesh, a, sh), mp_spec(mesh, b, sh), cost_model=model)
+        builds = table_builds(mp, model)
         for row, (a, b, sh) in zip(rows, cases, strict=True):
             row["mp_uncached_s"] = first_call(fresh(mp_spec, mesh, a, b, sh), mp_plan)
-        # meshplan, objective="collectives" (fewest collectives, then least time), tables warm
-        for a, b, sh in warm:
-            plan(mp_spec(mesh, a, sh), mp_spec(mesh, b, sh), cost_model=model, objective=FEWEST)
+        # meshplan, objective="collectives" (fewest collectives, then least time), tables built
+        table_builds(mp, model, FEWEST)
         for row, (a, b, sh), (src, dst) in zip(rows, cases, mp, strict=True):
             row["mpc_uncached_s"] = first_call(
                 fresh(mp_spec, mesh, a, b, sh), lambda s, d: mp_plan(s, d, FEWEST)
@@ -289,7 +293,6 @@ def run(cases_per_mesh: int, graph_cases: int, seed: int, gpus_per_node: int = 8
             c = cost(p, model)
             row.update(mpc_collectives=len(p.collectives), mpc_bytes=c.bytes, mpc_cost_s=c.total)
         _table.LAZY = lazy
-        builds = table_builds(mp, model)
         for row, (src, dst) in zip(rows, mp, strict=True):
             p = plan(src, dst, cost_model=model)  # cached from here on
             row["mp_cached_s"] = timed(lambda s=src, d=dst: plan(s, d, cost_model=model), 50)
