@@ -381,6 +381,11 @@ def _valid_single(step: Step) -> bool:
 # -- the warning ----------------------------------------------------------------------------
 
 
+def warned(mesh_shape: tuple[int, ...]) -> bool:
+    """Whether a missed merge on a mesh of this shape has warned already."""
+    return mesh_shape in _WARNED
+
+
 def warn_missed(plan: Plan, missed) -> None:
     """Warn (once per mesh shape) about merges a flattened alias would enable."""
     for shape, names, kind, count in missed:

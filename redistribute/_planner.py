@@ -274,21 +274,33 @@ def _min_cost_plan(
 
 @functools.lru_cache(maxsize=4096)
 def _plan_cached(src: Spec, dst: Spec, model: CostModel, merge: bool, bound, objective: str):
+    """The plan and the merges a missing alias kept apart (None: not looked for yet)."""
     check_plannable(src, dst)
     p, prices = _min_cost_plan(src, dst, model, bound, objective, merge)
-    missed: tuple = ()
-    if merge and len(p.steps) > 1:
+    if merge and len(p.steps) > 1 and src.mesh.aliases:
         from ._merge import merge_plan
 
-        weight = 0.0
-        if objective == "collectives":
-            weight = collective_weight(
-                model, src.mesh, dtype_itemsize(src.dtype) * math.prod(src.shape)
-            )
         # steps merged onto aliases are moves of the search already; this merges what
-        # runs one after another without an alias (to warn) and reorders nothing cheaper
-        p, missed = merge_plan(p, model, prices, weight, reorder=False)
-    return p, missed
+        # runs one after another onto an alias (a tie) and notes what lacks one
+        p, missed = merge_plan(p, model, prices, _weight(src, model, objective), reorder=False)
+        return p, missed
+    return p, None
+
+
+def _weight(src: Spec, model: CostModel, objective: str) -> float:
+    if objective != "collectives":
+        return 0.0
+    return collective_weight(model, src.mesh, dtype_itemsize(src.dtype) * math.prod(src.shape))
+
+
+@functools.lru_cache(maxsize=4096)
+def _missed_merges(p: Plan, model: CostModel, objective: str) -> tuple:
+    """Like-kind steps of ``p`` that an alias the mesh lacks would merge (for the warning;
+    on a mesh without aliases nothing merges, so only the first plans of a mesh shape,
+    before it has warned, pay for looking)."""
+    from ._merge import merge_plan
+
+    return merge_plan(p, model, None, _weight(p.src, model, objective), reorder=False)[1]
 
 
 def plan(
@@ -337,6 +349,10 @@ def plan(
     except TypeError:  # unhashable input: validate to raise a clear error
         check_plannable(src, dst)
         raise
+    if missed is None and merge and len(p.steps) > 1:
+        from ._merge import warned
+
+        missed = () if warned(src.mesh.shape) else _missed_merges(p, cost_model, objective)
     if missed:
         from ._merge import warn_missed
 
@@ -351,6 +367,7 @@ def clear_plan_cache(*, tables: bool = True) -> None:
     >>> clear_plan_cache(tables=False)
     """
     _plan_cached.cache_clear()
+    _missed_merges.cache_clear()
     if tables:
         _STATES.clear()
         clear_tables()

@@ -53,14 +53,9 @@ def redistribute_cost(src: Spec, dst: Spec, model) -> float:
 def _plan(src: Spec, dst: Spec, model):
     # the plan ``plan()`` returns, without its "flatten to merge" warning: selection
     # prices many candidate redistributions that never run
-    try:
-        from meshplan.redistribute._planner import _plan_cached
+    from meshplan.redistribute._planner import _plan_cached
 
-        return _plan_cached(src, dst, model, True, None)[0]
-    except (ImportError, TypeError):
-        from meshplan.redistribute import plan
-
-        return plan(src, dst, cost_model=model)
+    return _plan_cached(src, dst, model, True, None, "time")[0]
 
 
 @functools.lru_cache(maxsize=16384)

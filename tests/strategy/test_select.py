@@ -1,6 +1,7 @@
 """Selection laws: the search finds the enumerated minimum, and the chosen strategy computes the op."""
 
 import itertools
+import warnings
 
 import pytest
 import torch
@@ -155,3 +156,26 @@ def test_selection_is_deterministic():
     first = select("add", (a, b))
     for _ in range(3):
         assert select("add", (a, b)) == first
+
+
+def test_pricing_a_redistribution_does_not_warn_about_merges_and_matches_plan():
+    # selection prices many candidate plans that never run: no "flatten to merge" warning,
+    # and the price is that of the plan plan() returns
+    from meshplan.redistribute import MergeWarning, cost, plan, reset_merge_warnings
+    from meshplan.strategy._price import default_model, redistribute_cost
+
+    mesh = Mesh.create((2, 2), ("a", "b"))
+    src = Spec(mesh, [Partial(), Partial()], (8, 8))
+    dst = Spec(mesh, [Replicate(), Replicate()], (8, 8))
+    model = default_model()
+    reset_merge_warnings()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        price = redistribute_cost(src, dst, model)
+    assert not [w for w in caught if issubclass(w.category, MergeWarning)]
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        p = plan(src, dst, cost_model=model)
+    assert [w for w in caught if issubclass(w.category, MergeWarning)]  # plan() still warns
+    assert price == cost(p, model).total
+    reset_merge_warnings()
