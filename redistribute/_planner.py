@@ -45,6 +45,7 @@ from meshplan.placement import Partial, Replicate, Shard, Spec, StridedShard, dt
 
 from ._cost import OBJECTIVES, CostModel, collective_weight
 from ._exact import exact_covers
+from ._merge import merge_plan, warn_missed, warned
 from ._search import R, clear_contexts, context, search
 from ._step import Plan, Step, _avg_scale
 from ._table import clear_tables, table, walk
@@ -278,8 +279,6 @@ def _plan_cached(src: Spec, dst: Spec, model: CostModel, merge: bool, bound, obj
     check_plannable(src, dst)
     p, prices = _min_cost_plan(src, dst, model, bound, objective, merge)
     if merge and len(p.steps) > 1 and src.mesh.aliases:
-        from ._merge import merge_plan
-
         # steps merged onto aliases are moves of the search already; this merges what
         # runs one after another onto an alias (a tie) and notes what lacks one
         p, missed = merge_plan(p, model, prices, _weight(src, model, objective), reorder=False)
@@ -298,8 +297,6 @@ def _missed_merges(p: Plan, model: CostModel, objective: str) -> tuple:
     """Like-kind steps of ``p`` that an alias the mesh lacks would merge (for the warning;
     on a mesh without aliases nothing merges, so only the first plans of a mesh shape,
     before it has warned, pay for looking)."""
-    from ._merge import merge_plan
-
     return merge_plan(p, model, None, _weight(p.src, model, objective), reorder=False)[1]
 
 
@@ -349,13 +346,11 @@ def plan(
     except TypeError:  # unhashable input: validate to raise a clear error
         check_plannable(src, dst)
         raise
-    if missed is None and merge and len(p.steps) > 1:
-        from ._merge import warned
-
-        missed = () if warned(src.mesh.shape) else _missed_merges(p, cost_model, objective)
+    if missed is None:
+        if not merge or len(p.steps) < 2 or warned(src.mesh.shape):
+            return p
+        missed = _missed_merges(p, cost_model, objective)
     if missed:
-        from ._merge import warn_missed
-
         warn_missed(p, missed)
     return p
 
