@@ -241,11 +241,7 @@ class _Context(_Bounds):
         """The single-dim transitions from state ``i``."""
         out = self._succ.get(i)
         if out is None:
-            state = self.states[i]
-            key = (self._moves_key, state)
-            moves = _SINGLE_MOVES.get(key)
-            if moves is None:
-                moves = _remember(_SINGLE_MOVES, key, self._successors(state))
+            moves = _moves(_SINGLE_MOVES, self._moves_key, self.states[i], self._successors)
             out = self._succ[i] = self._priced(i, moves)
         return out
 
@@ -253,11 +249,7 @@ class _Context(_Bounds):
         """The all_permute transitions from state ``i``."""
         out = self._perms.get(i)
         if out is None:
-            state = self.states[i]
-            key = (self._permutes_key, state)
-            moves = _PERMUTE_MOVES.get(key)
-            if moves is None:
-                moves = _remember(_PERMUTE_MOVES, key, self._permutes(state))
+            moves = _moves(_PERMUTE_MOVES, self._permutes_key, self.states[i], self._permutes)
             out = self._perms[i] = self._priced(i, moves)
         return out
 
@@ -490,10 +482,15 @@ _PERMUTE_MOVES: dict = {}
 _MOVES_KEPT = 100000  # entries per memo before it starts over
 
 
-def _remember(memo: dict, key, moves: tuple) -> tuple:
-    if len(memo) >= _MOVES_KEPT:
-        memo.clear()
-    memo[key] = moves
+def _moves(memo: dict, prefix: tuple, state, generate) -> tuple:
+    """The shape-free moves out of ``state`` in ``memo`` under the context's key ``prefix``,
+    generated (``generate(state)``) the first time any context asks."""
+    key = (prefix, state)
+    moves = memo.get(key)
+    if moves is None:
+        if len(memo) >= _MOVES_KEPT:
+            memo.clear()
+        moves = memo[key] = generate(state)
     return moves
 
 
