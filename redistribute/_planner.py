@@ -45,6 +45,7 @@ from meshplan.placement import Partial, Replicate, Shard, Spec, StridedShard, dt
 
 from ._cost import OBJECTIVES, CostModel, collective_weight
 from ._exact import exact_covers
+from ._family import clear_families, record, reuse
 from ._merge import merge_plan, warn_missed, warned
 from ._search import R, clear_contexts, context, search
 from ._step import Plan, Step, _avg_scale
@@ -251,8 +252,12 @@ def _min_cost_plan(
     with ctx.lock:
         ctx._trim()
         start, goal = ctx.intern(start_state), ctx.intern(goal_state)
-        tab = table(ctx)
-        found = walk(ctx, tab, start, goal) if tab is not None else search(ctx, start, goal)
+        found = None if ctx.family is None else reuse(ctx, start_state, goal_state)
+        if found is None:
+            tab = table(ctx)
+            found = walk(ctx, tab, start, goal) if tab is not None else search(ctx, start, goal)
+            if found is not None and ctx.family is not None:
+                record(ctx, start_state, goal_state, found)
         states = [ctx.states[i] for _, _, i in found[1]] if found else []
         b_start, b_goal = ctx.nbytes(start), ctx.nbytes(goal)
     if found is None:
@@ -367,5 +372,6 @@ def clear_plan_cache(*, tables: bool = True) -> None:
         _STATES.clear()
         clear_tables()
         clear_contexts()
+        clear_families()
         exact_covers.cache_clear()
         _universe_of.cache_clear()

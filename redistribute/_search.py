@@ -79,6 +79,10 @@ class _Context(_Bounds):
             any(c[0] == d and c[1] > 1 for c in shards) or _may_empty(length, active_sizes)
             for d, length in enumerate(shape)
         )
+        # contexts whose prices are all linear in the tensor's bytes share plans (``_family``)
+        from ._family import family_of
+
+        self.family = family_of(mesh, shape, model, shards, ptargets, bound, objective, merge)
         # keys of the shape-free moves (``_SINGLE_MOVES``/``_PERMUTE_MOVES``) this context
         # shares with others on the mesh: a tiny dim's moves depend on its length
         self._permutes_key = (self.sizes, self.active, shards, self.ndim)
@@ -103,6 +107,7 @@ class _Context(_Bounds):
         self._pieces: dict = {}
         self._goal_info: dict = {}
         self._h: dict = {}
+        self._groups: dict = {}  # bit mask of mesh dims -> (dims, ranks in their group)
         self._kept: dict = {}  # (prev, step into state, state) -> successors kept by the
         # commuting-steps reduction (independent of the goal)
         hw = model.profile
@@ -353,31 +358,43 @@ class _Context(_Bounds):
         if len(sharded) < 2:
             return ()
         out = []
-        sizes, ndim = self.sizes, self.ndim
+        groups = self._groups
         for assign in itertools.product(self.shards, repeat=len(sharded)):
             new_codes = list(codes)
             for m, c in zip(sharded, assign, strict=True):
                 new_codes[m] = c
             new_codes = tuple(new_codes)
-            members = [[m for m in sharded if new_codes[m][0] == d] for d in range(ndim)]
-            for new_chains in itertools.product(*(itertools.permutations(x) for x in members)):
-                # the dims after the longest common prefix of each order: the step's group
-                g: set[int] = set()
-                for chain, tchain in zip(chains, new_chains, strict=True):
+            # per tensor dim, each new order and the mesh dims (a bit mask) after the
+            # longest common prefix with the old one: those exchange pieces
+            options = []
+            for d, chain in enumerate(chains):
+                opts = []
+                for tchain in itertools.permutations([m for m in sharded if new_codes[m][0] == d]):
                     k = 0
                     n = min(len(chain), len(tchain))
                     while (
                         k < n and chain[k] == tchain[k] and codes[chain[k]] == new_codes[chain[k]]
                     ):
                         k += 1
-                    g.update(chain[k:])
-                    g.update(tchain[k:])
-                if len(g) < 2:
+                    mask = 0
+                    for x in chain[k:]:
+                        mask |= 1 << x
+                    for x in tchain[k:]:
+                        mask |= 1 << x
+                    opts.append((tchain, mask))
+                options.append(opts)
+            for combo in itertools.product(*options):
+                mask = 0
+                for _, part in combo:
+                    mask |= part
+                if not mask & (mask - 1):
                     continue  # the state itself, or a single-dim step
-                t = (new_codes, new_chains)
-                dims = tuple(sorted(g))
-                n = math.prod(sizes[m] for m in dims)
-                out.append((t, dims, "all_permute", n, False, None, _tie(state, t)))
+                t = (new_codes, tuple(tchain for tchain, _ in combo))
+                g = groups.get(mask)
+                if g is None:
+                    dims = tuple(m for m in range(len(self.sizes)) if mask >> m & 1)
+                    g = groups[mask] = (dims, math.prod(self.sizes[m] for m in dims))
+                out.append((t, g[0], "all_permute", g[1], False, None, _tie(state, t)))
         return tuple(out)
 
     def _successors(self, state):

@@ -1,4 +1,5 @@
-"""Shared test configuration: hypothesis profiles ``dev`` (default) and ``ci``, and the
+"""Shared test configuration: hypothesis profiles ``dev`` (default), ``ci`` and ``thorough``
+(1,000 examples per property, for a long local run), and the
 long-lived gloo worker pools every multi-process test shares (one per world size)."""
 
 import os
@@ -17,6 +18,13 @@ settings.register_profile(
     max_examples=100,
     deadline=None,
     derandomize=True,
+    print_blob=True,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
+settings.register_profile(
+    "thorough",
+    max_examples=1000,
+    deadline=None,
     print_blob=True,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
 )

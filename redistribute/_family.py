@@ -1,0 +1,109 @@
+"""Plans shared by every tensor size of a family of search contexts (no torch).
+
+When every tensor dim's length is a positive multiple of the product of the mesh's
+active dim sizes (and the placements hold no StridedShard), each state's padded local
+size is exactly ``T / split`` (``T``: the tensor's bytes, ``split``: the product of the
+mesh dims sharding it), so every transition's price is ``(a + b * T) * tie``, linear in
+``T``, and the contexts of one mesh, tensor rank, cost model, placement universe and
+merging (objective "time", no memory bound) differ only in ``T``: a *family*.
+
+A plan's price is then a line in ``T`` too, and the cheapest price over all plans, their
+lower envelope, is concave. So when one plan is the cheapest at two sizes ``T1 < T2`` of
+a family, it is the cheapest at every size between them (on ``[T1, T2]`` the envelope
+lies above the chord between those two points, which is that plan's own line), and the
+only one (another plan touching that line inside the interval would equal it on the
+whole of it, tying at ``T1``, where the cheapest plan is unique): exactly what a search
+at ``T`` would return. Per family and pair of states, the sizes planned so far and their
+plans are kept sorted; a size between two with the same plan takes it without a search.
+An FSDP-style program that plans the same few pairs for tensors of many shapes searches
+a handful of them.
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+import threading
+
+from ._search import _tie
+
+__all__ = ["family_of", "reuse", "record", "clear_families"]
+
+_FAMILIES: dict = {}  # family -> {(start state, goal state): ([T, ...], [path, ...])}
+_LOCK = threading.Lock()
+_KEPT = 20000  # pairs kept over all families before the store starts over
+_count = 0
+
+
+def family_of(mesh, shape, model, shards, ptargets, bound, objective, merge):
+    """The family of a search context's arguments, or None when its prices are not all
+    linear in the tensor's bytes (see the module doc)."""
+    if objective != "time" or bound is not None or any(c[1] > 1 for c in shards):
+        return None
+    n = math.prod(s for s in mesh.shape if s > 1)
+    if not all(length > 0 and length % n == 0 for length in shape):
+        return None
+    return (mesh, len(shape), model, shards, ptargets, bool(merge))
+
+
+def reuse(ctx, start_state, goal_state):
+    """The cheapest plan from ``start_state`` to ``goal_state`` on ``ctx`` (whose family
+    is not None) as the search returns it, ``(price, [(state id, transition, next id)])``,
+    when sizes planned before bracket its tensor's with one plan; else None."""
+    with _LOCK:
+        entry = _FAMILIES.get(ctx.family, {}).get((start_state, goal_state))
+        if entry is None:
+            return None
+        sizes, paths = entry
+        t = ctx.total_bytes
+        k = bisect.bisect_left(sizes, t)
+        # this very size, or two sizes around it with one plan
+        if k == len(sizes) or (sizes[k] != t and (k == 0 or paths[k - 1] != paths[k])):
+            return None
+        path = paths[k]
+    # price the plan's moves on this context, as its search would have
+    intern, nbytes, price = ctx.intern, ctx.nbytes, ctx.price
+    total = 0.0
+    moves = []
+    for a, b, dims, collective, n_send, scaled, touch in path:
+        i, j = intern(a), intern(b)
+        c = price(dims, collective, n_send, nbytes(i), nbytes(j), scaled) * _tie(a, b)
+        total += c
+        moves.append((i, (c, j, dims, collective, n_send, scaled, touch), j))
+    return total, moves
+
+
+def record(ctx, start_state, goal_state, found) -> None:
+    """Keep the cheapest plan ``found`` (as the search returns it) on ``ctx`` for its
+    family's other sizes."""
+    global _count
+    states = ctx.states
+    path = tuple((states[i], states[j]) + tuple(trans[2:7]) for i, trans, j in found[1])
+    t = ctx.total_bytes
+    with _LOCK:
+        if _count >= _KEPT:
+            _FAMILIES.clear()
+            _count = 0
+        pairs = _FAMILIES.setdefault(ctx.family, {})
+        entry = pairs.get((start_state, goal_state))
+        if entry is None:
+            pairs[(start_state, goal_state)] = ([t], [path])
+            _count += 1
+            return
+        sizes, paths = entry
+        k = bisect.bisect_left(sizes, t)
+        if k < len(sizes) and sizes[k] == t:
+            return
+        sizes.insert(k, t)
+        paths.insert(k, path)
+        # a size between two with its own plan adds nothing: drop it
+        for x in (k + 1, k, k - 1):
+            if 0 < x < len(sizes) - 1 and paths[x - 1] == paths[x] == paths[x + 1]:
+                del sizes[x], paths[x]
+
+
+def clear_families() -> None:
+    global _count
+    with _LOCK:
+        _FAMILIES.clear()
+        _count = 0

@@ -1,0 +1,171 @@
+"""Plans shared across tensor sizes: a size between two planned sizes with one plan takes
+that plan without a search, and it is exactly the plan a search returns (``_family``)."""
+
+from __future__ import annotations
+
+import math
+import warnings
+
+import pytest
+from _plan_cases import spec_pairs
+from hypothesis import HealthCheck, event, given, settings
+from hypothesis import strategies as st
+
+from meshplan.layout import Mesh
+from meshplan.placement import Shard, Spec, StridedShard, parse_placements
+from meshplan.redistribute import CostModel, HardwareProfile, MergeWarning, clear_plan_cache, plan
+from meshplan.redistribute import _family as F
+from meshplan.redistribute import _planner as P
+
+MODELS = [
+    CostModel.default(),
+    CostModel(HardwareProfile.nvlink_ib(gpus_per_node=2)),
+    CostModel(HardwareProfile.gloo_cpu()),
+]
+
+
+def _resized(spec: Spec, shape) -> Spec:
+    return Spec(spec.mesh, spec.placements, shape, spec.dtype, shard_order=spec.shard_order)
+
+
+def _fresh(src, dst, model):
+    # planned by search or table (their plans are equal: test_table.py), never shared
+    F.clear_families()
+    clear_plan_cache(tables=False)
+    return plan(src, dst, cost_model=model)
+
+
+def _plain(spec: Spec) -> Spec:
+    """``spec`` with Shard(d) for every StridedShard(d, sf) (a family has none)."""
+    placements = tuple(Shard(p.dim) if isinstance(p, StridedShard) else p for p in spec.placements)
+    return Spec(spec.mesh, placements, spec.shape, spec.dtype, shard_order=spec.shard_order)
+
+
+@settings(deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
+@given(
+    pair=spec_pairs(max_ranks=8, max_dims=3, max_side=4, max_aliases=1),
+    model=st.sampled_from(MODELS),
+    base=st.lists(st.sampled_from([1, 2, 3, 5]), min_size=3, max_size=3),
+    scales=st.lists(
+        st.sampled_from([1, 2, 3, 4, 6, 8, 16, 64, 256, 1024]), min_size=3, max_size=5, unique=True
+    ),
+    strided=st.booleans(),
+)
+def test_a_plan_shared_across_sizes_is_the_search_plan(pair, model, base, scales, strided):
+    src, dst = pair
+    if not strided:
+        src, dst = _plain(src), _plain(dst)
+        if src == dst:
+            return
+    n = math.prod(s for s in src.mesh.shape if s > 1)
+    sizes = [(n * base[0] * k, n * base[1], n * base[2])[: src.ndim] for k in scales]
+    pairs = [(_resized(src, s), _resized(dst, s)) for s in sizes]
+    hits: list = []
+    reuse = P.reuse
+
+    def counted(*args):
+        found = reuse(*args)
+        hits.append(found is not None)
+        return found
+
+    clear_plan_cache(tables=False)
+    F.clear_families()
+    P.reuse = counted
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", MergeWarning)
+            shared = [plan(a, b, cost_model=model) for a, b in pairs]
+    finally:
+        P.reuse = reuse
+    has = any(isinstance(p, StridedShard) for p in src.placements + dst.placements)
+    event("StridedShard: no family" if has else f"family, a plan shared: {any(hits)}")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", MergeWarning)
+        for (a, b), p in zip(pairs, shared, strict=True):
+            assert p == _fresh(a, b, model)
+
+
+def _searches(monkeypatch) -> list:
+    calls: list = []
+    search, walk = P.search, P.walk
+    monkeypatch.setattr(P, "search", lambda *a: calls.append("search") or search(*a))
+    monkeypatch.setattr(P, "walk", lambda *a: calls.append("walk") or walk(*a))
+    return calls
+
+
+def test_a_size_between_two_with_one_plan_needs_no_search(monkeypatch):
+    mesh = Mesh.create((2, 2, 2), ("a", "b", "c"))
+    model = CostModel(HardwareProfile.nvlink_ib(gpus_per_node=4))
+    a, b = parse_placements("S(0) S(0) S(1)")[0], parse_placements("R S(1) R")[0]
+
+    def pair(rows):
+        return (Spec(mesh, a, (rows, 64), "float32"), Spec(mesh, b, (rows, 64), "float32"))
+
+    clear_plan_cache()
+    calls = _searches(monkeypatch)
+    low, high = plan(*pair(64), cost_model=model), plan(*pair(256), cost_model=model)
+    assert len(calls) == 2
+    steps = [(s.mesh_dims, s.collective) for s in low.steps]
+    assert [(s.mesh_dims, s.collective) for s in high.steps] == steps
+    middle = plan(*pair(128), cost_model=model)
+    assert len(calls) == 2  # no search: sizes 64 and 256 bracket it
+    assert [(s.mesh_dims, s.collective) for s in middle.steps] == steps
+    assert middle.src.shape == (128, 64) and middle.steps[-1].dst == middle.dst
+    # another dtype of the same bytes is the same size of the family
+    same = plan(
+        Spec(mesh, a, (256, 64), "bfloat16"), Spec(mesh, b, (256, 64), "bfloat16"), cost_model=model
+    )
+    assert len(calls) == 2 and [(s.mesh_dims, s.collective) for s in same.steps] == steps
+    # outside the bracket: a search
+    plan(*pair(1024), cost_model=model)
+    assert len(calls) == 3
+    clear_plan_cache()
+    assert middle == plan(*pair(128), cost_model=model)
+
+
+def test_sizes_where_the_plans_differ_are_searched(monkeypatch):
+    # on a two-tier network a small tensor and a large one take different plans: a size
+    # between them is searched, never given either plan unchecked
+    mesh = Mesh.create((2, 2, 2, 2), ("a", "b", "c", "d"))
+    model = CostModel(HardwareProfile.nvlink_ib(gpus_per_node=8))
+    a, b = parse_placements("S(0) S(0) S(0) S(0)")[0], parse_placements("R R R R")[0]
+
+    def steps(rows, cols):
+        p = plan(
+            Spec(mesh, a, (rows, cols), "float32"),
+            Spec(mesh, b, (rows, cols), "float32"),
+            cost_model=model,
+        )
+        return [(s.mesh_dims, s.collective) for s in p.steps]
+
+    clear_plan_cache()
+    small, large = steps(16, 16), steps(16 * 256, 16 * 256)
+    assert small != large
+    calls = _searches(monkeypatch)
+    for k in (2, 4, 16, 64):
+        rows = 16 * k
+        got = steps(rows, rows)
+        clear_plan_cache()
+        assert got == steps(rows, rows)
+    assert calls
+
+
+@pytest.mark.parametrize(
+    "placements, shape, bound, objective, why",
+    [
+        ("S(0) R", (8, 8), None, "time", None),
+        ("S(0) R", (8, 6), None, "time", "a side not a multiple of 4"),
+        ("S(0) R", (0, 8), None, "time", "an empty side"),
+        ("SS(0,2) S(0)", (8, 8), None, "time", "a StridedShard"),
+        ("S(0) R", (8, 8), 1 << 20, "time", "a memory bound"),
+        ("S(0) R", (8, 8), None, "collectives", "the collectives objective"),
+    ],
+)
+def test_only_contexts_whose_prices_scale_with_bytes_form_a_family(
+    placements, shape, bound, objective, why
+):
+    mesh = Mesh.create((2, 2))
+    src = Spec(mesh, parse_placements(placements)[0], shape, "float32")
+    shards, ptargets = P._universe(src, src, src.ndim)
+    fam = F.family_of(mesh, shape, CostModel.default(), shards, ptargets, bound, objective, True)
+    assert (fam is None) == (why is not None), why
