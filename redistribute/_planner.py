@@ -26,7 +26,10 @@ A context (mesh, shape, dtype, model, placements, memory bound) plans its first 
 A* search (the heuristic is a lower bound, so the result is a minimum over every plan of
 such steps: ``tests/redistribute/test_plan_optimal.py`` checks it against a brute
 force); after ``_table.lazy_pairs`` pairs, a context small enough builds an all-pairs table
-and walks it, to the very same plan (``tests/redistribute/test_table.py``). Then
+and walks it, to the very same plan (``tests/redistribute/test_table.py``). Contexts
+whose prices are all linear in the tensor's bytes (regular shapes, objective "time") form
+a family across tensor sizes (:mod:`._family`): a size between two planned sizes with
+one plan takes it without a search (``tests/redistribute/test_family.py``). Then
 :func:`merge` notes like-kind collectives a missing alias kept apart (for the warning).
 ``objective="collectives"`` adds to every collective's price more than any plan's time,
 so the plan has the fewest collectives and, among those, the least time. Plans are
