@@ -30,7 +30,11 @@ memo a pair's first plan fills, count. So each pair is timed once per row, for t
   table, memo or context; torch: no planner object), so each one-time cost (a context's
   first searches, its table build) falls on the pair that pays it: the mean is what a
   program that plans these pairs once each spends per plan;
-* cached: the second call of ``plan()`` / torch's ``_gen_transform_infos`` (mean of 50).
+* cached: the second call of ``plan()`` / torch's ``_gen_transform_infos`` (mean of 50);
+* model weights: the weight shapes of five transformer sizes with the pairs FSDP/TP-style
+  training plans for each (:func:`model_cases`), in order from a clean start, for meshplan
+  and torch greedy: many tensor sizes, few pairs (meshplan shares a plan across the sizes
+  of a family, ``meshplan.redistribute._family``).
 
 Quality, per plan: steps, collectives and bytes received per rank. Bytes are priced the
 same way for both (meshplan's cost model on the plan's steps: padded local sizes, ring
@@ -84,6 +88,33 @@ def random_cases(rng: random.Random, ndim: int, count: int, avoid=()):
         if a != b and case not in avoid and case not in out:
             out.append(case)
     return out
+
+
+# hidden, MLP and vocabulary sizes of five transformer configurations
+MODEL_DIMS = [
+    (1024, 4096, 50304),
+    (2048, 5632, 32000),
+    (4096, 11008, 32000),
+    (5120, 13824, 32000),
+    (8192, 28672, 128256),
+]
+
+
+def model_cases(ndim: int):
+    """The weight shapes of :data:`MODEL_DIMS` (attention, fused QKV, MLP in and out,
+    embedding), each with the pairs FSDP/TP-style training plans for it: gather the
+    sharded weight, reduce-scatter its Partial gradient, shard a replicated tensor and
+    (on meshes of 2+ dims) gather the FSDP dim of an FSDP x TP weight; shape by shape."""
+    pairs = [(("S0",) * ndim, ("R",) * ndim), (("P",) * ndim, ("S0",) * ndim)]
+    pairs.append((("R",) * ndim, ("S0",) * ndim))
+    if ndim >= 2:
+        pairs.append((("S0",) + ("S1",) * (ndim - 1), ("R",) + ("S1",) * (ndim - 1)))
+    shapes: list = []
+    for h, f, v in MODEL_DIMS:
+        for shape in [(h, h), (3 * h, h), (f, h), (h, f), (v, h)]:
+            if shape not in shapes:
+                shapes.append(shape)
+    return [(a, b, shape) for shape in shapes for a, b in pairs]
 
 
 def mp_spec(mesh, kinds, shape):
@@ -348,12 +379,70 @@ def run(cases_per_mesh: int, graph_cases: int, seed: int, gpus_per_node: int = 8
             )
             infos = R._gen_transform_infos_non_cached(tsrc, tdst, True)
             _add_torch(row, "graph", infos, src, dst, model, cost)
+        model_run = run_model_cases(mesh, tmesh, model, R)
         report["meshes"].append(
-            {"mesh": list(shape_mesh), "ranks": n, "cases": rows, "table_builds_s": builds}
+            {
+                "mesh": list(shape_mesh),
+                "ranks": n,
+                "cases": rows,
+                "table_builds_s": builds,
+                "model_shapes": model_run,
+            }
         )
         print_mesh(shape_mesh, rows, builds)
+        print_model(model_run)
     dist.destroy_process_group()
     return report
+
+
+def run_model_cases(mesh, tmesh, model, R) -> dict:
+    """:func:`model_cases` planned in order from a clean start by meshplan and by torch's
+    greedy planner (each pair's first call, every one-time cost included)."""
+    from meshplan.redistribute import _planner, clear_plan_cache, plan
+
+    cases = model_cases(mesh.ndim)
+    searched = []
+    search = _planner.search
+
+    def counted(*args):
+        searched.append(1)
+        return search(*args)
+
+    clear_plan_cache()
+    _planner.search = counted
+    try:
+        mp = [
+            first_call(fresh(mp_spec, mesh, a, b, sh), lambda x, y: plan(x, y, cost_model=model))
+            for a, b, sh in cases
+        ]
+    finally:
+        _planner.search = search
+    R.clear_redistribute_planner_cache()
+    greedy = [
+        first_call(
+            fresh(torch_spec, tmesh, a, b, sh),
+            lambda x, y: R._gen_transform_infos_non_cached(x, y, False),
+            clear=False,
+        )
+        for a, b, sh in cases
+    ]
+    return {
+        "plans": len(cases),
+        "shapes": len({sh for _, _, sh in cases}),
+        "searched": len(searched),
+        "mp_s": mp,
+        "greedy_s": greedy,
+    }
+
+
+def print_model(run) -> None:
+    mp, greedy = statistics.fmean(run["mp_s"]) * 1e6, statistics.fmean(run["greedy_s"]) * 1e6
+    print(
+        f"  model weights, in order from a clean start ({run['shapes']} shapes, "
+        f"{run['plans']} plans; meshplan searched {run['searched']}, the others shared "
+        f"across sizes or tabled): meshplan {mp:.1f} us/plan, greedy {greedy:.1f} "
+        f"(mp/greedy {mp / greedy:.2f})"
+    )
 
 
 def _add_torch(row, name, infos, src, dst, model, cost):

@@ -15,8 +15,9 @@ only one (another plan touching that line inside the interval would equal it on 
 whole of it, tying at ``T1``, where the cheapest plan is unique): exactly what a search
 at ``T`` would return. Per family and pair of states, the sizes planned so far and their
 plans are kept sorted; a size between two with the same plan takes it without a search.
-An FSDP-style program that plans the same few pairs for tensors of many shapes searches
-a handful of them.
+When a pair planned at a few sizes is asked at a size beyond those, it is planned at the
+family's smallest or largest size too (:func:`extremes`), so that a program that plans
+the same few pairs for tensors of many shapes, in any order, searches a handful.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ import threading
 
 from ._search import _tie
 
-__all__ = ["family_of", "reuse", "record", "clear_families"]
+__all__ = ["family_of", "reuse", "record", "extremes", "clear_families", "LARGEST", "SIZES_FIRST"]
 
 _FAMILIES: dict = {}  # family -> {(start state, goal state): ([T, ...], [path, ...])}
 _LOCK = threading.Lock()
@@ -100,6 +101,40 @@ def record(ctx, start_state, goal_state, found) -> None:
         for x in (k + 1, k, k - 1):
             if 0 < x < len(sizes) - 1 and paths[x - 1] == paths[x] == paths[x + 1]:
                 del sizes[x], paths[x]
+
+
+LARGEST = 40
+"""The largest size of a family planned is its smallest times ``2**LARGEST`` (a petabyte
+for a 2-D float32 tensor on 16 ranks): beyond any tensor a program shards."""
+
+
+SIZES_FIRST = 2
+"""Sizes a pair is planned at before :func:`extremes` plans it at its family's smallest
+and largest sizes too (a rent-or-buy rule: a pair planned at two sizes is likely to be
+planned at more; each extreme costs a search)."""
+
+
+def extremes(ctx, start_state, goal_state) -> list[tuple[int, ...]]:
+    """Shapes of ``ctx``'s family (its smallest, its largest) at which to plan the pair
+    too, so that sizes planned bracket ``ctx``'s: when the pair was planned at
+    :data:`SIZES_FIRST` sizes already (a program that plans it at many), and ``ctx``'s
+    lies beyond those."""
+    n = math.prod(s for s in ctx.sizes if s > 1)
+    smallest = (n,) * ctx.ndim
+    largest = (n << LARGEST,) + smallest[1:]
+    with _LOCK:
+        entry = _FAMILIES.get(ctx.family, {}).get((start_state, goal_state))
+        if entry is None or len(entry[0]) < SIZES_FIRST:
+            return []
+        low, high = entry[0][0], entry[0][-1]
+    t = ctx.total_bytes
+    item = ctx.itemsize
+    out = []
+    if t > high and high < item * math.prod(largest):
+        out.append(largest)
+    if t < low and low > item * math.prod(smallest):
+        out.append(smallest)
+    return out
 
 
 def clear_families() -> None:

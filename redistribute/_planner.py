@@ -48,11 +48,11 @@ from meshplan.placement import Partial, Replicate, Shard, Spec, StridedShard, dt
 
 from ._cost import OBJECTIVES, CostModel, collective_weight
 from ._exact import exact_covers
-from ._family import clear_families, record, reuse
+from ._family import clear_families, extremes, record, reuse
 from ._merge import merge_plan, warn_missed, warned
 from ._search import R, clear_contexts, context, search
 from ._step import Plan, Step, _avg_scale
-from ._table import clear_tables, table, walk
+from ._table import built, clear_tables, table, walk
 
 __all__ = ["plan", "check_plannable", "clear_plan_cache"]
 
@@ -252,15 +252,25 @@ def _min_cost_plan(
         return _plan_value(src, dst, ()), ()
     shards, ptargets = _universe_of(start_state[0], goal_state[0], src.ndim)
     ctx = context(src.mesh, src.shape, src.dtype, model, shards, ptargets, bound, objective, merge)
+    if ctx.family is not None and built(ctx) is None:
+        _extend(ctx, start_state, goal_state)
     with ctx.lock:
         ctx._trim()
         start, goal = ctx.intern(start_state), ctx.intern(goal_state)
-        found = None if ctx.family is None else reuse(ctx, start_state, goal_state)
+        # a built table, else a plan shared across tensor sizes, else the table (once the
+        # context has planned enough pairs) or a search
+        tab = built(ctx)
+        found = None
+        if tab is None and ctx.family is not None:
+            found = reuse(ctx, start_state, goal_state)
         if found is None:
-            tab = table(ctx)
-            found = walk(ctx, tab, start, goal) if tab is not None else search(ctx, start, goal)
-            if found is not None and ctx.family is not None:
-                record(ctx, start_state, goal_state, found)
+            tab = tab or table(ctx)
+            if tab is not None:
+                found = walk(ctx, tab, start, goal)
+            else:
+                found = search(ctx, start, goal)
+                if found is not None and ctx.family is not None:
+                    record(ctx, start_state, goal_state, found)
         states = [ctx.states[i] for _, _, i in found[1]] if found else []
         b_start, b_goal = ctx.nbytes(start), ctx.nbytes(goal)
     if found is None:
@@ -279,6 +289,23 @@ def _min_cost_plan(
         steps.append(_step(dims, a, b, kind, alias))
         a = b
     return _plan_value(src, dst, tuple(steps)), tuple(trans[0] for _, trans, _ in found[1])
+
+
+def _extend(ctx, start_state, goal_state) -> None:
+    """Plan the pair at the smallest or largest size of ``ctx``'s family too, when
+    ``_family.extremes`` asks (each on its own context, under its own lock)."""
+    merge = ctx.family[-1]
+    for shape in extremes(ctx, start_state, goal_state):
+        other = context(
+            ctx.mesh, shape, ctx.dtype, ctx.model, ctx.shards, ctx.ptargets, None, "time", merge
+        )
+        if other is ctx:
+            continue
+        with other.lock:
+            other._trim()
+            found = search(other, other.intern(start_state), other.intern(goal_state))
+            if found is not None:
+                record(other, start_state, goal_state, found)
 
 
 @functools.lru_cache(maxsize=4096)

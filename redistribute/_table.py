@@ -28,7 +28,7 @@ from meshplan.errors import PlanError
 
 from ._search import R, mixable
 
-__all__ = ["MAX_STATES", "LAZY", "Table", "lazy_pairs", "table", "walk", "clear_tables"]
+__all__ = ["MAX_STATES", "LAZY", "Table", "lazy_pairs", "table", "built", "walk", "clear_tables"]
 
 MAX_STATES = 640
 """Largest state space given a table; bigger contexts are always planned by A* search."""
@@ -161,6 +161,14 @@ def table(ctx, *, after: int | None = None) -> Table | None:
         while len(_TABLES) > _KEEP:
             _TABLES.popitem(last=False)
     return tab
+
+
+def built(ctx) -> Table | None:
+    """The context's table if it has been built (no counting, no building)."""
+    if not ctx.tabled:
+        return None
+    with _LOCK:
+        return _TABLES.get(ctx)
 
 
 def clear_tables() -> None:

@@ -116,9 +116,10 @@ def test_a_size_between_two_with_one_plan_needs_no_search(monkeypatch):
         Spec(mesh, a, (256, 64), "bfloat16"), Spec(mesh, b, (256, 64), "bfloat16"), cost_model=model
     )
     assert len(calls) == 2 and [(s.mesh_dims, s.collective) for s in same.steps] == steps
-    # outside the bracket: a search
+    # beyond the sizes planned: the family's largest size is planned (the pair has two
+    # sizes), and this one unless the two bracket it with one plan
     plan(*pair(1024), cost_model=model)
-    assert len(calls) == 3
+    assert len(calls) in (3, 4)
     clear_plan_cache()
     assert middle == plan(*pair(128), cost_model=model)
 
@@ -169,3 +170,23 @@ def test_only_contexts_whose_prices_scale_with_bytes_form_a_family(
     shards, ptargets = P._universe(src, src, src.ndim)
     fam = F.family_of(mesh, shape, CostModel.default(), shards, ptargets, bound, objective, True)
     assert (fam is None) == (why is not None), why
+
+
+def test_sizes_beyond_those_planned_are_bracketed_by_the_family_extremes(monkeypatch):
+    # weights of growing models, one after another: after two sizes the pair is planned at
+    # its family's largest size, and every size below with the same plan needs no search
+    mesh = Mesh.create((2, 4), ("dp", "tp"))
+    model = CostModel(HardwareProfile.nvlink_ib(gpus_per_node=8))
+    a, b = parse_placements("S(0) S(1)")[0], parse_placements("R S(1)")[0]
+    sizes = [(8 * k, 8 * k) for k in (4, 8, 16, 32, 64, 128, 256, 512)]
+    clear_plan_cache()
+    calls = _searches(monkeypatch)
+    plans = [
+        plan(Spec(mesh, a, s, "float32"), Spec(mesh, b, s, "float32"), cost_model=model)
+        for s in sizes
+    ]
+    searched = len(calls)
+    assert searched <= 4  # two sizes, the largest, at most one more: not one per size
+    for s, p in zip(sizes, plans, strict=True):
+        assert p == _fresh(Spec(mesh, a, s, "float32"), Spec(mesh, b, s, "float32"), model)
+    assert F.SIZES_FIRST == 2 and F.LARGEST >= 30
