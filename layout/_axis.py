@@ -284,6 +284,10 @@ def compose(outer: Axis, inner: Axis) -> Axis:
     """
     result: list[Mode] = []
     try:
+        # mode by mode only when inner's moving modes never address one offset twice:
+        # else two of them may add up across one of outer's mode boundaries
+        if not _is_injective(tuple(m for m in inner.modes if m[1] != 0)):
+            raise _NotAdmissible
         for size, stride in inner.modes:
             result.extend(_compose_mode(outer, size, stride))
     except _NotAdmissible:

@@ -23,12 +23,14 @@ the same few pairs for tensors of many shapes, in any order, searches a handful.
 from __future__ import annotations
 
 import bisect
+import functools
 import math
 import threading
 
+from ._cost import coefficients
 from ._search import _tie
 
-__all__ = ["family_of", "reuse", "record", "extremes", "clear_families", "LARGEST", "SIZES_FIRST"]
+__all__ = ["family_of", "shared", "record", "extremes", "clear_families", "LARGEST", "SIZES_FIRST"]
 
 _FAMILIES: dict = {}  # family -> {(start state, goal state): ([T, ...], [path, ...])}
 _LOCK = threading.Lock()
@@ -47,31 +49,50 @@ def family_of(mesh, shape, model, shards, ptargets, bound, objective, merge):
     return (mesh, len(shape), model, shards, ptargets, bool(merge))
 
 
-def reuse(ctx, start_state, goal_state):
-    """The cheapest plan from ``start_state`` to ``goal_state`` on ``ctx`` (whose family
-    is not None) as the search returns it, ``(price, [(state id, transition, next id)])``,
-    when sizes planned before bracket its tensor's with one plan; else None."""
+def shared(fam, t: int, start_state, goal_state):
+    """The cheapest plan from ``start_state`` to ``goal_state`` at size ``t`` (bytes) of
+    family ``fam`` when sizes planned before bracket ``t`` with one plan (else None), as
+    ``[(state, transition, next state)]`` with the search's transitions
+    ``(price, None, mesh_dims, collective, n_send, scaled, touch)``: priced as a search
+    context of that size prices them, without making one (at a size of a family a
+    state's local bytes are ``t / split``)."""
     with _LOCK:
-        entry = _FAMILIES.get(ctx.family, {}).get((start_state, goal_state))
+        entry = _FAMILIES.get(fam, {}).get((start_state, goal_state))
         if entry is None:
             return None
         sizes, paths = entry
-        t = ctx.total_bytes
         k = bisect.bisect_left(sizes, t)
         # this very size, or two sizes around it with one plan
         if k == len(sizes) or (sizes[k] != t and (k == 0 or paths[k - 1] != paths[k])):
             return None
         path = paths[k]
-    # price the plan's moves on this context, as its search would have
-    intern, nbytes, price = ctx.intern, ctx.nbytes, ctx.price
-    total = 0.0
-    moves = []
+    mesh, model = fam[0], fam[2]
+    sizes = mesh.shape
+    copy = 1.0 / model.profile.copy_bytes_per_s
+    out = []
     for a, b, dims, collective, n_send, scaled, touch in path:
-        i, j = intern(a), intern(b)
-        c = price(dims, collective, n_send, nbytes(i), nbytes(j), scaled) * _tie(a, b)
-        total += c
-        moves.append((i, (c, j, dims, collective, n_send, scaled, touch), j))
-    return total, moves
+        b_in, b_out = t // _split(a[0], sizes), t // _split(b[0], sizes)
+        c = _coefficients(model, mesh, dims, collective, n_send)
+        total = c[0] + c[1] * b_in + c[2] * b_out
+        if scaled:
+            total += b_out * copy
+        out.append((a, (total * _tie(a, b), None, dims, collective, n_send, scaled, touch), b))
+    return out
+
+
+def _split(codes: tuple, sizes: tuple) -> int:
+    n = 1
+    for c, size in zip(codes, sizes, strict=True):
+        if type(c) is tuple:
+            n *= size
+    return n
+
+
+@functools.lru_cache(maxsize=4096)
+def _coefficients(model, mesh, dims, collective, n_send) -> tuple[float, float, float]:
+    # as a search context of objective "time" combines them (``_search._Context.price``)
+    c = coefficients(model, mesh, dims, collective, n_send)
+    return (c[0] + c[3] + 0.0, c[1] + c[4], c[2] + c[5])
 
 
 def record(ctx, start_state, goal_state, found) -> None:
@@ -139,6 +160,7 @@ def extremes(ctx, start_state, goal_state) -> list[tuple[int, ...]]:
 
 def clear_families() -> None:
     global _count
+    _coefficients.cache_clear()
     with _LOCK:
         _FAMILIES.clear()
         _count = 0

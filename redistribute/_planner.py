@@ -48,7 +48,7 @@ from meshplan.placement import Partial, Replicate, Shard, Spec, StridedShard, dt
 
 from ._cost import OBJECTIVES, CostModel, collective_weight
 from ._exact import exact_covers
-from ._family import clear_families, extremes, record, reuse
+from ._family import clear_families, extremes, family_of, record, shared
 from ._merge import merge_plan, warn_missed, warned
 from ._search import R, clear_contexts, context, search
 from ._step import Plan, Step, _avg_scale
@@ -251,51 +251,60 @@ def _min_cost_plan(
     if start_state == goal_state:
         return _plan_value(src, dst, ()), ()
     shards, ptargets = _universe_of(start_state[0], goal_state[0], src.ndim)
-    ctx = context(src.mesh, src.shape, src.dtype, model, shards, ptargets, bound, objective, merge)
-    if ctx.family is not None and built(ctx) is None:
-        _extend(ctx, start_state, goal_state)
-    with ctx.lock:
-        ctx._trim()
-        start, goal = ctx.intern(start_state), ctx.intern(goal_state)
-        # a built table, else a plan shared across tensor sizes, else the table (once the
-        # context has planned enough pairs) or a search
-        tab = built(ctx)
-        found = None
-        if tab is None and ctx.family is not None:
-            found = reuse(ctx, start_state, goal_state)
-        if found is None:
-            tab = tab or table(ctx)
+    # a plan shared across the tensor sizes of a family (no context needed), else the
+    # context's table (once it has planned enough pairs) or a search
+    fam = family_of(src.mesh, src.shape, model, shards, ptargets, bound, objective, merge)
+    moves = None
+    if fam is not None:
+        size = dtype_itemsize(src.dtype) * math.prod(src.shape)
+        moves = shared(fam, size, start_state, goal_state)
+    if moves is None:
+        ctx = context(
+            src.mesh, src.shape, src.dtype, model, shards, ptargets, bound, objective, merge
+        )
+        if fam is not None and built(ctx) is None and _extend(ctx, start_state, goal_state):
+            moves = shared(fam, size, start_state, goal_state)
+    if moves is None:
+        with ctx.lock:
+            ctx._trim()
+            start, goal = ctx.intern(start_state), ctx.intern(goal_state)
+            tab = table(ctx)
             if tab is not None:
                 found = walk(ctx, tab, start, goal)
             else:
                 found = search(ctx, start, goal)
-                if found is not None and ctx.family is not None:
+                if found is not None and fam is not None:
                     record(ctx, start_state, goal_state, found)
-        states = [ctx.states[i] for _, _, i in found[1]] if found else []
-        b_start, b_goal = ctx.nbytes(start), ctx.nbytes(goal)
-    if found is None:
-        raise PlanError(
-            f"no plan from {src} to {dst} keeps peak local memory within max_local_bytes="
-            f"{bound} (source holds {b_start} and target {b_goal} bytes per rank, and every "
-            "step holds its input and output); raise the bound",
-            value=bound,
-        )
+            if found is not None:
+                states = ctx.states
+                moves = [(states[i], trans, states[j]) for i, trans, j in found[1]]
+            b_start, b_goal = ctx.nbytes(start), ctx.nbytes(goal)
+        if moves is None:
+            raise PlanError(
+                f"no plan from {src} to {dst} keeps peak local memory within max_local_bytes="
+                f"{bound} (source holds {b_start} and target {b_goal} bytes per rank, and "
+                "every step holds its input and output); raise the bound",
+                value=bound,
+            )
     steps = []
     a = src
-    for (_, trans, i), state in zip(found[1], states, strict=True):
-        b = dst if i == goal else _spec(src, state)
+    last = len(moves) - 1
+    for k, (_, trans, state) in enumerate(moves):
+        b = dst if k == last else _spec(src, state)
         dims, kind = trans[2], trans[3]
         alias = _alias_named(src.mesh, dims) if len(dims) > 1 and kind != "all_permute" else None
         steps.append(_step(dims, a, b, kind, alias))
         a = b
-    return _plan_value(src, dst, tuple(steps)), tuple(trans[0] for _, trans, _ in found[1])
+    return _plan_value(src, dst, tuple(steps)), tuple(trans[0] for _, trans, _ in moves)
 
 
-def _extend(ctx, start_state, goal_state) -> None:
+def _extend(ctx, start_state, goal_state) -> bool:
     """Plan the pair at the smallest or largest size of ``ctx``'s family too, when
-    ``_family.extremes`` asks (each on its own context, under its own lock)."""
+    ``_family.extremes`` asks (each on its own context, under its own lock); whether it
+    asked."""
     merge = ctx.family[-1]
-    for shape in extremes(ctx, start_state, goal_state):
+    shapes = extremes(ctx, start_state, goal_state)
+    for shape in shapes:
         other = context(
             ctx.mesh, shape, ctx.dtype, ctx.model, ctx.shards, ctx.ptargets, None, "time", merge
         )
@@ -306,6 +315,7 @@ def _extend(ctx, start_state, goal_state) -> None:
             found = search(other, other.intern(start_state), other.intern(goal_state))
             if found is not None:
                 record(other, start_state, goal_state, found)
+    return bool(shapes)
 
 
 @functools.lru_cache(maxsize=4096)

@@ -185,3 +185,24 @@ def test_modes_of_recovers_layouts(offsets):
     assert modes == as_layout(offsets)
     if modes is not None:
         assert Axis.from_modes(modes).offsets() == tuple(offsets)
+
+
+def test_compose_with_an_inner_that_revisits_offsets_is_never_wrong():
+    # regression: (2,2):(1,1) visits offset 1 twice; composed mode by mode with
+    # (2,2):(1,2) it gave (2,2):(2,2), offsets 0,2,2,4, where the composite is 0,2,2,1
+    outer, inner = Axis.from_modes([(2, 1), (2, 2)]), Axis.from_modes([(2, 1), (2, 1)])
+    with pytest.raises(MeshError, match="not a layout"):
+        compose(outer, inner)
+    # every pair of small one- and two-mode layouts, against function composition
+    modes = [(s, d) for s in (1, 2, 3) for d in (0, 1, 2, 3, 4)]
+    axes = [Axis.from_modes(m) for k in (1, 2) for m in itertools.product(modes, repeat=k)]
+    for outer in axes:
+        for inner in axes:
+            if inner.cosize() > outer.size():
+                continue
+            expected = tuple(outer.offset(inner.offset(i)) for i in range(inner.size()))
+            if as_layout(expected) is None:
+                with pytest.raises(MeshError, match="not a layout"):
+                    compose(outer, inner)
+            else:
+                assert compose(outer, inner).offsets() == expected

@@ -61,28 +61,31 @@ def test_a_plan_shared_across_sizes_is_the_search_plan(pair, model, base, scales
     sizes = [(n * base[0] * k, n * base[1], n * base[2])[: src.ndim] for k in scales]
     pairs = [(_resized(src, s), _resized(dst, s)) for s in sizes]
     hits: list = []
-    reuse = P.reuse
+    lookup = P.shared
 
     def counted(*args):
-        found = reuse(*args)
+        found = lookup(*args)
         hits.append(found is not None)
         return found
 
     clear_plan_cache(tables=False)
     F.clear_families()
-    P.reuse = counted
+    P.shared = counted
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", MergeWarning)
             shared = [plan(a, b, cost_model=model) for a, b in pairs]
+            prices = [P._min_cost_plan(a, b, model, None)[1] for a, b in pairs]
     finally:
-        P.reuse = reuse
+        P.shared = lookup
     has = any(isinstance(p, StridedShard) for p in src.placements + dst.placements)
     event("StridedShard: no family" if has else f"family, a plan shared: {any(hits)}")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", MergeWarning)
-        for (a, b), p in zip(pairs, shared, strict=True):
+        for (a, b), p, price in zip(pairs, shared, prices, strict=True):
             assert p == _fresh(a, b, model)
+            F.clear_families()  # the steps' prices too, to the last bit
+            assert P._min_cost_plan(a, b, model, None)[1] == price
 
 
 def _searches(monkeypatch) -> list:
