@@ -32,7 +32,7 @@ from ._search import _tie
 
 __all__ = ["family_of", "shared", "record", "extremes", "clear_families", "LARGEST", "SIZES_FIRST"]
 
-_FAMILIES: dict = {}  # family -> {(start state, goal state): ([T, ...], [path, ...])}
+_FAMILIES: dict = {}  # family -> {(start state, goal state): ((T, ...), (path, ...))}
 _LOCK = threading.Lock()
 _KEPT = 20000  # pairs kept over all families before the store starts over
 _count = 0
@@ -41,11 +41,13 @@ _count = 0
 def family_of(mesh, shape, model, shards, ptargets, bound, objective, merge):
     """The family of a search context's arguments, or None when its prices are not all
     linear in the tensor's bytes (see the module doc)."""
-    if objective != "time" or bound is not None or any(c[1] > 1 for c in shards):
+    # (the universe lists Shard(d) of every tensor dim first, then any StridedShards)
+    if objective != "time" or bound is not None or len(shards) > len(shape):
         return None
-    n = math.prod(s for s in mesh.shape if s > 1)
-    if not all(length > 0 and length % n == 0 for length in shape):
-        return None
+    n = math.prod(mesh.shape)
+    for length in shape:
+        if length <= 0 or length % n:
+            return None
     return (mesh, len(shape), model, shards, ptargets, bool(merge))
 
 
@@ -56,16 +58,19 @@ def shared(fam, t: int, start_state, goal_state):
     ``(price, None, mesh_dims, collective, n_send, scaled, touch)``: priced as a search
     context of that size prices them, without making one (at a size of a family a
     state's local bytes are ``t / split``)."""
-    with _LOCK:
-        entry = _FAMILIES.get(fam, {}).get((start_state, goal_state))
-        if entry is None:
-            return None
-        sizes, paths = entry
-        k = bisect.bisect_left(sizes, t)
-        # this very size, or two sizes around it with one plan
-        if k == len(sizes) or (sizes[k] != t and (k == 0 or paths[k - 1] != paths[k])):
-            return None
-        path = paths[k]
+    # read without the lock: an entry is replaced whole, never changed (``record``)
+    pairs = _FAMILIES.get(fam)
+    if pairs is None:
+        return None
+    entry = pairs.get((start_state, goal_state))
+    if entry is None:
+        return None
+    sizes, paths = entry
+    k = bisect.bisect_left(sizes, t)
+    # this very size, or two sizes around it with one plan
+    if k == len(sizes) or (sizes[k] != t and (k == 0 or paths[k - 1] != paths[k])):
+        return None
+    path = paths[k]
     mesh, model = fam[0], fam[2]
     sizes = mesh.shape
     copy = 1.0 / model.profile.copy_bytes_per_s
@@ -109,10 +114,10 @@ def record(ctx, start_state, goal_state, found) -> None:
         pairs = _FAMILIES.setdefault(ctx.family, {})
         entry = pairs.get((start_state, goal_state))
         if entry is None:
-            pairs[(start_state, goal_state)] = ([t], [path])
+            pairs[(start_state, goal_state)] = ((t,), (path,))
             _count += 1
             return
-        sizes, paths = entry
+        sizes, paths = list(entry[0]), list(entry[1])
         k = bisect.bisect_left(sizes, t)
         if k < len(sizes) and sizes[k] == t:
             return
@@ -122,6 +127,7 @@ def record(ctx, start_state, goal_state, found) -> None:
         for x in (k + 1, k, k - 1):
             if 0 < x < len(sizes) - 1 and paths[x - 1] == paths[x] == paths[x + 1]:
                 del sizes[x], paths[x]
+        pairs[(start_state, goal_state)] = (tuple(sizes), tuple(paths))
 
 
 LARGEST = 40
