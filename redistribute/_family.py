@@ -35,6 +35,7 @@ __all__ = ["family_of", "shared", "record", "extremes", "clear_families", "LARGE
 _FAMILIES: dict = {}  # family -> {(start state, goal state): ((T, ...), (path, ...))}
 _LOCK = threading.Lock()
 _KEPT = 20000  # pairs kept over all families before the store starts over
+_PER_PAIR = 256  # sizes kept per pair (only where its plan changes, and the ends)
 _count = 0
 
 
@@ -119,7 +120,7 @@ def record(ctx, start_state, goal_state, found) -> None:
             return
         sizes, paths = list(entry[0]), list(entry[1])
         k = bisect.bisect_left(sizes, t)
-        if k < len(sizes) and sizes[k] == t:
+        if (k < len(sizes) and sizes[k] == t) or len(sizes) >= _PER_PAIR:
             return
         sizes.insert(k, t)
         paths.insert(k, path)
