@@ -193,3 +193,40 @@ def test_sizes_beyond_those_planned_are_bracketed_by_the_family_extremes(monkeyp
     for s, p in zip(sizes, plans, strict=True):
         assert p == _fresh(Spec(mesh, a, s, "float32"), Spec(mesh, b, s, "float32"), model)
     assert F.SIZES_FIRST == 2 and F.LARGEST >= 30
+
+
+def test_threads_planning_one_family_agree_with_one_thread():
+    import random
+    import threading
+
+    mesh = Mesh.create((2, 2, 2), ("a", "b", "c"))
+    model = CostModel(HardwareProfile.nvlink_ib(gpus_per_node=4))
+    texts = [
+        ("S(0) S(0) S(1)", "R S(1) R"),
+        ("P(sum) R S(0)", "S(0) S(1) R"),
+        ("R R R", "S(1) S(0) S(0)"),
+    ]
+    jobs = [
+        (parse_placements(a)[0], parse_placements(b)[0], (8 * k, 8 * j))
+        for a, b in texts
+        for k in (1, 3, 4, 16, 64)
+        for j in (1, 2)
+    ]
+    random.Random(0).shuffle(jobs)
+    clear_plan_cache()
+    results: dict = {}
+
+    def work(part):
+        for a, b, shape in part:
+            src, dst = Spec(mesh, a, shape, "float32"), Spec(mesh, b, shape, "float32")
+            results[(a, b, shape)] = plan(src, dst, cost_model=model)
+
+    threads = [threading.Thread(target=work, args=(jobs[i::4],)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert not any(t.is_alive() for t in threads) and len(results) == len(jobs)
+    for (a, b, shape), p in results.items():
+        src, dst = Spec(mesh, a, shape, "float32"), Spec(mesh, b, shape, "float32")
+        assert p == _fresh(src, dst, model)
