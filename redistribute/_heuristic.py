@@ -51,6 +51,7 @@ class _Bounds:
         spare = None
         w_single = 0.0
         w_other = 0.0
+        gathers = None  # (weight, size) of the dims to gather one by one (see below)
         for m, table in tables:
             a = codes[m]
             e = table.get(a)
@@ -78,9 +79,14 @@ class _Bounds:
                 if dlocal:
                     local += 1
                     lw += self.sizes[m]  # its local step writes a tensor unsplit on m
-                w_single += dw
                 if type(a) is int:
                     reduce = True
+                    w_single += dw
+                elif m in self.merge_dims:
+                    w_single += dw
+                else:
+                    g = (dw, self.sizes[m])
+                    gathers = (g,) if gathers is None else gathers + (g,)
             elif kind == 2:  # some collective
                 other = True
                 lat += dlat
@@ -111,6 +117,17 @@ class _Bounds:
         # a dim to re-shard among them: gathered with the others, then sliced)
         count = -(-(single + (1 if other else 0)) // self.widest)
         h = count * (self.launch + self.per_collective) + lat + local * self.local_launch
+        if gathers is not None:
+            # dims sharded here and replicated in the goal, gathered one at a time: when a
+            # dim's last gather runs, every dim whose last gather ran before is replicated
+            # (sharding it again would need another), so the k-th gather's input is at
+            # least the sizes of the dims gathered before it times the smallest local
+            # tensor; the cheapest order takes the slowest links first (by weight / (n-1),
+            # an exchange argument)
+            prefix = 1
+            for dw, n in sorted(gathers, key=_by_link, reverse=True):
+                w_single += dw * prefix
+                prefix *= n
         w = w_single + w_other
         full = self.total_bytes / split
         n_spare = 1
@@ -215,6 +232,11 @@ class _Bounds:
                 ivs, Shard(d) if sf == 1 else StridedShard(d, sf), self.sizes[m], 0
             )
         return ivs
+
+
+def _by_link(gather) -> float:
+    dw, n = gather
+    return dw / (n - 1)
 
 
 def _length(ivs) -> int:
