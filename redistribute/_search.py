@@ -262,13 +262,30 @@ class _Context(_Bounds):
         """Transitions (see the tuple layout above) from state ``i``: its shape-free
         ``moves`` priced on this context's tensor, within its memory bound."""
         b_in = self._nbytes[i]
-        bound, intern, nbytes, price = self.bound, self.intern, self._nbytes, self.price
+        bound, ids, intern, nbytes, price = (
+            self.bound,
+            self._ids,
+            self.intern,
+            self._nbytes,
+            self.price,
+        )
+        coef, copy = self._coef, self.copy
         out = []
         for t, dims, collective, n_send, scaled, touch, tie in moves:
-            j = intern(t)
+            j = ids.get(t)
+            if j is None:
+                j = intern(t)
             b_out = nbytes[j]
             if bound is None or b_in + b_out <= bound:
-                c = price(dims, collective, n_send, b_in, b_out, scaled) * tie
+                # ``price`` inlined (this loop prices every move a search reaches)
+                c = coef.get((dims, collective, n_send))
+                if c is None:
+                    c = price(dims, collective, n_send, b_in, b_out, scaled) * tie
+                else:
+                    c0 = c[0] + c[1] * b_in + c[2] * b_out
+                    if scaled:
+                        c0 += b_out * copy
+                    c = c0 * tie
                 out.append((c, j, dims, collective, n_send, scaled, touch))
         return tuple(out)
 
