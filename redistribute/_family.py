@@ -147,6 +147,8 @@ def extremes(ctx, start_state, goal_state) -> list[tuple[int, ...]]:
     too, so that sizes planned bracket ``ctx``'s: when the pair was planned at
     :data:`SIZES_FIRST` sizes already (a program that plans it at many), and ``ctx``'s
     lies beyond those."""
+    if not ctx.ndim:
+        return []  # a 0-D tensor's sizes are its dtypes': a few, each planned once
     n = math.prod(s for s in ctx.sizes if s > 1)
     smallest = (n,) * ctx.ndim
     largest = (n << LARGEST,) + smallest[1:]

@@ -230,3 +230,14 @@ def test_threads_planning_one_family_agree_with_one_thread():
     for (a, b, shape), p in results.items():
         src, dst = Spec(mesh, a, shape, "float32"), Spec(mesh, b, shape, "float32")
         assert p == _fresh(src, dst, model)
+
+
+def test_scalars_of_every_dtype_plan_alike():
+    # a 0-D tensor's size is its dtype's: no smallest or largest shape to plan it at
+    mesh = Mesh.create((2, 2))
+    a, b = parse_placements("P(sum) R")[0], parse_placements("R R")[0]
+    clear_plan_cache()
+    for dtype in ("float32", "bfloat16", "float64", "int8", "float16"):
+        p = plan(Spec(mesh, a, (), dtype), Spec(mesh, b, (), dtype))
+        assert [s.collective for s in p.steps] == ["all_reduce"]
+        assert p == _fresh(Spec(mesh, a, (), dtype), Spec(mesh, b, (), dtype), CostModel.default())
