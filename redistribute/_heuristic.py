@@ -29,7 +29,10 @@ class _Bounds:
         local tensor it can run on (the tensor split over every mesh dim sharded in
         ``state`` or ``goal``, and over dims replicated in both that the plan might shard
         for a while, paying a slice and a gather for each), on its own dim's link; and
-        the first rank must receive what it lacks, at the fastest link. Alias dims count
+        the first rank must receive what it lacks, at the fastest link. Dims to gather
+        (sharded here, replicated in the goal) gather one at a time: the k-th runs on a
+        tensor the dims gathered before it have grown, so they count in the cheapest
+        order, slowest links first. Alias dims count
         less (``_search._Context._set_aliases``): a merged all_reduce moves (N-1)/N of its
         input, less than its dims' shares summed; a gather to undo a detour, or to
         re-shard by gather and slice, may ride in a merged step.
