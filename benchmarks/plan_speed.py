@@ -250,7 +250,8 @@ def first_call(build, fn, clear=True) -> float:
 
 def table_builds(pairs, model, objective="time") -> list[float]:
     """Build the plan table of each distinct context of ``pairs`` (none when too big), as
-    ``plan()`` would use it; the seconds each took."""
+    ``plan()`` would use it; the seconds each took (garbage collection off, as for every
+    other time here)."""
     from meshplan.redistribute import _planner, _search, _table
 
     seen = {}
@@ -261,9 +262,7 @@ def table_builds(pairs, model, objective="time") -> list[float]:
         )
         if ctx not in seen and _table.state_count(ctx) <= _table.MAX_STATES:
             with ctx.lock:
-                t0 = time.perf_counter()
-                _table.table(ctx, after=0)
-                seen[ctx] = time.perf_counter() - t0
+                seen[ctx] = timed(lambda c=ctx: _table.table(c, after=0))
     return list(seen.values())
 
 
