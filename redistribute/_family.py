@@ -23,12 +23,10 @@ the same few pairs for tensors of many shapes, in any order, searches a handful.
 from __future__ import annotations
 
 import bisect
-import functools
 import math
 import threading
 
-from ._cost import coefficients
-from ._search import _tie
+from ._search import _tie, price_coefficients, step_price
 
 __all__ = ["family_of", "shared", "record", "extremes", "clear_families", "LARGEST", "SIZES_FIRST"]
 
@@ -78,11 +76,9 @@ def shared(fam, t: int, start_state, goal_state):
     out = []
     for a, b, dims, collective, n_send, scaled, touch in path:
         b_in, b_out = t // _split(a[0], sizes), t // _split(b[0], sizes)
-        c = _coefficients(model, mesh, dims, collective, n_send)
-        total = c[0] + c[1] * b_in + c[2] * b_out
-        if scaled:
-            total += b_out * copy
-        out.append((a, (total * _tie(a, b), None, dims, collective, n_send, scaled, touch), b))
+        c = price_coefficients(model, mesh, dims, collective, n_send)
+        c = step_price(c, b_in, b_out, scaled, copy) * _tie(a, b)
+        out.append((a, (c, None, dims, collective, n_send, scaled, touch), b))
     return out
 
 
@@ -94,16 +90,9 @@ def _split(codes: tuple, sizes: tuple) -> int:
     return n
 
 
-@functools.lru_cache(maxsize=4096)
-def _coefficients(model, mesh, dims, collective, n_send) -> tuple[float, float, float]:
-    # as a search context of objective "time" combines them (``_search._Context.price``)
-    c = coefficients(model, mesh, dims, collective, n_send)
-    return (c[0] + c[3] + 0.0, c[1] + c[4], c[2] + c[5])
-
-
-def record(ctx, start_state, goal_state, found) -> None:
-    """Keep the cheapest plan ``found`` (as the search returns it) on ``ctx`` for its
-    family's other sizes."""
+def record(fam, ctx, start_state, goal_state, found) -> None:
+    """Keep the cheapest plan ``found`` (as the search returns it) on ``ctx``, a context
+    of family ``fam``, for the family's other sizes."""
     global _count
     states = ctx.states
     path = tuple((states[i], states[j]) + tuple(trans[2:7]) for i, trans, j in found[1])
@@ -112,7 +101,7 @@ def record(ctx, start_state, goal_state, found) -> None:
         if _count >= _KEPT:
             _FAMILIES.clear()
             _count = 0
-        pairs = _FAMILIES.setdefault(ctx.family, {})
+        pairs = _FAMILIES.setdefault(fam, {})
         entry = pairs.get((start_state, goal_state))
         if entry is None:
             pairs[(start_state, goal_state)] = ((t,), (path,))
@@ -142,9 +131,9 @@ and largest sizes too (a rent-or-buy rule: a pair planned at two sizes is likely
 planned at more; each extreme costs a search)."""
 
 
-def extremes(ctx, start_state, goal_state) -> list[tuple[int, ...]]:
-    """Shapes of ``ctx``'s family (its smallest, its largest) at which to plan the pair
-    too, so that sizes planned bracket ``ctx``'s: when the pair was planned at
+def extremes(fam, ctx, start_state, goal_state) -> list[tuple[int, ...]]:
+    """Shapes of family ``fam`` (its smallest, its largest; ``ctx``: a context of it) at
+    which to plan the pair too, so that sizes planned bracket ``ctx``'s: when the pair was planned at
     :data:`SIZES_FIRST` sizes already (a program that plans it at many), and ``ctx``'s
     lies beyond those."""
     if not ctx.ndim:
@@ -153,7 +142,7 @@ def extremes(ctx, start_state, goal_state) -> list[tuple[int, ...]]:
     smallest = (n,) * ctx.ndim
     largest = (n << LARGEST,) + smallest[1:]
     with _LOCK:
-        entry = _FAMILIES.get(ctx.family, {}).get((start_state, goal_state))
+        entry = _FAMILIES.get(fam, {}).get((start_state, goal_state))
         if entry is None or len(entry[0]) < SIZES_FIRST:
             return []
         low, high = entry[0][0], entry[0][-1]
@@ -169,7 +158,6 @@ def extremes(ctx, start_state, goal_state) -> list[tuple[int, ...]]:
 
 def clear_families() -> None:
     global _count
-    _coefficients.cache_clear()
     with _LOCK:
         _FAMILIES.clear()
         _count = 0

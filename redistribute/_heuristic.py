@@ -32,8 +32,8 @@ class _Bounds:
         the first rank must receive what it lacks, at the fastest link. Dims to gather
         (sharded here, replicated in the goal) gather one at a time: the k-th runs on a
         tensor the dims gathered before it have grown, so they count in the cheapest
-        order, slowest links first. Alias dims count
-        less (``_search._Context._set_aliases``): a merged all_reduce moves (N-1)/N of its
+        order, slowest links first. Alias dims count less
+        (``_search._Context._set_aliases``): a merged all_reduce moves (N-1)/N of its
         input, less than its dims' shares summed; a gather to undo a detour, or to
         re-shard by gather and slice, may ride in a merged step.
         """

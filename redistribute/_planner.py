@@ -262,7 +262,7 @@ def _min_cost_plan(
         ctx = context(
             src.mesh, src.shape, src.dtype, model, shards, ptargets, bound, objective, merge
         )
-        if fam is not None and built(ctx) is None and _extend(ctx, start_state, goal_state):
+        if fam is not None and built(ctx) is None and _extend(fam, ctx, start_state, goal_state):
             moves = shared(fam, size, start_state, goal_state)
     if moves is None:
         with ctx.lock:
@@ -274,7 +274,7 @@ def _min_cost_plan(
             else:
                 found = search(ctx, start, goal)
                 if found is not None and fam is not None:
-                    record(ctx, start_state, goal_state, found)
+                    record(fam, ctx, start_state, goal_state, found)
             if found is not None:
                 states = ctx.states
                 moves = [(states[i], trans, states[j]) for i, trans, j in found[1]]
@@ -298,12 +298,12 @@ def _min_cost_plan(
     return _plan_value(src, dst, tuple(steps)), tuple(trans[0] for _, trans, _ in moves)
 
 
-def _extend(ctx, start_state, goal_state) -> bool:
-    """Plan the pair at the smallest or largest size of ``ctx``'s family too, when
-    ``_family.extremes`` asks (each on its own context, under its own lock); whether it
-    asked."""
-    merge = ctx.family[-1]
-    shapes = extremes(ctx, start_state, goal_state)
+def _extend(fam, ctx, start_state, goal_state) -> bool:
+    """Plan the pair at the smallest or largest size of family ``fam`` (``ctx``: a context
+    of it) too, when ``_family.extremes`` asks (each on its own context, under its own
+    lock); whether it asked."""
+    merge = fam[-1]
+    shapes = extremes(fam, ctx, start_state, goal_state)
     for shape in shapes:
         other = context(
             ctx.mesh, shape, ctx.dtype, ctx.model, ctx.shards, ctx.ptargets, None, "time", merge
@@ -314,7 +314,7 @@ def _extend(ctx, start_state, goal_state) -> bool:
             other._trim()
             found = search(other, other.intern(start_state), other.intern(goal_state))
             if found is not None:
-                record(other, start_state, goal_state, found)
+                record(fam, other, start_state, goal_state, found)
     return bool(shapes)
 
 

@@ -39,7 +39,16 @@ from ._cost import chain_extent, coefficients, collective_weight, group_link
 from ._exact import _may_empty, _smallest_piece, exact_covers
 from ._heuristic import SUMAVG, R, _Bounds
 
-__all__ = ["R", "SUMAVG", "search", "context", "clear_contexts", "mixable"]
+__all__ = [
+    "R",
+    "SUMAVG",
+    "search",
+    "context",
+    "clear_contexts",
+    "mixable",
+    "price_coefficients",
+    "step_price",
+]
 
 _SUMAVG = SUMAVG
 
@@ -79,10 +88,6 @@ class _Context(_Bounds):
             any(c[0] == d and c[1] > 1 for c in shards) or _may_empty(length, active_sizes)
             for d, length in enumerate(shape)
         )
-        # contexts whose prices are all linear in the tensor's bytes share plans (``_family``)
-        from ._family import family_of
-
-        self.family = family_of(mesh, shape, model, shards, ptargets, bound, objective, merge)
         # keys of the shape-free moves (``_SINGLE_MOVES``/``_PERMUTE_MOVES``) this context
         # shares with others on the mesh: a tiny dim's moves depend on its length
         self._permutes_key = (self.sizes, self.active, shards, self.ndim)
@@ -224,16 +229,16 @@ class _Context(_Bounds):
         return self._nbytes[i]
 
     def price(self, dims, collective, n_send, b_in, b_out, scaled=False) -> float:
+        return step_price(self._coefs(dims, collective, n_send), b_in, b_out, scaled, self.copy)
+
+    def _coefs(self, dims, collective, n_send) -> tuple[float, float, float]:
         key = (dims, collective, n_send)
         c = self._coef.get(key)
         if c is None:
-            c = coefficients(self.model, self.mesh, dims, collective, n_send)
-            c0 = c[0] + c[3] + (self.per_collective if collective is not None else 0.0)
-            c = self._coef[key] = (c0, c[1] + c[4], c[2] + c[5])
-        total = c[0] + c[1] * b_in + c[2] * b_out
-        if scaled:
-            total += b_out * self.copy
-        return total
+            c = self._coef[key] = price_coefficients(
+                self.model, self.mesh, dims, collective, n_send, self.per_collective
+            )
+        return c
 
     # transitions
     def successors(self, i: int):
@@ -262,14 +267,8 @@ class _Context(_Bounds):
         """Transitions (see the tuple layout above) from state ``i``: its shape-free
         ``moves`` priced on this context's tensor, within its memory bound."""
         b_in = self._nbytes[i]
-        bound, ids, intern, nbytes, price = (
-            self.bound,
-            self._ids,
-            self.intern,
-            self._nbytes,
-            self.price,
-        )
-        coef, copy = self._coef, self.copy
+        bound, ids, intern, nbytes = self.bound, self._ids, self.intern, self._nbytes
+        coef, coefs, copy = self._coef, self._coefs, self.copy
         out = []
         for t, dims, collective, n_send, scaled, touch, tie in moves:
             j = ids.get(t)
@@ -277,15 +276,8 @@ class _Context(_Bounds):
                 j = intern(t)
             b_out = nbytes[j]
             if bound is None or b_in + b_out <= bound:
-                # ``price`` inlined (this loop prices every move a search reaches)
-                c = coef.get((dims, collective, n_send))
-                if c is None:
-                    c = price(dims, collective, n_send, b_in, b_out, scaled) * tie
-                else:
-                    c0 = c[0] + c[1] * b_in + c[2] * b_out
-                    if scaled:
-                        c0 += b_out * copy
-                    c = c0 * tie
+                c = coef.get((dims, collective, n_send)) or coefs(dims, collective, n_send)
+                c = step_price(c, b_in, b_out, scaled, copy) * tie
                 out.append((c, j, dims, collective, n_send, scaled, touch))
         return tuple(out)
 
@@ -528,6 +520,28 @@ def _moves(memo: dict, prefix: tuple, state, generate) -> tuple:
     return moves
 
 
+@functools.lru_cache(maxsize=4096)
+def price_coefficients(
+    model, mesh, dims, collective, n_send, per_collective: float = 0.0
+) -> tuple[float, float, float]:
+    """A step's price as ``c0 + c_in * b_in + c_out * b_out`` (communication and compute
+    together, plus ``per_collective`` on a collective: the "collectives" objective)."""
+    c = coefficients(model, mesh, dims, collective, n_send)
+    c0 = c[0] + c[3] + (per_collective if collective is not None else 0.0)
+    return (c0, c[1] + c[4], c[2] + c[5])
+
+
+def step_price(c: tuple, b_in: int, b_out: int, scaled: bool, copy: float) -> float:
+    """The price of a step of coefficients ``c`` (:func:`price_coefficients`) on ``b_in``
+    bytes in, ``b_out`` out; ``scaled`` adds writing the output once more (an avg scale)
+    at ``copy`` seconds per byte. The one formula every price of the planner comes from
+    (searches, tables and plans shared across sizes agree to the last bit)."""
+    total = c[0] + c[1] * b_in + c[2] * b_out
+    if scaled:
+        total += b_out * copy
+    return total
+
+
 def _put(t: tuple, i: int, v) -> tuple:
     return t[:i] + (v,) + t[i + 1 :]
 
@@ -555,6 +569,7 @@ def _context(mesh, shape, dtype, model, shards, ptargets, bound, objective, merg
 def clear_contexts() -> None:
     """Forget every search context (and so every memo table), and the shape-free moves."""
     _context.cache_clear()
+    price_coefficients.cache_clear()
     _SINGLE_MOVES.clear()
     _PERMUTE_MOVES.clear()
 

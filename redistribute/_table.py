@@ -11,8 +11,9 @@ on most cheaply.
 Prices are tie-broken (``_search._tie``), so each pair has one cheapest plan: the walk
 returns exactly what the A* search returns. That makes the table a pure speed-up, built
 lazily once a context has planned :func:`lazy_pairs` pairs (more for bigger state
-spaces), whatever each process planned before. Building takes about a millisecond on 1-3-D meshes over 2-D tensors and
-60-120 ms for the 4-D ones (536 states); a walk then costs a few microseconds per step.
+spaces), whatever each process planned before. Building takes 0.1-6 ms on 1-3-D meshes
+over 2-D tensors and about 100 ms for the 4-D ones (536 states); a walk then costs a few
+microseconds per step.
 """
 
 from __future__ import annotations
