@@ -191,17 +191,20 @@ def row_major_strides(sizes: Sequence[int]) -> tuple[int, ...]:
 
 
 @functools.lru_cache(maxsize=8192)
+def _spans_nest(modes: tuple[Mode, ...]) -> bool:
+    """Whether the moving modes (size > 1, stride != 0), sorted by stride, each have a
+    stride that is a multiple of the span (stride times size) of the one before."""
+    live = sorted((d, s) for s, d in modes if s > 1 and d != 0)
+    return all(live[i + 1][0] % (live[i][0] * live[i][1]) == 0 for i in range(len(live) - 1))
+
+
 def _is_injective(modes: tuple[Mode, ...]) -> bool:
-    live = sorted((d, s) for s, d in modes if s > 1)
-    if any(d == 0 for d, _ in live):
+    if any(d == 0 for s, d in modes if s > 1):
         return False
     # Sorted by stride, each mode must start at or beyond the span of all faster modes
     # and be a multiple of it, otherwise two coordinates reach the same offset... unless
     # strides interleave without collision (e.g. 2:3 and 3:2 hit 0,2,3,4,5,7 — injective).
-    span_ok = all(live[i + 1][0] % (live[i][0] * live[i][1]) == 0 for i in range(len(live) - 1))
-    if span_ok:
-        return True
-    return _brute_injective(modes)
+    return _spans_nest(modes) or _brute_injective(modes)
 
 
 def _brute_injective(modes: Sequence[Mode]) -> bool:
@@ -284,9 +287,11 @@ def compose(outer: Axis, inner: Axis) -> Axis:
     """
     result: list[Mode] = []
     try:
-        # mode by mode only when inner's moving modes never address one offset twice:
-        # else two of them may add up across one of outer's mode boundaries
-        if not _is_injective(tuple(m for m in inner.modes if m[1] != 0)):
+        # mode by mode only when inner's moving modes, by stride, each start at a multiple
+        # of the span of the faster ones: their offsets then add up digit by digit in
+        # outer's mixed radix; else two of them may carry across one of outer's mode
+        # boundaries, even when inner is injective ((2,3):(3,2) reaches 3 + 4)
+        if not _spans_nest(inner.modes):
             raise _NotAdmissible
         for size, stride in inner.modes:
             result.extend(_compose_mode(outer, size, stride))

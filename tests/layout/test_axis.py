@@ -160,6 +160,39 @@ def test_str_and_repr_read_back():
     assert eval(repr(layout)) == layout
 
 
+def test_compose_with_an_interleaved_inner_is_never_wrong():
+    # regression: (2,3):(3,2) is injective (offsets 0,2,4,3,5,7) but its modes interleave;
+    # composed mode by mode with (2,6):(1,2) it gave (2,3):(6,4), offsets ending in 14 (not
+    # even an offset of outer), where the composite 0,4,8,6,10,3 is not a layout
+    outer, inner = Axis.of((2, 6), (1, 2)), Axis.of((2, 3), (3, 2))
+    with pytest.raises(MeshError, match="not a layout"):
+        compose(outer, inner)
+    # two-mode outers with sizes that split into several factors, against function composition
+    sizes, strides = (2, 3, 4, 6), (1, 2, 3, 4, 6)
+    outers = [
+        Axis.of(s, d)
+        for s in itertools.product(sizes, repeat=2)
+        for d in itertools.product(strides, repeat=2)
+    ]
+    inners = [
+        Axis.of(s, d)
+        for s in itertools.product((2, 3), repeat=2)
+        for d in itertools.product(strides, repeat=2)
+    ]
+    for outer in outers:
+        if not outer.is_injective():
+            continue
+        for inner in inners:
+            if inner.cosize() > outer.size():
+                continue
+            expected = tuple(outer.offset(inner.offset(i)) for i in range(inner.size()))
+            if as_layout(expected) is None:
+                with pytest.raises(MeshError, match="not a layout"):
+                    compose(outer, inner)
+            else:
+                assert compose(outer, inner).offsets() == expected, (outer, inner)
+
+
 def test_interleaved_injective_layout_is_injective_but_does_not_tile():
     modes = ((2, 3), (3, 2))  # offsets 0,2,4,3,5,7: no two alike, yet no complement
     assert Axis.from_modes(modes).is_injective()
