@@ -32,6 +32,27 @@ def _tuple(value: Iterable, what: str) -> tuple:
     return tuple(value)
 
 
+_MAX_WORLD = 2**31 - 1
+
+
+def _mesh_shape(value) -> tuple[int, ...]:
+    """A mesh shape as a tuple of ints >= 1 (an int, or a sequence of ints; numpy ints too)."""
+    items = (value,) if not isinstance(value, Iterable) or isinstance(value, str) else value
+    out = []
+    for s in items:
+        try:
+            size = None if isinstance(s, bool) else operator.index(s)
+        except TypeError:
+            size = None
+        if size is None or size < 1:
+            raise MeshError(
+                f"mesh shape {value!r} has size {s!r}; every size must be an int >= 1",
+                value=value,
+            )
+        out.append(size)
+    return tuple(out)
+
+
 @identity_first_eq
 @attrs.frozen(repr=False, cache_hash=True)
 class Mesh:
@@ -72,6 +93,12 @@ class Mesh:
                 f"mesh of shape {self.layout.shape} needs {ndim} dim names, got "
                 f"{len(self.names)}: {self.names!r}; give one name per dim",
                 value=self.names,
+            )
+        if not isinstance(self.device_type, str) or not self.device_type:
+            raise MeshError(
+                f"device_type must be a non-empty string such as 'cpu' or 'cuda', got "
+                f"{self.device_type!r}",
+                value=self.device_type,
             )
         for n in self.names:
             if not isinstance(n, str) or not n:
@@ -149,14 +176,14 @@ class Mesh:
         >>> Mesh.create(4, "x", ranks=[3, 1, 2, 0]).ranks
         (3, 1, 2, 0)
         """
-        shape = (shape,) if isinstance(shape, int) else tuple(shape)
-        for s in shape:
-            if isinstance(s, bool) or not isinstance(s, int) or s < 1:
-                raise MeshError(
-                    f"mesh shape {shape!r} has size {s!r}; every size must be an int >= 1",
-                    value=shape,
-                )
+        shape = _mesh_shape(shape)
         numel = math.prod(shape)
+        if numel > _MAX_WORLD:
+            raise MeshError(
+                f"mesh shape {shape!r} has {numel} ranks, more than any torch.distributed "
+                f"world (ranks are 32-bit ints: at most {_MAX_WORLD})",
+                value=shape,
+            )
         names = tuple(f"d{i}" for i in range(len(shape))) if names is None else _names(names)
         ranks = range(numel) if ranks is None else rank_map(ranks)
         if len(ranks) != numel:

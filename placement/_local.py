@@ -62,6 +62,40 @@ def chunk_bounds(length: int, parts: int, index: int) -> tuple[int, int]:
     return start, min(start + size, length)
 
 
+def nonempty_chunks(length: int, parts: int) -> int:
+    """How many of the ``parts`` pieces ``torch.chunk`` cuts ``length`` into are not
+    empty (the others trail them).
+
+    >>> nonempty_chunks(5, 4), nonempty_chunks(8, 10**9), nonempty_chunks(0, 3)
+    (3, 8, 0)
+    """
+    if length <= 0 or parts <= 0:
+        return 0
+    size = -(-length // parts)
+    return -(-length // size)
+
+
+def chunk_lengths(length: int, parts: int) -> tuple[tuple[int, int], ...]:
+    """The lengths of the pieces ``torch.chunk`` cuts ``length`` into, as ``(length,
+    count)`` pairs (at most three: full pieces, a short one, empty ones), in O(1).
+
+    >>> chunk_lengths(5, 4), chunk_lengths(8, 10**9)
+    (((2, 2), (1, 1), (0, 1)), ((1, 8), (0, 999999992)))
+    """
+    if parts <= 0:
+        return ()
+    size = -(-length // parts) if length else 0
+    full = length // size if size else 0
+    rest = length - full * size
+    out = [(size, full)] if full else []
+    if rest:
+        out.append((rest, 1))
+    empty = parts - full - (1 if rest else 0)
+    if empty:
+        out.append((0, empty))
+    return tuple(out)
+
+
 def _take(intervals: Intervals, start: int, stop: int) -> Intervals:
     """Positions ``[start, stop)`` of the concatenated intervals, as intervals."""
     out: list[tuple[int, int]] = []
@@ -97,7 +131,7 @@ def shard_intervals(
         return _take(intervals, *chunk_bounds(n, parts, index))
     out: list[tuple[int, int]] = []
     sf = placement.split_factor
-    for j in range(sf):
+    for j in range(nonempty_chunks(n, sf)):  # the rest are empty: O(n), not O(sf)
         a, b = chunk_bounds(n, sf, j)
         lo, hi = chunk_bounds(b - a, parts, index)
         for iv in _take(intervals, a + lo, a + hi):
@@ -109,8 +143,27 @@ def shard_intervals(
 
 
 def dim_intervals(spec: Spec, coordinate: Sequence[int], tensor_dim: int) -> Intervals:
-    """The global index intervals along ``tensor_dim`` held at mesh ``coordinate``."""
-    return _dim_intervals(spec, tuple(coordinate), tensor_dim)
+    """The global index intervals along ``tensor_dim`` (negative counts from the end)
+    held at mesh ``coordinate`` (one index per mesh dim).
+
+    >>> from meshplan.layout import Mesh
+    >>> from meshplan.placement import Replicate
+    >>> spec = Spec(Mesh.create((2, 2)), (Replicate(), Shard(-1)), (4, 8))
+    >>> dim_intervals(spec, (0, 1), -1)
+    ((4, 8),)
+    """
+    coordinate = tuple(coordinate)
+    sizes = spec.mesh.shape
+    if len(coordinate) != len(sizes) or not all(
+        not isinstance(c, bool) and isinstance(c, int) and 0 <= c < n
+        for c, n in zip(coordinate, sizes, strict=True)
+    ):
+        raise PlacementError(
+            f"{coordinate!r} is not a coordinate of mesh {spec.mesh} (shape {sizes}); give "
+            "one index per mesh dim, each in [0, size)",
+            value=coordinate,
+        )
+    return _dim_intervals(spec, coordinate, spec.tensor_dim(tensor_dim))
 
 
 @functools.lru_cache(maxsize=65536)

@@ -18,7 +18,7 @@ import attrs
 from meshplan.errors import PlacementError
 from meshplan.layout import FrozenMap, Mesh
 
-from ._spec import Spec
+from ._spec import Spec, _shape
 from ._types import REDUCE_OPS, Partial, Placement, Replicate, Shard, StridedShard
 
 __all__ = ["PartitionSpec", "from_partition_spec", "partition_spec"]
@@ -141,11 +141,12 @@ def from_partition_spec(
     if partial is None and isinstance(pspec, PartitionSpec):
         partial = pspec.partial
     partial_map = _partial(partial)
-    ndim = len(tuple(shape))
+    shape = _shape(shape)
+    ndim = len(shape)
     if len(entries) > ndim:
         raise PlacementError(
             f"partition spec {pspec!r} has {len(entries)} entries for a {ndim}-D tensor of "
-            f"shape {tuple(shape)!r}; give at most one entry per tensor dim",
+            f"shape {shape!r}; give at most one entry per tensor dim",
             value=pspec,
         )
     placements: list[Placement] = [Replicate()] * mesh.ndim

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
+import operator
+
 import attrs
 import torch
 
@@ -48,6 +51,10 @@ class Sharded:
                 value=self.local,
             )
         rank = self.rank
+        if not isinstance(rank, bool | int):
+            with contextlib.suppress(TypeError):
+                rank = operator.index(rank)  # numpy ints, 0-d integer tensors
+                object.__setattr__(self, "rank", rank)
         if isinstance(rank, bool) or not isinstance(rank, int) or not self.spec.mesh.contains(rank):
             raise PlacementError(
                 f"rank {rank!r} is not in mesh {self.spec.mesh} of {self.spec}; pass a rank of "

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
@@ -107,8 +108,34 @@ class Spec:
         return len(self.shape)
 
     def order(self, tensor_dim: int) -> tuple[int, ...]:
-        """The mesh dims that shard ``tensor_dim``, in the order they apply."""
-        return self.shard_order.get(tensor_dim, ())
+        """The mesh dims that shard ``tensor_dim`` (negative counts from the end), in the
+        order they apply.
+
+        >>> s = Spec(Mesh.create((2, 2)), (Shard(1), Shard(1)), (4, 8), shard_order={1: (1, 0)})
+        >>> s.order(1), s.order(-1), s.order(0)
+        ((1, 0), (1, 0), ())
+        """
+        if type(tensor_dim) is int:
+            got = self.shard_order.get(tensor_dim)
+            if got is not None:
+                return got
+        return self.shard_order.get(self.tensor_dim(tensor_dim), ())
+
+    def tensor_dim(self, d: int) -> int:
+        """``d`` as a tensor dim in ``[0, ndim)`` (negative counts from the end).
+
+        Raises :class:`PlacementError` for anything else.
+        """
+        n = len(self.shape)
+        try:
+            i = operator.index(d) if not isinstance(d, bool) else None
+        except TypeError:
+            i = None
+        if i is None or not -n <= i < n:
+            raise PlacementError(
+                f"{d!r} is not a tensor dim of {self}; use a dim in [{-n}, {n})", value=d
+            )
+        return i % n
 
     @property
     def partial_dims(self) -> tuple[int, ...]:
@@ -247,6 +274,7 @@ def _canonical_order(
             sharding.setdefault(p.dim, []).append(i)
     order: dict[int, tuple[int, ...]] = {d: tuple(v) for d, v in sharding.items()}
     seen: set[int] = set()
+    listed_ones: set[int] = set()
     for key, dims in dict(given).items():
         if isinstance(key, bool) or not isinstance(key, int) or not -ndim <= key < ndim:
             raise PlacementError(
@@ -264,6 +292,12 @@ def _canonical_order(
         seen.add(d)
         if isinstance(dims, int | str):
             dims = (dims,)
+        if isinstance(dims, set | frozenset) and len(dims) > 1:
+            raise PlacementError(
+                f"shard_order {dict(given)!r} maps tensor dim {key!r} to the set {dims!r}, "
+                "which has no order; give a tuple, e.g. ('tp', 'dp')",
+                value=given,
+            )
         if not isinstance(dims, Iterable):
             raise PlacementError(
                 f"shard_order {dict(given)!r} maps tensor dim {key!r} to {dims!r}; map it to "
@@ -275,16 +309,20 @@ def _canonical_order(
             idx = tuple(mesh.dim_index(m) for m in dims)
         except ValueError as e:
             raise PlacementError(f"shard_order {dict(given)!r}: {e}", value=given) from None
-        # mesh dims of size 1 carry no sharding: drop them (canonical form)
-        idx = tuple(m for m in idx if mesh.shape[m] != 1)
+        # mesh dims of size 1 carry no sharding: drop them (canonical form), but each
+        # may be listed once, for one tensor dim
+        ones = [m for m in idx if mesh.shape[m] == 1]
+        twice = [m for m in ones if m in listed_ones]
+        listed_ones.update(ones)
         want = sharding.get(d, [])
-        if len(set(idx)) != len(idx) or sorted(idx) != sorted(want):
+        kept = tuple(m for m in idx if mesh.shape[m] != 1)
+        if len(set(idx)) != len(idx) or twice or sorted(kept) != sorted(want):
             raise PlacementError(
                 f"shard_order for tensor dim {d} is {tuple(dims)!r}, but the mesh dims "
                 f"sharding it are {tuple(mesh.names[m] for m in want)!r}; the order must list "
                 "each of them exactly once (it may neither omit nor invent a mesh dim)",
                 value=given,
             )
-        if idx:
-            order[d] = idx
+        if kept:
+            order[d] = kept
     return FrozenMap(order)

@@ -66,8 +66,9 @@ def _local(tensor: torch.Tensor, spec: Spec, rank: int) -> torch.Tensor:
     local = _select(tensor, local_intervals(spec, rank)).contiguous()
     if spec.is_partial and not partial_keeps(spec, spec.mesh.coordinate(rank)):
         return torch.zeros_like(local)
-    # never hand out a view of the input: callers may write to their local tensor
-    if local.numel() and local.untyped_storage().data_ptr() == tensor.untyped_storage().data_ptr():
+    # never hand out the input or a view of it: callers may write to their local tensor
+    # (asked of the tensors, not their storage, which traced and simulated tensors lack)
+    if local is tensor or local._base is not None:
         return local.clone()
     return local
 
@@ -110,6 +111,13 @@ def unshard(locals_: dict[int, torch.Tensor], spec: Spec) -> torch.Tensor:
         coord = spec.mesh.coordinate(rank)
         per_dim = local_intervals(spec, rank)
         local = locals_[rank]
+        name = str(local.dtype).removeprefix("torch.")
+        if name != spec.dtype:
+            raise PlacementError(
+                f"rank {rank}'s local tensor is {name}, but {spec} holds {spec.dtype}; "
+                "convert the locals or build the spec with their dtype",
+                value=rank,
+            )
         want = tuple(sum(b - a for a, b in ivs) for ivs in per_dim)
         if tuple(local.shape) != want:
             raise PlacementError(
@@ -124,11 +132,16 @@ def unshard(locals_: dict[int, torch.Tensor], spec: Spec) -> torch.Tensor:
     if not pdims:
         return parts[()]
     ops = {spec.placements[i].op for i in pdims}
+    dtype = first.dtype
+    if dtype.itemsize == 1 and dtype.is_floating_point:
+        # 8-bit floats have no arithmetic: reduce in float64 (sums exact for their
+        # values), round back once, as the simulator and run() do
+        parts = {k: v.to(torch.float64) for k, v in parts.items()}
     if ops == {"max"}:
-        return torch.stack([parts[k] for k in sorted(parts)]).amax(0)
+        return torch.stack([parts[k] for k in sorted(parts)]).amax(0).to(dtype)
     if ops == {"min"}:
-        return torch.stack([parts[k] for k in sorted(parts)]).amin(0)
-    return _sum_avg(parts, [spec.placements[i].op == "avg" for i in pdims]).to(first.dtype)
+        return torch.stack([parts[k] for k in sorted(parts)]).amin(0).to(dtype)
+    return _sum_avg(parts, [spec.placements[i].op == "avg" for i in pdims]).to(dtype)
 
 
 def _sum_avg(parts: dict[tuple[int, ...], torch.Tensor], is_avg: list[bool]) -> torch.Tensor:

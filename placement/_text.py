@@ -43,7 +43,7 @@ _TOKEN = re.compile(
       | S\(\s*(?P<sd>-?\d+)\s*\)
       | (?P<r>R)\b
       | P(?:\(\s*(?P<op>\w+)\s*\))?
-    )(?:\[(?P<order>[\d,\s]*)\])?\s*""",
+    )(?:\[(?P<order>[\d,\s]*)\])?(?=\s|$)\s*""",
     re.VERBOSE,
 )
 

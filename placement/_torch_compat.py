@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import operator
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from typing import Any
 
@@ -248,13 +249,20 @@ def _from_torch_placement(p: Any) -> Placement:
 def _torch_order(value: Any) -> dict[int, tuple[Any, ...]]:
     if value is None:
         return {}
-    if isinstance(value, Mapping):
-        return {d: (ms,) if isinstance(ms, int | str) else tuple(ms) for d, ms in value.items()}
-    out: dict[int, tuple[Any, ...]] = {}
-    for entry in value:
-        d, ms = entry
-        out[int(d)] = tuple(ms)
-    return out
+    try:
+        if isinstance(value, Mapping):
+            return {d: (ms,) if isinstance(ms, int | str) else tuple(ms) for d, ms in value.items()}
+        out: dict[int, tuple[Any, ...]] = {}
+        for entry in value:
+            d, ms = entry
+            out[operator.index(d)] = tuple(ms)
+        return out
+    except (TypeError, ValueError):
+        raise PlacementError(
+            f"shard_order {value!r} is not a shard order: give torch's ShardOrderEntry "
+            "tuples, (tensor_dim, mesh_dims) pairs, or a mapping tensor dim -> mesh dims",
+            value=value,
+        ) from None
 
 
 def _mesh_of(mesh: Any) -> Mesh:

@@ -33,6 +33,7 @@ import attrs
 from meshplan.errors import PlanError
 from meshplan.layout import Mesh
 from meshplan.placement import Spec, StridedShard, dtype_itemsize, is_shard_like
+from meshplan.placement._local import chunk_lengths
 
 __all__ = [
     "Link",
@@ -220,9 +221,9 @@ def chain_extent(length: int, kinds: tuple[tuple[int, int], ...]) -> int:
             if sf == 1:
                 nxt.update(_chunk_lengths(L, n))
             else:
-                pieces = _chunk_lengths(L, sf)
+                pieces = chunk_lengths(L, sf)  # (length, count): O(1) in sf
                 for c in range(n):
-                    nxt.add(sum(_chunk_length(p, n, c) for p in pieces))
+                    nxt.add(sum(k * _chunk_length(p, n, c) for p, k in pieces))
         lengths = nxt
     return max(lengths)
 

@@ -12,7 +12,8 @@ coordinates (:mod:`._collectives`), so permuted rank maps cannot permute data.
 Uneven and empty shards are padded on the wire; outputs are new contiguous tensors.
 Data-moving steps carry any dtype (one the backend lacks, such as int16 or float8 on
 gloo, travels as a same-size dtype it has); reductions run in the tensor's dtype, or for
-integer dtypes the backend lacks in int64 (exact, wrapping like the dtype).
+integer dtypes the backend lacks in int64 (exact, wrapping like the dtype), and for 8-bit
+floats in float64 (exact, rounded once back), as in the simulator.
 """
 
 from __future__ import annotations
@@ -117,6 +118,9 @@ def run_step(step: Step, local: torch.Tensor, groups: ProcessGroups) -> torch.Te
         return _MOVES[kind](step, me, local.view(wire), group).view(dtype)
     op = reduce_op(step)
     if dtype not in _NATIVE:
+        if dtype.is_floating_point and dtype.itemsize == 1:
+            # 8-bit floats: reduce in float64 (exact for their values), round once back
+            return _REDUCES[kind](step, me, local.to(torch.float64), group, op).to(dtype)
         if dtype.is_floating_point or dtype.is_complex:
             raise RuntimeShellError(
                 f"step {step}: cannot reduce {dtype} tensors ({op}) with collectives; "

@@ -57,19 +57,30 @@ def simulate_step(step: Step, locals_: Mapping[int, torch.Tensor]) -> dict[int, 
         for r in ranks:
             group = step_group(step, r).ranks
             if group not in done:
-                done[group] = finish_reduce(_reduce([locals_[g] for g in group], op), step)
+                done[group] = _reduced([locals_[g] for g in group], op, step)
             out[r] = done[group].clone()
         return out
     if kind == "reduce_scatter":
         for r in ranks:
             group = step_group(step, r)
             parts = [pack(locals_[g], reduce_blocks(step, g)[group.position]) for g in group.ranks]
-            reduced = finish_reduce(_reduce(parts, op), step)
+            reduced = _reduced(parts, op, step)
             target = empty_target(step, r, locals_[r])
             unpack_into(target, reduce_blocks(step, r)[group.position], reduced)
             out[r] = target
         return out
     raise PlanError(f"cannot simulate collective {kind!r}", value=step)
+
+
+def _reduced(parts: list[torch.Tensor], op: str, step) -> torch.Tensor:
+    """The reduction of ``parts`` with ``op``, divided by the step's ``avg_scale``; 8-bit
+    floats (no arithmetic of their own) reduce in float64, exactly, and round once back,
+    as :func:`~meshplan.redistribute.run` does."""
+    dtype = parts[0].dtype
+    if dtype.is_floating_point and dtype.itemsize == 1:
+        wide = [p.to(torch.float64) for p in parts]
+        return finish_reduce(_reduce(wide, op), step).to(dtype)
+    return finish_reduce(_reduce(parts, op), step)
 
 
 def _reduce(parts: list[torch.Tensor], op: str) -> torch.Tensor:

@@ -36,6 +36,7 @@ from meshplan.placement import (
     format_placements,
     is_shard_like,
 )
+from meshplan.placement._local import chunk_lengths
 
 from ._rule import DimStrategy, Meta, fill, meta_of, shard_kinds
 from ._ruleset import OpRule, RuleSet, freeze_args
@@ -179,10 +180,8 @@ def _stage(length: int, p: Placement, parts: int) -> list[int]:
     """Lengths each coordinate keeps when ``p`` cuts a piece of ``length`` over ``parts``."""
     if not isinstance(p, StridedShard):
         return [b - a for a, b in (chunk_bounds(length, parts, c) for c in range(parts))]
-    pieces = [
-        b - a for a, b in (chunk_bounds(length, p.split_factor, j) for j in range(p.split_factor))
-    ]
-    return [sum(_part(n, parts, c) for n in pieces) for c in range(parts)]
+    pieces = chunk_lengths(length, p.split_factor)  # (length, count): O(1) in split_factor
+    return [sum(k * _part(n, parts, c) for n, k in pieces) for c in range(parts)]
 
 
 def _part(n: int, parts: int, c: int) -> int:

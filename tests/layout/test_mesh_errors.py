@@ -107,6 +107,19 @@ def test_bad_shapes_are_refused():
         Mesh.create((2, 2.0))
     with raises("True"):
         Mesh.create((True, 2))
+    with raises("10000000000", "32-bit"):
+        Mesh.create((10**10,))
+    with raises("device_type", "None"):
+        Mesh.create((2,), device_type=None)
+    with raises("device_type", "['cuda']"):
+        Mesh.create((2,), device_type=["cuda"])
+
+
+def test_numpy_ints_are_sizes_too():
+    import numpy as np
+
+    assert Mesh.create(np.int64(4)) == Mesh.create(4)
+    assert Mesh.create((np.int32(2), np.int64(3))) == Mesh.create((2, 3))
 
 
 def test_names_must_match_the_dims():

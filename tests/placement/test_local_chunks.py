@@ -121,3 +121,19 @@ def test_rank_outside_the_mesh_raises():
     spec = Spec(Mesh.create(2, ranks=[4, 5]), (Shard(0),), (4,))
     with pytest.raises(PlacementError, match="rank 0 is not in mesh"):
         local_shape(spec, 0)
+
+
+def test_a_huge_split_factor_costs_what_the_dim_holds():
+    # pieces past the dim's length are empty and are not walked one by one
+    from meshplan.placement import chunk_bounds, local_shape
+    from meshplan.placement._local import chunk_lengths, nonempty_chunks
+
+    spec = Spec(Mesh.create(2), (StridedShard(0, 10**12),), (8, 3))
+    assert [local_shape(spec, r) for r in range(2)] == [(8, 3), (0, 3)]
+    assert nonempty_chunks(8, 10**12) == 8
+    assert chunk_lengths(8, 10**12) == ((1, 8), (0, 10**12 - 8))
+    for length in range(12):
+        for parts in range(1, 7):
+            want = [b - a for a, b in (chunk_bounds(length, parts, j) for j in range(parts))]
+            got = [n for n, k in chunk_lengths(length, parts) for _ in range(k)]
+            assert got == want and nonempty_chunks(length, parts) == sum(1 for n in want if n)

@@ -57,6 +57,11 @@ def test_short_specs_names_indices_and_single_names():
     assert a == b == Spec(MESH, (Shard(1), Shard(0), Replicate()), (8, 6, 2))
 
 
+def test_a_shape_given_as_an_iterator_is_read_once():
+    s = Spec.from_partition_spec(MESH, iter((8, 4)), ("dp", None))
+    assert s.shape == (8, 4) and s == Spec.from_partition_spec(MESH, (8, 4), ("dp", None))
+
+
 def test_size_one_mesh_dims_drop_out():
     mesh = Mesh.create((1, 4), ("pp", "tp"))
     s = Spec.from_partition_spec(mesh, (8,), (("pp", "tp"),), partial=None)
@@ -91,6 +96,7 @@ def test_partition_spec_value():
         (lambda: Spec.from_partition_spec(MESH, (8,), "dp"), ["'dp'", "sequence"]),
         (lambda: Spec.from_partition_spec(MESH, (8,), ((1.5,),)), ["1.5"]),
         (lambda: Spec.from_partition_spec(MESH, (8,), (), partial=["dp"]), ["['dp']", "map"]),
+        (lambda: Spec.from_partition_spec(MESH, 8, ("dp",)), ["global shape 8", "sequence"]),
     ],
 )  # fmt: skip
 def test_invalid_partition_specs_raise(make, needles):

@@ -137,6 +137,30 @@ def test_errors_name_the_mismatch():
         unshard({0: torch.zeros(2), 1: torch.zeros(3)}, spec)
     with pytest.raises(PlacementError, match="not in mesh"):
         shard_one(torch.zeros(4), spec, 7)
+    # locals of another dtype than the spec's would make a tensor of that dtype
+    with pytest.raises(PlacementError, match="rank 0's local tensor is int32"):
+        unshard({0: torch.zeros(2, dtype=torch.int32), 1: torch.zeros(2)}, spec)
+
+
+@pytest.mark.parametrize("dtype", ["float8_e4m3fn", "float8_e5m2"])
+@pytest.mark.parametrize("op", ["sum", "avg", "max", "min"])
+def test_float8_partials_unshard_through_a_wider_dtype(dtype, op):
+    # 8-bit floats have no arithmetic on CPU: the reduction runs in float64
+    kind = getattr(torch, dtype)
+    spec = Spec(Mesh.create((2, 2)), (Partial(op), Partial(op)), (3,), dtype)
+    parts = {r: torch.tensor([r, -1.0, 0.5 * r]).to(kind) for r in range(4)}
+    wide = Spec(spec.mesh, spec.placements, spec.shape, "float64")
+    want = unshard({r: t.to(torch.float64) for r, t in parts.items()}, wide).to(kind)
+    got = unshard(parts, spec)
+    assert got.dtype == kind and torch.equal(got.to(torch.float64), want.to(torch.float64))
+
+
+def test_shard_works_on_simulated_and_traced_tensors():
+    # the no-view check asks the tensors, not their storage (LocalTensorMode and
+    # torch.compile tensors have none to ask)
+    spec = Spec(Mesh.create(2), (Shard(0),), (4,))
+    f = torch.compile(lambda x: shard(x, spec)[1] * 2, backend="eager", fullgraph=True)
+    assert torch.equal(f(torch.arange(4.0)), torch.tensor([4.0, 6.0]))
 
 
 def test_strided_shard_example():

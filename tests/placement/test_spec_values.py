@@ -24,6 +24,7 @@ from meshplan.placement import (
 from meshplan.testing import placements, specs
 
 MESH = Mesh.create((2, 3), ("dp", "tp"))
+ONE = Mesh.create((2, 1), ("a", "b"))
 
 
 # -- invalid specs ----------------------------------------------------------------------
@@ -74,6 +75,19 @@ MESH = Mesh.create((2, 3), ("dp", "tp"))
         (
             lambda: Spec(MESH, (Shard(0), Shard(1)), (8, 2), shard_order={0: (0,), -2: (0,)}),
             ["twice"],
+        ),
+        # size-1 mesh dims may be listed (their placement does not matter), but once
+        (
+            lambda: Spec(ONE, (Shard(0), Shard(0)), (4,), shard_order={0: ("a", "b", "b")}),
+            ["('a', 'b', 'b')", "exactly once"],
+        ),
+        (
+            lambda: Spec(ONE, (Shard(0), Shard(1)), (4, 4), shard_order={0: ("b", "a"), 1: "b"}),
+            ["('b',)", "exactly once"],
+        ),
+        (
+            lambda: Spec(MESH, (Shard(0), Shard(0)), (8,), shard_order={0: {1, 0}}),
+            ["the set {0, 1}", "no order"],
         ),
         (lambda: Spec(MESH, (Shard(0), Shard(0)), (8,), shard_order=7), ["shard_order 7"]),
         (lambda: Spec(MESH, (Shard(0), Shard(0)), (8,), shard_order={0: None}), ["None"]),
@@ -141,6 +155,23 @@ def test_negative_dims_are_normalized():
     s = Spec(MESH, (Shard(-1), StridedShard(-2, 2)), (4, 6), shard_order={-1: "dp"})
     assert s.placements == (Shard(1), StridedShard(0, 2))
     assert s == Spec(MESH, (Shard(1), StridedShard(0, 2)), (4, 6))
+
+
+def test_order_and_dim_intervals_take_negative_tensor_dims_and_check_their_arguments():
+    from meshplan.placement import dim_intervals
+
+    s = Spec(MESH, (Replicate(), Shard(-1)), (4, 9))
+    assert s.order(-1) == s.order(1) == (1,)
+    assert s.order(-2) == s.order(0) == ()
+    assert dim_intervals(s, (0, 2), -1) == dim_intervals(s, (0, 2), 1) == ((6, 9),)
+    for bad_dim in (2, -3, "0", True):
+        with pytest.raises(PlacementError, match="not a tensor dim"):
+            s.order(bad_dim)
+        with pytest.raises(PlacementError, match="not a tensor dim"):
+            dim_intervals(s, (0, 0), bad_dim)
+    for bad_coord in ((0, 3), (0, -1), (0,), (0, 0, 0), (0, 1.0)):
+        with pytest.raises(PlacementError, match="not a coordinate"):
+            dim_intervals(s, bad_coord, 1)
 
 
 def test_explicit_default_order_equals_implicit_and_names_equal_indices():

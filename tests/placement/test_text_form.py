@@ -54,6 +54,11 @@ def test_parse_accepts_torch_spellings_and_bare_partial():
         ("R[1,0]", "only shards take an order"),
         ("P(prod)", "'prod'"),
         ("SS(0,0)", "split_factor"),
+        # glued tokens would change the number of placements silently
+        ("PR", "at 'PR'"),
+        ("R PS(0)", "at 'PS(0)'"),
+        ("PP", "at 'PP'"),
+        ("S(0)S(1)", "at 'S(0)S(1)'"),
     ],
 )
 def test_bad_text_raises(text, needle):

@@ -129,6 +129,12 @@ def test_conversions_by_example():
         (lambda m: from_torch([TShard(0), TShard(0)], decode_order=True), ["needs the mesh"]),
         (lambda m: from_torch([TShard(0), TShard(0)], m, (4,), decode_order=[3]), ["names 3"]),
         (lambda m: from_torch([TShard(0), TShard(0)], "mesh", (4,)), ["'mesh'"]),
+        # malformed explicit orders
+        (lambda m: from_torch([TShard(0), TShard(0)], m, (8,), shard_order=[(0,)]),
+         ["[(0,)]", "not a shard order"]),
+        (lambda m: from_torch([TShard(0), TShard(0)], m, (8,), shard_order=[1]), ["[1]"]),
+        (lambda m: from_torch([TShard(0), TShard(0)], m, (8,), shard_order={0: None}),
+         ["{0: None}"]),
     ],
 )  # fmt: skip
 def test_lossy_conversions_raise(call, needles):

@@ -220,6 +220,43 @@ def test_a_dtype_the_backend_lacks_still_moves_bit_for_bit(pool4):
             assert same(results[rank][i], want[rank]), (rank, d)
 
 
+def _float8_runs(plans, locals_, dtype):
+    # float8 tensors do not pickle: they travel to and from the workers as their bytes
+    rank = dist.get_rank()
+    kind = getattr(torch, dtype)
+    out = []
+    for p in plans:
+        local = locals_[rank].view(kind)
+        out.append(run(p, local, groups_for(p.src.mesh)).view(torch.uint8))
+    return out
+
+
+@pytest.mark.parametrize("dtype", ["float8_e4m3fn", "float8_e5m2"])
+def test_float8_partials_reduce_like_the_simulator(pool4, dtype):
+    # 8-bit floats have no arithmetic (nor a gloo dtype): run and simulate both reduce
+    # them in float64 and round once back, so they agree bit for bit
+    mesh = Mesh.create((2, 2), ("a", "b"), ranks=(2, 0, 3, 1)).flatten(("a", "b"), "ab")
+    kind = getattr(torch, dtype)
+    S = lambda pl: _spec(mesh, pl, (5, 3), dtype)  # noqa: E731
+    plans = [
+        plan(S([Partial(op), Partial(op)]), S(dst))
+        for op in ("sum", "avg", "max", "min")
+        for dst in ([Replicate(), Replicate()], [Shard(0), Replicate()], [Replicate(), Shard(1)])
+    ]
+    # parts of -1, 0 and 1 (every sum and mean of them is exact in both float8 types)
+    gen = torch.Generator().manual_seed(3)
+    parts = {r: torch.randint(-1, 2, (5, 3), generator=gen).to(kind) for r in range(4)}
+    locals_ = {r: t.view(torch.uint8) for r, t in parts.items()}
+    results = pool4.run(_float8_runs, plans, locals_, dtype)
+    for i, p in enumerate(plans):
+        expected = simulate(p, parts)
+        for rank in range(4):
+            assert same(results[rank][i].view(kind), expected[rank]), (rank, p)
+        src64 = Spec(mesh, p.src.placements, p.src.shape, "float64", p.src.shard_order)
+        wide = unshard({r: t.to(torch.float64) for r, t in parts.items()}, src64)
+        assert torch.equal(unshard(expected, p.dst).to(torch.float64), wide), p
+
+
 # -- permuted rank maps: round trip, and torch's sorted groups ------------------------------
 
 
