@@ -294,26 +294,29 @@ class _Context(_Bounds):
     def _merged(self, i: int) -> tuple:
         # a merged step ends where a chain of like-kind single-dim steps over the alias's
         # dims (in any order) ends; it is a move when it is one valid step (``_merge``).
-        # Under a memory bound the chain's own states must fit too (a merged step whose
-        # every chain passes through a larger state is not tried: a conservative choice)
+        # The chain is structural: under a memory bound only the merged step's own input
+        # and output must fit, not the states the chain passes through
         from ._merge import MERGEABLE
 
         state = self.states[i]
         codes = state[0]
         b_in = self._nbytes[i]
+        key, generate = self._moves_key, self._successors
         out = []
         for _, dims in self.aliases:
             for kind in MERGEABLE:
-                ends: dict = {i: ()}
+                ends: dict = {state: ()}
                 for _ in dims:
                     nxt: dict = {}
                     for x, used in ends.items():
-                        for trans in self.singles(x):
-                            m = trans[2][0]
-                            if trans[3] == kind and m in dims and m not in used:
-                                nxt.setdefault(trans[1], used + (m,))
+                        for t, (m, *more), collective, *_ in _moves(
+                            _SINGLE_MOVES, key, x, generate
+                        ):
+                            if collective == kind and not more and m in dims and m not in used:
+                                nxt.setdefault(t, used + (m,))
                     ends = nxt
-                for j in ends:
+                for end in ends:
+                    j = self.intern(end)
                     if j == i or not self._valid_merge(i, j, dims, kind):
                         continue
                     b_out = self._nbytes[j]
