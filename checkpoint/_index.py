@@ -39,7 +39,11 @@ INDEX_NAME = "index.json"
 
 
 def _ints(value: Iterable[int]) -> tuple[int, ...]:
-    return tuple(int(v) for v in value)
+    out = tuple(value)
+    for v in out:
+        if isinstance(v, bool) or not isinstance(v, int):
+            raise ValueError(f"{list(out)!r} holds {v!r}, not an int")
+    return out
 
 
 @attrs.frozen
@@ -119,8 +123,9 @@ class Metadata:
 def check_tiles(meta: TensorMeta, where: str = "") -> None:
     """Raise unless ``meta``'s chunks lie inside the tensor and cover it exactly once.
 
-    Checked by volume and pairwise disjointness, so a chunk missing, doubled or out of
-    bounds is caught before any data is read.
+    Checked by volume and disjointness (on the grid of the chunks' own boundaries, or
+    pairwise for irregular ones), so a chunk missing, doubled or out of bounds is caught
+    before any data is read, however many chunks there are.
 
     >>> check_tiles(TensorMeta("w", (4,), "int64", [ChunkRecord((0,), (3,), "f", "w#0", "")]))
     Traceback (most recent call last):
@@ -149,21 +154,65 @@ def check_tiles(meta: TensorMeta, where: str = "") -> None:
             "elements; every element must be saved exactly once (did every rank call save?)",
             value=meta.key,
         )
-    boxes = sorted((c for c in meta.chunks if c.numel()), key=lambda c: c.offsets)
-    if len(boxes) <= 2048:  # exact pairwise check; volumes already agree
-        for i, a in enumerate(boxes):
-            for b in boxes[i + 1 :]:
-                if meta.ndim and b.offsets[0] >= a.offsets[0] + a.sizes[0]:
-                    break
-                if all(
-                    max(ao, bo) < min(ao + az, bo + bz)
-                    for ao, az, bo, bz in zip(a.offsets, a.sizes, b.offsets, b.sizes, strict=True)
-                ):
-                    raise CheckpointError(
-                        f"tensor {meta.key!r}{where}: chunks {a.name!r} ({a.file!r}) and "
-                        f"{b.name!r} ({b.file!r}) overlap; the index is damaged",
-                        value=meta.key,
-                    )
+    boxes = [c for c in meta.chunks if c.numel()]
+    # volumes agree, so the chunks tile the tensor exactly when no two overlap
+    pair = _overlap_on_grid(boxes, meta.ndim)
+    if pair is None:
+        pair = _overlap_by_sweep(boxes, meta.ndim)
+    if pair:
+        a, b = pair
+        raise CheckpointError(
+            f"tensor {meta.key!r}{where}: chunks {a.name!r} ({a.file!r}) and "
+            f"{b.name!r} ({b.file!r}) overlap; the index is damaged",
+            value=meta.key,
+        )
+
+
+_GRID_CELLS = 1 << 22
+
+
+def _overlap_on_grid(boxes: list, ndim: int):
+    """Two overlapping boxes, ``()`` when none overlap, or None when the grid of the boxes'
+    own boundaries has more than ``_GRID_CELLS`` cells (each box then marks its cells of a
+    counter array: O(boxes + cells))."""
+    import numpy as np
+
+    if len(boxes) < 2:
+        return ()
+    cuts = []
+    for d in range(ndim):
+        points = sorted({c.offsets[d] for c in boxes} | {c.offsets[d] + c.sizes[d] for c in boxes})
+        cuts.append({v: i for i, v in enumerate(points)})
+    if math.prod(len(c) - 1 for c in cuts) > _GRID_CELLS:
+        return None
+    owner = np.full(tuple(len(c) - 1 for c in cuts), -1, dtype=np.int64)
+    for k, c in enumerate(boxes):
+        block = owner[
+            tuple(
+                slice(cut[o], cut[o + z])
+                for cut, o, z in zip(cuts, c.offsets, c.sizes, strict=True)
+            )
+        ]
+        taken = block[block >= 0]
+        if taken.size:
+            return boxes[int(taken[0])], c
+        block[...] = k
+    return ()
+
+
+def _overlap_by_sweep(boxes: list, ndim: int):
+    """Two overlapping boxes or ``()``: pairwise, along the first dim in order."""
+    boxes = sorted(boxes, key=lambda c: c.offsets)
+    for i, a in enumerate(boxes):
+        for b in boxes[i + 1 :]:
+            if ndim and b.offsets[0] >= a.offsets[0] + a.sizes[0]:
+                break
+            if all(
+                max(ao, bo) < min(ao + az, bo + bz)
+                for ao, az, bo, bz in zip(a.offsets, a.sizes, b.offsets, b.sizes, strict=True)
+            ):
+                return a, b
+    return ()
 
 
 # -- JSON ---------------------------------------------------------------------------
@@ -195,6 +244,14 @@ def metadata_to_json(meta: Metadata) -> str:
     return json.dumps(doc, indent=1, sort_keys=False) + "\n"
 
 
+def _file(value: object) -> str:
+    """A chunk's file name from the index: a relative path inside the checkpoint."""
+    parts = value.replace("\\", "/").split("/") if isinstance(value, str) else []
+    if not parts or os.path.isabs(value) or any(p in ("", ".", "..") for p in parts):
+        raise ValueError(f"file {value!r} is not a file name inside the checkpoint")
+    return value
+
+
 def metadata_from_json(text: str, where: str = INDEX_NAME) -> Metadata:
     """Parse and check index text; raise :class:`CheckpointError` naming what is wrong.
 
@@ -218,9 +275,12 @@ def metadata_from_json(text: str, where: str = INDEX_NAME) -> Metadata:
     try:
         for key, t in doc["tensors"].items():
             chunks = [
-                ChunkRecord(c["offsets"], c["sizes"], c["file"], c["name"], c["checksum"])
+                ChunkRecord(c["offsets"], c["sizes"], _file(c["file"]), c["name"], c["checksum"])
                 for c in t["chunks"]
             ]
+            for c in chunks:
+                if not isinstance(c.name, str) or not isinstance(c.checksum, str):
+                    raise ValueError(f"chunk {c.name!r} has a name or checksum that is no string")
             meta = TensorMeta(key, t["shape"], t["dtype"], chunks)
             if meta.dtype not in DTYPES:
                 raise CheckpointError(

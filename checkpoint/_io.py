@@ -131,8 +131,10 @@ def _write_rank(
                 if n != local.shape[d]:
                     piece = piece.narrow(d, lo, n)
             piece = piece.to("cpu").contiguous()  # a copy only for non-contiguous boxes
+            if _shares_memory(piece, tensors.values()):
+                piece = piece.clone()  # one tensor under two keys (tied weights)
             name = f"{key}#{i}"
-            tensors[name] = piece
+            tensors[name] = _stored(piece)
             record = ChunkRecord(box.chunk.offsets, box.chunk.sizes, file, name, checksum(piece))
             out.append((key, spec.shape, spec.dtype, record))
     if not tensors:
@@ -147,6 +149,37 @@ def _write_rank(
     except OSError as e:
         raise CheckpointError(f"cannot write shard file {final!r}: {e}", value=final) from None
     return out
+
+
+def _shares_memory(piece: torch.Tensor, others) -> bool:
+    """Whether ``piece``'s bytes overlap those of a tensor in ``others`` (safetensors
+    refuses to write tensors that share memory)."""
+    if not piece.numel():
+        return False
+    start = piece.data_ptr()
+    stop = start + piece.numel() * piece.element_size()
+    for t in others:
+        if t.numel():
+            a = t.data_ptr()
+            if a < stop and start < a + t.numel() * t.element_size():
+                return True
+    return False
+
+
+# dtypes safetensors cannot hold, stored as their real view (same bytes, a trailing dim of 2)
+_REAL_VIEW = {torch.complex128: torch.float64}
+
+
+def _stored(piece: torch.Tensor) -> torch.Tensor:
+    return torch.view_as_real(piece) if piece.dtype in _REAL_VIEW else piece
+
+
+def _restored(tensor: torch.Tensor, meta: TensorMeta) -> torch.Tensor:
+    """A chunk read back in the index's dtype (undoing :func:`_stored`)."""
+    dtype = getattr(torch, meta.dtype)
+    if _REAL_VIEW.get(dtype) == tensor.dtype and tensor.dim() and tensor.shape[-1] == 2:
+        return torch.view_as_complex(tensor.contiguous())
+    return tensor
 
 
 def _assemble(records: list[tuple[int, list[_Entry]]]) -> Metadata:
@@ -418,6 +451,7 @@ class _Reader:
                 f"chunk {rec.name!r} of tensor {meta.key!r} cannot be read from {rec.file!r}: {e}",
                 value=rec.file,
             ) from None
+        tensor = _restored(tensor, meta)
         self._check_form(meta, rec, tuple(tensor.shape), tensor.dtype)
         got = checksum(tensor)
         if got != rec.checksum:
@@ -448,9 +482,11 @@ class _Reader:
         try:
             view = handle.get_slice(rec.name)
             shape = tuple(view.get_shape())
+            if getattr(torch, meta.dtype) in _REAL_VIEW:
+                shape = shape[:-1] if shape[-1:] == (2,) else shape + (0,)
             if shape != rec.sizes:
                 self._check_form(meta, rec, shape, getattr(torch, meta.dtype))
-            return view[index]
+            return _restored(view[index], meta)
         except CheckpointError:
             raise
         except Exception as e:

@@ -11,6 +11,9 @@ import meshplan.checkpoint._io as io
 from meshplan.checkpoint import (
     INDEX_NAME,
     CheckpointError,
+    ChunkRecord,
+    TensorMeta,
+    check_tiles,
     load,
     load_all,
     read_metadata,
@@ -175,6 +178,52 @@ def test_an_index_with_a_gap_is_refused(saved):
         json.dump(doc, f)
     with pytest.raises(CheckpointError, match="cover"):
         read_metadata(path)
+
+
+@pytest.mark.parametrize(
+    ("edit", "needle"),
+    [
+        (lambda c: c.update(offsets=[float("inf"), 0]), "inf"),
+        (lambda c: c.update(offsets=[1.5, 0]), "1.5"),
+        (lambda c: c.update(sizes=[True, 6]), "True"),
+        (lambda c: c.update(file=7), "file 7"),
+        (lambda c: c.update(file="../elsewhere.safetensors"), "'../elsewhere.safetensors'"),
+        (lambda c: c.update(file="/tmp/x.safetensors"), "'/tmp/x.safetensors'"),
+        (lambda c: c.update(name=None), "no string"),
+    ],
+)
+def test_a_damaged_chunk_record_is_refused_naming_the_value(saved, edit, needle):
+    path, _ = saved
+    index = os.path.join(path, INDEX_NAME)
+    with open(index) as f:
+        doc = json.load(f)
+    edit(doc["tensors"]["w"]["chunks"][0])
+    with open(index, "w") as f:
+        json.dump(doc, f)
+    with pytest.raises(CheckpointError, match="malformed") as info:
+        read_metadata(path)
+    assert needle in str(info.value)
+    with pytest.raises(CheckpointError):
+        _loaded(path)
+
+
+@pytest.mark.parametrize("count", [2048, 2049, 5000])
+def test_a_doubled_chunk_hiding_a_missing_one_is_caught_among_many(count):
+    # regression: past 2048 chunks only volumes were compared, so element 6 missing and
+    # element 5 saved twice passed
+    recs = [ChunkRecord((i,), (1,), "f", f"w#{i}", "") for i in range(count)]
+    recs[6] = ChunkRecord((5,), (1,), "f", "w#6", "")
+    with pytest.raises(CheckpointError, match="'w#5'.*'w#6'.*overlap"):
+        check_tiles(TensorMeta("w", (count,), "float32", recs))
+    # and an irregular tiling past the grid's size is checked pairwise
+    import meshplan.checkpoint._index as index
+
+    old, index._GRID_CELLS = index._GRID_CELLS, 4
+    try:
+        with pytest.raises(CheckpointError, match="overlap"):
+            check_tiles(TensorMeta("w", (count,), "float32", recs))
+    finally:
+        index._GRID_CELLS = old
 
 
 def test_an_unparsable_index_is_refused(saved):
