@@ -33,7 +33,21 @@ def _smallest_piece(length: int, sizes: tuple[int, ...]) -> int:
     return min(lengths)
 
 
-@functools.lru_cache(maxsize=65536)
+@functools.lru_cache(maxsize=64)
+def _placement(sf: int):
+    return Shard(0) if sf == 1 else StridedShard(0, sf)
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def _piece(length: int, chain: tuple, coords: tuple) -> frozenset:
+    """The indices of a dim of ``length`` held at ``coords`` (one per link of ``chain``)."""
+    ivs = ((0, length),) if length else ()
+    for (_, n, sf), c in zip(chain, coords, strict=True):
+        ivs = shard_intervals(ivs, _placement(sf), n, c)
+    return frozenset(i for a, b in ivs for i in range(a, b))
+
+
+@functools.lru_cache(maxsize=1 << 18)
 def exact_covers(length: int, src: tuple, dst: tuple, m: int) -> bool:
     """Exact check along one tensor dim of a step on mesh dim ``m``: every rank's piece under
     ``dst`` lies in what the ranks it reads from hold under ``src`` (those differing only
@@ -46,14 +60,7 @@ def exact_covers(length: int, src: tuple, dst: tuple, m: int) -> bool:
     others = [x for x in dims if x != m]
 
     def piece(chain, coord):
-        ivs = ((0, length),) if length else ()
-        for x, n, sf in chain:
-            p = Shard(0) if sf == 1 else StridedShard(0, sf)
-            ivs = shard_intervals(ivs, p, n, coord[x])
-        out: set[int] = set()
-        for a, b in ivs:
-            out.update(range(a, b))
-        return out
+        return _piece(length, chain, tuple(coord[x] for x, _, _ in chain))
 
     in_src = any(x == m for x, _, _ in src)
     in_dst = any(x == m for x, _, _ in dst)

@@ -301,7 +301,6 @@ class _Context(_Bounds):
         state = self.states[i]
         codes = state[0]
         b_in = self._nbytes[i]
-        key, generate = self._moves_key, self._successors
         out = []
         for _, dims in self.aliases:
             for kind in MERGEABLE:
@@ -309,10 +308,8 @@ class _Context(_Bounds):
                 for _ in dims:
                     nxt: dict = {}
                     for x, used in ends.items():
-                        for t, (m, *more), collective, *_ in _moves(
-                            _SINGLE_MOVES, key, x, generate
-                        ):
-                            if collective == kind and not more and m in dims and m not in used:
+                        for t, (m,), *_ in self._chain_moves(x, dims, kind):
+                            if m not in used:
                                 nxt.setdefault(t, used + (m,))
                     ends = nxt
                 for end in ends:
@@ -332,6 +329,17 @@ class _Context(_Bounds):
                     c *= _tie(state, self.states[j])
                     out.append((c, j, dims, kind, n_send, scaled, None))
         return tuple(out)
+
+    def _chain_moves(self, state, dims: tuple, kind: str) -> tuple:
+        """The single-dim ``kind`` collectives on ``dims`` out of ``state`` (shape-free,
+        unbounded): the links of the chains a merged step stands for."""
+        key = (self._moves_key, state, dims, kind)
+        moves = _CHAIN_MOVES.get(key)
+        if moves is None:
+            if len(_CHAIN_MOVES) >= _MOVES_KEPT:
+                _CHAIN_MOVES.clear()
+            moves = _CHAIN_MOVES[key] = self._successors(state, (dims, kind))
+        return moves
 
     def _valid_merge(self, i: int, j: int, dims: tuple, kind: str) -> bool:
         key = (i, j, dims, kind)
@@ -409,19 +417,26 @@ class _Context(_Bounds):
                 out.append((t, g[0], "all_permute", g[1], False, None, _tie(state, t)))
         return tuple(out)
 
-    def _successors(self, state):
-        """The single-dim steps out of ``state``, as shape-free moves (``_priced``)."""
+    def _successors(self, state, only=None):
+        """The single-dim steps out of ``state``, as shape-free moves (``_priced``); with
+        ``only = (mesh dims, collective)``, just those collectives on those dims (the
+        same moves, in the same order)."""
         codes, chains = state
         out: list = []
         sizes = self.sizes
+        want_dims, kind = only if only is not None else (None, None)
 
         def add(dims, collective, t, touch, n_send=1, scaled=False):
             out.append((t, dims, collective, n_send, scaled, touch, _tie(state, t)))
 
         for m in self.active:
+            if want_dims is not None and m not in want_dims:
+                continue
             a = codes[m]
             dims = (m,)
             if a == R:
+                if kind is not None:
+                    continue  # local steps only
                 for code in self.shards:
                     for t, touch in self._inserted(state, codes, chains, m, code):
                         add(dims, None, t, touch)
@@ -430,15 +445,17 @@ class _Context(_Bounds):
                         add(dims, None, (_put(codes, m, op), chains), ())
             elif type(a) is int:
                 scaled = a == 2
-                add(dims, "all_reduce", (_put(codes, m, R), chains), (), 1, scaled)
-                for code in self.shards:
-                    for t, touch in self._inserted(state, codes, chains, m, code):
-                        add(dims, "reduce_scatter", t, touch, 1, scaled)
-                if a in _SUMAVG:
+                if kind is None or kind == "all_reduce":
+                    add(dims, "all_reduce", (_put(codes, m, R), chains), (), 1, scaled)
+                if kind is None or kind == "reduce_scatter":
+                    for code in self.shards:
+                        for t, touch in self._inserted(state, codes, chains, m, code):
+                            add(dims, "reduce_scatter", t, touch, 1, scaled)
+                if a in _SUMAVG and kind is None:
                     for op in self.ptargets:
                         if op in _SUMAVG and op != a:
                             add(dims, None, (_put(codes, m, op), chains), ())
-            else:
+            elif kind is None or kind == "all_gather" or kind == "all_to_all":
                 d = a[0]
                 chain = chains[d]
                 last = chain[-1] == m
@@ -448,13 +465,17 @@ class _Context(_Bounds):
                 gone = (_put(codes, m, R), removed)
                 if last or self._exact(state, d, gone, rest, m):
                     touch = (d,) if last else None
-                    add(dims, "all_gather", gone, touch, n)
-                    for op in self.ptargets:
-                        if mixable(codes, op):
-                            add(dims, None, (_put(codes, m, op), removed), touch)
+                    if kind is None or kind == "all_gather":
+                        add(dims, "all_gather", gone, touch, n)
+                    if kind is None:
+                        for op in self.ptargets:
+                            if mixable(codes, op):
+                                add(dims, None, (_put(codes, m, op), removed), touch)
                     others_ok = True
                 else:
                     others_ok = False
+                if kind == "all_gather":
+                    continue
                 for code in self.shards:
                     if code == a or (code[0] != d and not others_ok):
                         continue
@@ -508,6 +529,7 @@ class _Context(_Bounds):
 # dtypes, cost models, memory bounds); a context prices them on its tensor (``_priced``).
 _SINGLE_MOVES: dict = {}
 _PERMUTE_MOVES: dict = {}
+_CHAIN_MOVES: dict = {}
 _MOVES_KEPT = 100000  # entries per memo before it starts over
 
 
@@ -575,6 +597,7 @@ def clear_contexts() -> None:
     price_coefficients.cache_clear()
     _SINGLE_MOVES.clear()
     _PERMUTE_MOVES.clear()
+    _CHAIN_MOVES.clear()
 
 
 def search(ctx: _Context, start: int, goal: int):
