@@ -38,10 +38,18 @@ def norm_dim(op: str, dim: Any, ndim: int, *, extra: int = 0) -> int:
 
 
 def norm_dims(op: str, dim: Any, ndim: int) -> tuple[int, ...]:
-    """The reduced dims: ``None`` means all; an int or a sequence of ints otherwise."""
+    """The reduced dims: an int or a sequence of ints; ``None`` or an empty sequence
+    means every dim (as in torch)."""
     if dim is None:
         return tuple(range(ndim))
-    dims = (dim,) if isinstance(dim, int) else tuple(dim)
+    if isinstance(dim, int):
+        dims: tuple = (dim,)
+    elif isinstance(dim, list | tuple | range):
+        dims = tuple(dim)
+    else:
+        raise StrategyError(f"{op}: dim {dim!r} is not an int or a sequence of ints", value=dim)
+    if not dims:
+        return tuple(range(ndim))
     out = tuple(sorted({norm_dim(op, d, ndim) for d in dims}))
     if len(out) != len(dims):
         raise StrategyError(f"{op}: dim {dim!r} repeats a dim", value=dim)

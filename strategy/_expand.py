@@ -19,6 +19,7 @@ left out.
 from __future__ import annotations
 
 import functools
+import inspect
 import itertools
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -147,12 +148,34 @@ def _prepare(op: str, specs: tuple[Spec, ...], ruleset: RuleSet, args: tuple) ->
     return build_problem(op, ruleset[op], specs, args, shard_kinds(specs))
 
 
+def _check_keywords(op: str, fn, metas: tuple, kwargs: dict) -> None:
+    """Raise :class:`StrategyError` when ``fn`` cannot take ``kwargs`` (a misspelt or
+    unsupported argument of the op), before calling it."""
+    try:
+        sig = inspect.signature(fn)
+    except (TypeError, ValueError):  # no signature to read: let the call decide
+        return
+    try:
+        sig.bind(metas, **kwargs)
+    except TypeError as e:
+        takes = [
+            p.name for p in sig.parameters.values() if p.kind is inspect.Parameter.KEYWORD_ONLY
+        ]
+        raise StrategyError(
+            f"{op} does not take the arguments {sorted(kwargs)!r} ({e}); it takes "
+            f"{takes or 'no keyword arguments'}",
+            value=kwargs,
+        ) from None
+
+
 def build_problem(
     op: str, rule: OpRule, specs: tuple[Spec, ...], args: tuple, kinds: Sequence[int]
 ) -> Problem:
     """A :class:`Problem` from an explicit rule and shard kinds (what ``prepare`` runs)."""
     metas = tuple(meta_of(s) for s in specs)
     kwargs = dict(args)
+    for fn in (rule.strategies, rule.outputs):
+        _check_keywords(op, fn, metas, kwargs)
     raw = tuple(rule.strategies(metas, **kwargs))
     outputs = tuple(rule.outputs(metas, **kwargs))
     for m in outputs:

@@ -22,9 +22,8 @@ __all__ = ["OPS", "run_op", "run_local", "random_inputs"]
 
 
 def _dims(x: torch.Tensor, dim: Any) -> tuple[int, ...]:
-    if dim is None:
-        return tuple(range(x.ndim))
-    return (dim,) if isinstance(dim, int) else tuple(dim)
+    dims = (dim,) if isinstance(dim, int) else tuple(dim or ())
+    return dims or tuple(range(x.ndim))  # None or (): every dim, as in torch
 
 
 def _reduce(fn: Callable) -> Callable:
@@ -80,7 +79,9 @@ OPS: dict[str, Callable[..., torch.Tensor]] = {
     "cat": lambda *ts, dim=0: torch.cat(ts, dim),
     "stack": lambda *ts, dim=0: torch.stack(ts, dim),
     "transpose": lambda x, dim0, dim1: x.transpose(dim0, dim1).contiguous(),
-    "permute": lambda x, dims: x.permute(*dims).contiguous(),
+    "permute": lambda x, dims: x.permute(
+        tuple(dims) if isinstance(dims, list | tuple) else (dims,)
+    ).contiguous(),
     "view": lambda x, shape: x.reshape(shape),
     "reshape": lambda x, shape: x.reshape(shape),
 }

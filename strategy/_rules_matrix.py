@@ -12,6 +12,7 @@ per rank otherwise); under ``avg`` it may also stay replicated.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 from meshplan.errors import StrategyError
 from meshplan.placement import Partial, Replicate
@@ -188,13 +189,22 @@ def _addmm_parts(inputs: tuple[Meta, ...]) -> tuple[Meta, tuple[int, int]]:
     return bias, shape
 
 
-def _addmm_rule(inputs: tuple[Meta, ...]) -> list[DimStrategy]:
+def _scalar(op: str, name: str, value: Any) -> None:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise StrategyError(f"{op}: {name}={value!r} must be a number", value=value)
+
+
+def _addmm_rule(inputs: tuple[Meta, ...], *, beta: Any = 1, alpha: Any = 1) -> list[DimStrategy]:
+    # out = beta * bias + alpha * (m1 @ m2): scalars, so every strategy of the plain
+    # sum holds (its Partials are sums and averages, linear in each term)
+    _scalar("addmm", "beta", beta)
+    _scalar("addmm", "alpha", alpha)
     bias, shape = _addmm_parts(inputs)
     fm = all(is_float(m) for m in inputs)
     return _with_bias(einsum_strategies(("mk", "kn"), "mn", fm), 2, shape, bias, True, fm)
 
 
-def _addmm_outputs(inputs: tuple[Meta, ...]) -> tuple[Meta, ...]:
+def _addmm_outputs(inputs: tuple[Meta, ...], *, beta: Any = 1, alpha: Any = 1) -> tuple[Meta, ...]:
     _, shape = _addmm_parts(inputs)
     return (Meta(shape, inputs[1].dtype),)
 
@@ -245,8 +255,24 @@ def _embedding_parts(inputs: tuple[Meta, ...]) -> tuple[Meta, Meta]:
     return ids, weight
 
 
-def _embedding_rule(inputs: tuple[Meta, ...]) -> list[DimStrategy]:
+def _padding_idx(weight: Meta, padding_idx: Any) -> None:
+    n = weight.shape[0]
+    if padding_idx is not None and (
+        isinstance(padding_idx, bool)
+        or not isinstance(padding_idx, int)
+        or not -n <= padding_idx < n
+    ):
+        raise StrategyError(
+            f"embedding: padding_idx={padding_idx!r} must be None or a row in [{-n}, {n})",
+            value=padding_idx,
+        )
+
+
+def _embedding_rule(inputs: tuple[Meta, ...], *, padding_idx: Any = None) -> list[DimStrategy]:
+    # padding_idx only keeps that row's gradient at zero: the lookup, and so its
+    # strategies, are the same
     ids, weight = _embedding_parts(inputs)
+    _padding_idx(weight, padding_idx)
     out = [DimStrategy([Placeholder(ids.ndim)], [Replicate(), Placeholder(1)])]  # column-wise
     out += [DimStrategy([Placeholder(i)], [Placeholder(i), Replicate()]) for i in range(ids.ndim)]
     # a lookup selects rows, so it commutes with every reduction of the weight
@@ -254,8 +280,9 @@ def _embedding_rule(inputs: tuple[Meta, ...]) -> list[DimStrategy]:
     return out
 
 
-def _embedding_outputs(inputs: tuple[Meta, ...]) -> tuple[Meta, ...]:
+def _embedding_outputs(inputs: tuple[Meta, ...], *, padding_idx: Any = None) -> tuple[Meta, ...]:
     ids, weight = _embedding_parts(inputs)
+    _padding_idx(weight, padding_idx)
     return (Meta((*ids.shape, weight.shape[1]), weight.dtype),)
 
 

@@ -168,7 +168,8 @@ def _perm(op: str, inputs: tuple[Meta, ...], args: dict[str, Any]) -> tuple[int,
             )
         a, b = norm_dim(op, args["dim0"], nd), norm_dim(op, args["dim1"], nd)
         perm = list(range(nd))
-        perm[a], perm[b] = perm[b], perm[a]
+        if nd:  # a 0-D tensor transposes dim 0 (or -1) with itself, as in torch
+            perm[a], perm[b] = perm[b], perm[a]
         return tuple(perm)
     if set(args) != {"dims"}:
         raise StrategyError(f"permute takes dims=, got {sorted(args)!r}", value=args)

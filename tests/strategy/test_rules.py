@@ -15,6 +15,7 @@ from meshplan.strategy import (
     Meta,
     Placeholder,
     RuleSet,
+    check_rule,
     expand,
     fill,
     select,
@@ -85,6 +86,12 @@ def test_with_rule_returns_a_new_ruleset():
         ("add", [(2, 3), (4, 3)], {}, "broadcast"),
         ("permute", [(2, 3)], {"dims": (0, 0)}, "permutation"),
         ("cat", [(2, 3), (2, 4)], {"dim": 0}, "do not match"),
+        ("sum", [(2, 3)], {"dim": 0.0}, "not an int or a sequence"),
+        # an argument the op does not take is named (it was a TypeError)
+        ("mm", [(2, 3), (3, 4)], {"dim": 0}, r"mm does not take the arguments \['dim'\]"),
+        ("linear", [(2, 3), (4, 3)], {"bias": 1}, "linear does not take"),
+        ("einsum", [(2, 3), (3, 4)], {"equation": "ij,jk->ik", "optimize": 1}, "optimize"),
+        ("addmm", [(2, 4), (2, 3), (3, 4)], {"beta": "x"}, "beta='x' must be a number"),
     ],
 )
 def test_bad_op_arguments_raise_strategy_errors(op, shapes, args, match):
@@ -92,6 +99,38 @@ def test_bad_op_arguments_raise_strategy_errors(op, shapes, args, match):
     specs = [Spec(mesh, (R(),), s) for s in shapes]
     with pytest.raises(StrategyError, match=match):
         select(op, specs, **args)
+
+
+@pytest.mark.parametrize("op", ["sum", "mean", "amax", "amin"])
+@pytest.mark.parametrize("dim", [(), []])
+def test_reducing_over_no_listed_dims_reduces_every_dim_as_in_torch(op, dim):
+    # regression: dim=() reduced nothing (an output of the input's shape, S(0) -> S(0))
+    mesh = Mesh.create(2)
+    x = Spec(mesh, (Shard(0),), (4, 6), "float64")
+    every = select(op, (x,), dim=None)
+    assert select(op, (x,), dim=dim).output_spec == every.output_spec
+    assert every.output_spec.shape == ()
+    keep = select(op, (x,), dim=dim, keepdim=True).output_spec
+    assert keep.shape == (1, 1)
+    report = check_rule(op, inputs=[(4, 6)], dim=dim, meshes=[(2,), (2, 2)])
+    assert report.checked and not report.failures
+
+
+def test_torch_keywords_that_keep_the_strategies_are_taken():
+    # addmm's beta/alpha scale the terms; embedding's padding_idx only masks a gradient
+    assert not check_rule(
+        "addmm", inputs=[(4, 6), (4, 5), (5, 6)], beta=0.5, alpha=2.0, meshes=[(2,), (2, 2)]
+    ).failures
+    ids = Meta((5,), "int64")
+    assert not check_rule("embedding", inputs=[ids, (10, 4)], padding_idx=1, meshes=[(2,)]).failures
+    with pytest.raises(StrategyError, match="padding_idx=10"):
+        select("embedding", (Spec(Mesh.create(2), (R(),), (5,), "int64"),
+                             Spec(Mesh.create(2), (R(),), (10, 4))), padding_idx=10)  # fmt: skip
+
+
+def test_zero_dim_transpose_and_permute_are_identities():
+    for op, args in (("transpose", {"dim0": 0, "dim1": -1}), ("permute", {"dims": ()})):
+        assert not check_rule(op, inputs=[()], meshes=[(2,)], **args).failures
 
 
 def test_a_rule_sharding_a_missing_dim_is_reported():
