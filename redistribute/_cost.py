@@ -165,6 +165,14 @@ class CostModel:
 
     profile: HardwareProfile = attrs.field(factory=HardwareProfile.nvlink_ib)
 
+    def __attrs_post_init__(self) -> None:
+        if not isinstance(self.profile, HardwareProfile):
+            raise PlanError(
+                f"CostModel needs a HardwareProfile, got {self.profile!r}; e.g. "
+                "CostModel(HardwareProfile.nvlink_ib())",
+                value=self.profile,
+            )
+
     @classmethod
     def default(cls) -> CostModel:
         """The model ``plan()`` uses when given none: :meth:`HardwareProfile.nvlink_ib`."""
@@ -176,6 +184,19 @@ class CostModel:
 
 
 _DEFAULT = CostModel()
+
+
+def as_model(value) -> CostModel:
+    """``value`` as a cost model: None is the default; anything but a CostModel raises
+    :class:`PlanError` (a bare HardwareProfile is named, with the fix)."""
+    if value is None:
+        return _DEFAULT
+    if isinstance(value, CostModel):
+        return value
+    hint = " wrap it: CostModel(profile)" if isinstance(value, HardwareProfile) else ""
+    raise PlanError(
+        f"cost_model must be a CostModel, got {value!r};{hint or ' see CostModel'}", value=value
+    )
 
 
 @attrs.frozen
@@ -399,7 +420,7 @@ def transition_cost(
     (3145728, True, 0.0)
     """
     dims = (mesh_dims,) if isinstance(mesh_dims, int) else tuple(mesh_dims)
-    model = model or _DEFAULT
+    model = as_model(model)
     scaled = collective in ("all_reduce", "reduce_scatter") and any(
         getattr(src.placements[m], "op", None) == "avg" for m in dims
     )

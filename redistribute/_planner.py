@@ -45,7 +45,7 @@ from meshplan.errors import PlanError
 from meshplan.layout import FrozenMap, Mesh
 from meshplan.placement import Partial, Replicate, Shard, Spec, StridedShard, dtype_itemsize
 
-from ._cost import OBJECTIVES, CostModel, collective_weight
+from ._cost import OBJECTIVES, CostModel, as_model, collective_weight
 from ._exact import exact_covers
 from ._family import clear_families, extremes, family_of, record, shared
 from ._merge import merge_plan, warn_missed, warned
@@ -405,8 +405,7 @@ def plan(
     Plan f32[8,8](S(0) S(0)) -> f32[8,8](S(0)[1,0] S(0))
       0. all_permute[dp,tp]: S(0) S(0) -> S(0)[1,0] S(0)
     """
-    if cost_model is None:
-        cost_model = CostModel.default()
+    cost_model = as_model(cost_model)
     if max_local_bytes is not None and (
         isinstance(max_local_bytes, bool) or not isinstance(max_local_bytes, int)
     ):

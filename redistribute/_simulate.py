@@ -7,6 +7,7 @@ from collections.abc import Mapping
 import torch
 
 from meshplan.errors import PlanError
+from meshplan.placement import local_shape
 
 from ._local_ops import apply_local, empty_target, finish_reduce, pack, unpack_into
 from ._step import Plan, Step, reduce_op
@@ -28,11 +29,48 @@ def simulate(plan: Plan | Step, locals_: Mapping[int, torch.Tensor]) -> dict[int
     >>> simulate(Step(0, a, b, "all_gather"), shard(torch.arange(3), a))
     {0: tensor([0, 1, 2]), 1: tensor([0, 1, 2])}
     """
+    if not isinstance(plan, Plan | Step):
+        raise PlanError(f"simulate runs a Plan or a Step, got {plan!r}", value=plan)
     steps = (plan,) if isinstance(plan, Step) else plan.steps
+    _check_locals(plan.src, locals_)
     out = dict(locals_)
     for step in steps:
         out = simulate_step(step, out)
     return out
+
+
+def _check_locals(spec, locals_: Mapping[int, torch.Tensor]) -> None:
+    """Raise :class:`PlanError` unless ``locals_`` maps ranks of ``spec``'s mesh to local
+    tensors of ``spec``'s shapes and dtype."""
+    if not isinstance(locals_, Mapping) or not locals_:
+        raise PlanError(
+            f"simulate needs a dict rank -> local tensor of {spec}, got {locals_!r}",
+            value=locals_,
+        )
+    for rank, local in locals_.items():
+        if not isinstance(local, torch.Tensor):
+            raise PlanError(f"rank {rank!r}'s local is {type(local)!r}, not a tensor", value=rank)
+        if not spec.mesh.contains(rank):
+            raise PlanError(f"rank {rank!r} is not in mesh {spec.mesh}", value=rank)
+        want = local_shape(spec, rank)
+        dtype = str(local.dtype).removeprefix("torch.")
+        if tuple(local.shape) != want or dtype != spec.dtype:
+            raise PlanError(
+                f"rank {rank}'s local tensor is {dtype}{list(local.shape)}, but {spec} gives "
+                f"it {spec.dtype}{list(want)}",
+                value=rank,
+            )
+
+
+def _members(step: Step, rank: int, locals_: Mapping[int, torch.Tensor]) -> tuple[int, ...]:
+    group = step_group(step, rank).ranks
+    missing = [g for g in group if g not in locals_]
+    if missing:
+        raise PlanError(
+            f"simulate needs rank {missing[0]}'s tensor (rank {rank} reduces with it)",
+            value=missing[0],
+        )
+    return group
 
 
 def simulate_step(step: Step, locals_: Mapping[int, torch.Tensor]) -> dict[int, torch.Tensor]:
@@ -55,13 +93,14 @@ def simulate_step(step: Step, locals_: Mapping[int, torch.Tensor]) -> dict[int, 
     if kind == "all_reduce":
         done: dict[tuple[int, ...], torch.Tensor] = {}
         for r in ranks:
-            group = step_group(step, r).ranks
+            group = _members(step, r, locals_)
             if group not in done:
                 done[group] = _reduced([locals_[g] for g in group], op, step)
             out[r] = done[group].clone()
         return out
     if kind == "reduce_scatter":
         for r in ranks:
+            _members(step, r, locals_)
             group = step_group(step, r)
             parts = [pack(locals_[g], reduce_blocks(step, g)[group.position]) for g in group.ranks]
             reduced = _reduced(parts, op, step)

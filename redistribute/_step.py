@@ -15,7 +15,7 @@ COLLECTIVES = ("all_gather", "all_reduce", "reduce_scatter", "all_to_all", "all_
 
 
 def _dims(value: Sequence[int] | int) -> tuple[int, ...]:
-    if isinstance(value, int):
+    if isinstance(value, int | str):
         return (value,)
     return tuple(value)
 
@@ -54,6 +54,20 @@ class Step:
         if not self.mesh_dims:
             raise PlanError("a step needs at least one mesh dim", value=self)
         src, dst = self.src, self.dst
+        if not isinstance(src, Spec) or not isinstance(dst, Spec):
+            raise PlanError(
+                f"a step goes from a Spec to a Spec, got {src!r} and {dst!r}", value=self
+            )
+        dims = []
+        for m in self.mesh_dims:  # names and negative indices too
+            try:
+                dims.append(src.mesh.dim_index(m))
+            except (ValueError, TypeError):
+                raise PlanError(
+                    f"step mesh dim {m!r} is not a dim of {src.mesh} (names {src.mesh.names!r})",
+                    value=m,
+                ) from None
+        object.__setattr__(self, "mesh_dims", tuple(dims))
         if src.mesh != dst.mesh or src.shape != dst.shape or src.dtype != dst.dtype:
             raise PlanError(
                 f"step from {src} to {dst}: source and target differ in mesh, shape or dtype",

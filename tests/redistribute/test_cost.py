@@ -81,6 +81,23 @@ def test_bad_numbers_raise_plan_errors():
         HardwareProfile.from_dims([])
 
 
+def test_a_cost_model_of_the_wrong_type_is_named():
+    from meshplan.placement import Replicate, Shard, Spec
+    from meshplan.redistribute import cost, explain, plan
+
+    mesh = Mesh.create(2)
+    a, b = Spec(mesh, [Shard(0)], (8,)), Spec(mesh, [Replicate()], (8,))
+    with pytest.raises(PlanError, match=r"CostModel\(profile\)"):
+        plan(a, b, cost_model=HardwareProfile.gloo_cpu())
+    p = plan(a, b)
+    with pytest.raises(PlanError, match="must be a CostModel"):
+        cost(p, HardwareProfile.gloo_cpu())
+    with pytest.raises(PlanError, match="must be a CostModel"):
+        explain(p, "fast")
+    with pytest.raises(PlanError, match="needs a HardwareProfile, got None"):
+        CostModel(None)
+
+
 def test_cost_adds_up():
     c = Cost(1.0, 0.25, 10) + Cost(2.0, 0.5, 5)
     assert (c.comm, c.compute, c.total, c.bytes) == (3.0, 0.75, 3.75, 15)

@@ -130,6 +130,35 @@ def test_empty_shards_take_local_steps():
     assert torch.equal(unshard(out, b), x)
 
 
+def test_bad_locals_are_named():
+    src, dst = spec("P S(0)"), spec("R S(0)")
+    step = Step(0, src, dst, "all_reduce")
+    good = shard(x_of(), src)  # ranks 0 and 2 hold 3 rows, 1 and 3 hold 2
+    with pytest.raises(PlanError, match="rank 3's tensor"):
+        simulate(step, {r: t for r, t in good.items() if r != 3})
+    with pytest.raises(PlanError, match=r"rank 1's local tensor is float64\[3, 3\]"):
+        simulate(step, {**good, 1: torch.zeros(3, 3, dtype=torch.float64)})
+    with pytest.raises(PlanError, match="float32"):
+        simulate(step, {**good, 1: torch.zeros(2, 3)})
+    with pytest.raises(PlanError, match="needs a dict"):
+        simulate(step, {})
+    with pytest.raises(PlanError, match="rank 9 is not in mesh"):
+        simulate(step, {**good, 9: torch.zeros(3, 3, dtype=torch.float64)})
+    with pytest.raises(PlanError, match="runs a Plan or a Step"):
+        simulate("plan", good)
+
+
+def test_a_step_names_its_mesh_dims_by_name_or_index():
+    a, b = spec("S(0) R"), spec("R R")
+    assert (
+        Step("a", a, b, "all_gather") == Step(0, a, b, "all_gather") == Step(-2, a, b, "all_gather")
+    )
+    with pytest.raises(PlanError, match="'c' is not a dim"):
+        Step("c", a, b, "all_gather")
+    with pytest.raises(PlanError, match="from a Spec to a Spec"):
+        Step(0, "S(0) R", b, "all_gather")
+
+
 def test_invalid_data_moving_step_raises():
     with pytest.raises(PlanError, match="cannot deliver"):
         run(Step(0, spec("S(0) S(0)"), spec("R S(0)"), "all_gather"))
