@@ -9,6 +9,7 @@ Pure: builds values, calls :func:`~meshplan.redistribute.plan`, prints
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import warnings
 from collections.abc import Sequence
@@ -31,8 +32,10 @@ _PROFILES = {
 
 
 def _ints(text: str, sep: str, what: str) -> tuple[int, ...]:
+    text = text.replace(" ", "")
     try:
-        out = tuple(int(x) for x in text.replace(" ", "").split(sep) if x != "")
+        # "" is a 0-D shape; otherwise every part is an int ("8,,8" and "2x" are typos)
+        out = tuple(int(x) for x in text.split(sep)) if text else ()
     except ValueError:
         raise argparse.ArgumentTypeError(
             f"{what} {text!r} must be integers separated by {sep!r}, e.g. "
@@ -89,7 +92,11 @@ def _mesh(args) -> Mesh:
     mesh = Mesh.create(shape, names)
     for spec in args.flatten:
         dims, _, name = spec.partition("=")
-        dims = tuple(d for d in dims.replace(" ", "").split(",") if d)
+        dims = tuple(dims.replace(" ", "").split(","))
+        if not all(dims):
+            raise argparse.ArgumentTypeError(
+                f"--flatten {spec!r} must list mesh dims separated by ',', e.g. a,c or a,c=ac"
+            )
         mesh = mesh.flatten(dims, name or "_".join(dims))
     return mesh
 
@@ -129,10 +136,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (MeshplanError, argparse.ArgumentTypeError) as e:
         print(f"meshplan: error: {e}", file=sys.stderr)
         return 2
-    print(explain(p, model))
-    for w in caught:
-        if issubclass(w.category, MergeWarning):
-            print(f"note: {w.message}")
+    try:
+        print(explain(p, model))
+        for w in caught:
+            if issubclass(w.category, MergeWarning):
+                print(f"note: {w.message}")
+        sys.stdout.flush()
+    except BrokenPipeError:  # the reader left early (e.g. `| head`): not an error
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
     return 0
 
 

@@ -54,6 +54,7 @@ def test_options_reach_the_planner(capsys):
         (["--src", "Q R R", "--dst", "R R R"], "cannot parse placements"),
         (["--src", "R R R", "--dst", "R R R", "--flatten", "a,z"], "unknown mesh dim 'z'"),
         (["--src", "S(0) R R", "--dst", "R R R", "--max-local-bytes", "10"], "max_local_bytes"),
+        (["--src", "R R R", "--dst", "R R R", "--flatten", "=x"], "--flatten '=x'"),
     ],
 )
 def test_bad_input_exits_2_with_the_reason(capsys, extra, message):
@@ -61,9 +62,11 @@ def test_bad_input_exits_2_with_the_reason(capsys, extra, message):
     assert message in capsys.readouterr().err
 
 
-def test_bad_mesh_text_exits_2(capsys):
-    assert main(["plan", "--mesh", "2xq", "--src", "R", "--dst", "R", "--shape", "4"]) == 2
-    assert "--mesh" in capsys.readouterr().err
+@pytest.mark.parametrize(("mesh", "shape", "bad"), [("2xq", "4", "--mesh"), ("2x", "4", "--mesh '2x'"),
+                                                   ("2", "8,,8", "--shape '8,,8'")])  # fmt: skip
+def test_bad_mesh_or_shape_text_exits_2(capsys, mesh, shape, bad):
+    assert main(["plan", "--mesh", mesh, "--src", "R", "--dst", "R", "--shape", shape]) == 2
+    assert bad in capsys.readouterr().err
 
 
 def test_installed_console_script_runs():
