@@ -256,6 +256,12 @@ def _check_partial_ops(placements: tuple[Placement, ...], dtype: str) -> None:
             "spec may reduce with one op (only sum and avg mix): reduce one of them first",
             value=placements,
         )
+    if dtype == "bool" and "avg" in ops:
+        raise PlacementError(
+            f"placements {tuple(map(str, placements))} average bool values, which have no "
+            "average; use Partial('max') (any) or Partial('min') (all), or another dtype",
+            value=placements,
+        )
     if dtype.startswith("complex") and ops & {"max", "min"}:
         raise PlacementError(
             f"placements {tuple(map(str, placements))} reduce {dtype} values with "

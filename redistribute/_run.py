@@ -76,11 +76,15 @@ def run(plan: Plan | Step, local: torch.Tensor, groups: ProcessGroups) -> torch.
     """
     steps = (plan,) if isinstance(plan, Step) else plan.steps
     _check_local(local, plan.src, groups)
-    out = local
-    for step in steps:
-        out = run_step(step, out, groups)
-    if out is local:
-        out = local.clone(memory_format=torch.contiguous_format)
+    # the data, not its autograd history (``redistribute`` is the differentiable form): a
+    # parameter's buffers may not be written in place under grad mode
+    data = local.detach()
+    out = data
+    with torch.no_grad():
+        for step in steps:
+            out = _run_step(step, out, groups)
+    if out is data:
+        out = data.clone(memory_format=torch.contiguous_format)
     return out
 
 
@@ -103,7 +107,13 @@ def prepare_groups(plan: Plan | Step, groups: ProcessGroups) -> None:
 
 
 def run_step(step: Step, local: torch.Tensor, groups: ProcessGroups) -> torch.Tensor:
-    """Run one step on the calling rank (``local`` fits ``step.src``); returns a new tensor."""
+    """Run one step on the calling rank (``local`` fits ``step.src``); returns a new tensor
+    (of the data: no autograd history)."""
+    with torch.no_grad():
+        return _run_step(step, local.detach(), groups)
+
+
+def _run_step(step: Step, local: torch.Tensor, groups: ProcessGroups) -> torch.Tensor:
     me = groups.rank
     kind = step.collective
     if kind is None:
@@ -127,7 +137,9 @@ def run_step(step: Step, local: torch.Tensor, groups: ProcessGroups) -> torch.Te
                 "redistribute a copy in a wider dtype",
                 value=dtype,
             )
-        return _REDUCES[kind](step, me, local.to(torch.int64), group, op).to(dtype)
+        # wider on the wire, but wrapped to the dtype before an average divides, as the
+        # backend does for the integers it carries (and the simulator for all)
+        return _REDUCES[kind](step, me, local.to(torch.int64), group, op, dtype)
     return _REDUCES[kind](step, me, local, group, op)
 
 
@@ -321,8 +333,16 @@ def _all_permute(step: Step, me: int, local: torch.Tensor, group: Group) -> torc
     return target
 
 
-def _all_reduce(step: Step, me: int, local: torch.Tensor, group: Group, op: str) -> torch.Tensor:
-    return finish_reduce(C.all_reduce(local, group, op), step).contiguous()
+def _all_reduce(
+    step: Step, me: int, local: torch.Tensor, group: Group, op: str, dtype=None
+) -> torch.Tensor:
+    """``dtype``: the tensor's own dtype when ``local`` travels wider (its sum is cast to
+    it before an average divides)."""
+    return finish_reduce(_as(C.all_reduce(local, group, op), dtype), step).contiguous()
+
+
+def _as(tensor: torch.Tensor, dtype) -> torch.Tensor:
+    return tensor if dtype is None else tensor.to(dtype)
 
 
 @functools.lru_cache(maxsize=16384)
@@ -348,15 +368,15 @@ _scatter_rows = traced_as_constant(_scatter_rows)
 
 
 def _reduce_scatter(
-    step: Step, me: int, local: torch.Tensor, group: Group, op: str
+    step: Step, me: int, local: torch.Tensor, group: Group, op: str, dtype=None
 ) -> torch.Tensor:
     rows = _scatter_rows(step, me)
     if rows is not None and len(set(rows)) == 1 and rows[0] > 0:
-        return finish_reduce(C.reduce_scatter(local, group, op), step).contiguous()
+        return finish_reduce(_as(C.reduce_scatter(local, group, op), dtype), step).contiguous()
     mine = reduce_blocks(step, me)
     blocks = [pack(local, segs).contiguous() for segs in mine]
-    reduced = C.reduce_scatter(blocks, group, op)
-    target = local.new_empty(_local_shape(step.dst, me))
+    reduced = _as(C.reduce_scatter(blocks, group, op), dtype)
+    target = reduced.new_empty(_local_shape(step.dst, me))
     unpack_into(target, mine[group.position], finish_reduce(reduced, step))
     return target
 

@@ -197,6 +197,8 @@ def _specs(
     op_choices: tuple[str, ...] = ()
     if dtype.startswith("complex"):  # complex values have no order: no max/min
         ops = tuple(op for op in ops if op in ("sum", "avg"))
+    if dtype == "bool":  # bool values have no average
+        ops = tuple(op for op in ops if op != "avg")
     if allow_partial and ops:
         op = draw(st.sampled_from(ops), label="partial op")
         op_choices = tuple(o for o in ("sum", "avg") if o in ops) if op in ("sum", "avg") else (op,)

@@ -57,6 +57,7 @@ ONE = Mesh.create((2, 1), ("a", "b"))
             lambda: Spec(MESH, (Partial("max"), Replicate()), (4,), "complex64"),
             ["complex64", "['max']", "no order"],
         ),
+        (lambda: Spec(MESH, (Partial("avg"), Replicate()), (4,), "bool"), ["bool", "no average"]),
         # shard order omits or invents a mesh dim
         (
             lambda: Spec(MESH, (Shard(0), Shard(0)), (8,), shard_order={0: ("tp",)}),

@@ -257,6 +257,52 @@ def test_float8_partials_reduce_like_the_simulator(pool4, dtype):
         assert torch.equal(unshard(expected, p.dst).to(torch.float64), wide), p
 
 
+def _run_as_parameters(plans, locals_):
+    # every rank's local tensor as a leaf that requires grad (a model's parameter)
+    rank = dist.get_rank()
+    out = []
+    for p in plans:
+        local = locals_[rank].clone().requires_grad_(True)
+        got = run(p, local, groups_for(p.src.mesh))
+        out.append((got.detach(), got.requires_grad))
+    return out
+
+
+def test_a_parameter_runs_like_its_data(pool4):
+    # regression: an all_gather wrote into a view of a tensor that requires grad and failed
+    mesh = Mesh.create((2, 2), ("a", "b"))
+    S = lambda pl: _spec(mesh, pl, (6, 4))  # noqa: E731
+    src = S([Shard(0), Shard(1)])
+    plans = [
+        plan(src, S(d))
+        for d in ([Replicate(), Replicate()], [Shard(1), Shard(0)], [Shard(0), Shard(1)])
+    ]
+    locals_ = shard(torch.arange(24.0).reshape(6, 4), src)
+    results = pool4.run(_run_as_parameters, plans, locals_)
+    for i, p in enumerate(plans):
+        want = simulate(p, locals_)
+        for rank in range(4):
+            got, tracked = results[rank][i]
+            assert same(got, want[rank]) and not tracked, (rank, p)
+
+
+@pytest.mark.parametrize("dtype", ["int8", "int16", "int32"])
+def test_integer_averages_wrap_the_sum_first_whatever_the_wire(pool4, dtype):
+    # regression: int16 (which gloo lacks) was averaged in int64 before it was cast back,
+    # where int8/int32 (which gloo carries) wrap their sum first, like the simulator
+    mesh = Mesh.create((2, 2), ("a", "b"))
+    S = lambda pl: _spec(mesh, pl, (3,), dtype)  # noqa: E731
+    kind = getattr(torch, dtype)
+    big = torch.iinfo(kind).max // 2 + 3
+    parts = {r: torch.tensor([-big, r, big], dtype=kind) for r in range(4)}
+    plans = [
+        plan(S([Partial("avg"), Partial("avg")]), S(d))
+        for d in ([Replicate(), Replicate()], [Shard(0), Replicate()])
+    ]
+    cases = [(p, parts) for p in plans]
+    _check_against_simulator(cases, pool4.run(_run_batch, cases))
+
+
 # -- permuted rank maps: round trip, and torch's sorted groups ------------------------------
 
 
