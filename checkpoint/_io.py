@@ -287,13 +287,15 @@ def _precheck(by_rank: Mapping[int, Mapping[str, Sharded]], sole: bool) -> None:
 
 def save(
     state: Mapping[str, Sharded], path: str | os.PathLike[str], groups: Any = None
-) -> Metadata:
+) -> Metadata | None:
     """Save one rank's sharded tensors to the checkpoint directory ``path``; return its index.
 
     With ``groups`` (a :class:`~meshplan.redistribute.ProcessGroups`), every rank of
     ``groups.mesh`` calls ``save`` with its own state; each writes only the boxes it owns
     (one writer per replica), all wait for each other, and the rank at mesh coordinate 0
-    commits the index. Without ``groups`` the calling process is the only writer: it
+    commits the index. On a mesh over part of the world the other ranks call ``save``
+    too (with any state, e.g. ``{}``): they only take part in creating the mesh's process
+    group, as every rank must in torch, and get None. Without ``groups`` the calling process is the only writer: it
     writes every box its values hold, which must cover each tensor (a replicated tensor,
     a one-rank mesh); use :func:`save_all` for all ranks of a mesh in one process. Partial values
     are refused (reduce them first). Shard files are safetensors, one per writing rank;
@@ -343,7 +345,7 @@ def save_all(states: Mapping[int, Mapping[str, Sharded]], path: str | os.PathLik
     return _save_local({r: dict(s) for r, s in states.items()}, os.fspath(path), sole=False)
 
 
-def _save_distributed(state: Mapping[str, Sharded], directory: str, groups: Any) -> Metadata:
+def _save_distributed(state: Mapping[str, Sharded], directory: str, groups: Any) -> Metadata | None:
     import torch.distributed as dist
 
     mesh = groups.mesh
@@ -353,7 +355,12 @@ def _save_distributed(state: Mapping[str, Sharded], directory: str, groups: Any)
             "(several instances would each commit); build ProcessGroups on the root mesh",
             value=mesh,
         )
-    group = groups.get(None)
+    group = groups.create(None)
+    if group is None:
+        # a rank outside the mesh: creating the mesh's group takes every rank of the
+        # world (torch numbers groups in creation order), so it calls save too, and only
+        # takes part in that
+        return None
     rank = groups.rank
     coordinator = group.ranks[0]
     # Phase 1: every rank writes its own file under a fresh name (errors travel, no hang).

@@ -109,3 +109,39 @@ def test_a_failed_commit_fails_the_save_on_every_rank(pool8, pool4, tmp_path):
     assert all("commit on rank 3 failed" in m for r, (_, m) in enumerate(results) if r != 3)
     per_rank = pool4.run(_load, path)
     assert torch.equal(unshard({r: per_rank[r]["w"] for r in range(4)}, TARGETS["w"]), _global("w"))
+
+
+def _save_on_a_stage_then_use_the_world(path):
+    # a mesh over ranks 0, 1 of 4 (a pipeline stage): the other ranks call save too, so
+    # every rank creates the stage's group, and the world's groups stay in step after it
+    import torch.distributed as dist
+
+    from meshplan.checkpoint import save
+    from meshplan.placement import Partial, Sharded, shard_one
+    from meshplan.redistribute import plan, run
+    from meshplan.redistribute._groups import ProcessGroups
+
+    rank = dist.get_rank()
+    stage = Mesh.create((2,), ("tp",), ranks=(0, 1))
+    spec = Spec(stage, [Shard(0)], (4,), "float32")
+    groups = ProcessGroups(stage, timeout=10.0)
+    state = {"w": Sharded(shard_one(torch.arange(4.0), spec, rank), spec, rank)} if rank < 2 else {}
+    meta = save(state, path, groups)
+    world = Mesh.create((4,), ("w",))
+    total = run(
+        plan(
+            Spec(world, [Partial()], (1,), "float64"), Spec(world, [Replicate()], (1,), "float64")
+        ),
+        torch.tensor([float(rank)], dtype=torch.float64),
+        ProcessGroups(world, timeout=10.0),
+    )
+    return meta is None, float(total)
+
+
+def test_ranks_outside_a_stage_mesh_take_part_in_its_save(pool4, tmp_path):
+    from meshplan.checkpoint import load_all
+
+    results = pool4.run(_save_on_a_stage_then_use_the_world, str(tmp_path))
+    assert results == [(False, 6.0), (False, 6.0), (True, 6.0), (True, 6.0)]
+    spec = Spec(Mesh.create((2,), ("tp",)), [Replicate()], (4,), "float32")
+    assert torch.equal(load_all(tmp_path, {"w": spec})[0]["w"].local, torch.arange(4.0))
