@@ -19,6 +19,7 @@ floats in float64 (exact, rounded once back), as in the simulator.
 from __future__ import annotations
 
 import functools
+import itertools
 from typing import Any
 
 import attrs
@@ -76,6 +77,7 @@ def run(plan: Plan | Step, local: torch.Tensor, groups: ProcessGroups) -> torch.
     """
     steps = (plan,) if isinstance(plan, Step) else plan.steps
     _check_local(local, plan.src, groups)
+    _prepare_every(groups)
     # the data, not its autograd history (``redistribute`` is the differentiable form): a
     # parameter's buffers may not be written in place under grad mode
     data = local.detach()
@@ -96,14 +98,48 @@ def prepare_groups(plan: Plan | Step, groups: ProcessGroups) -> None:
     order) while the mesh's ranks run them. Calling it on the mesh's ranks too is
     harmless. For a mesh over the whole world ``run`` creates what it needs by itself.
 
+    On a mesh over part of the world this creates, once, every group any plan on the
+    mesh can use (each set of its mesh dims, so aliases too), and ``run`` and
+    ``redistribute`` do the same on the mesh's ranks before they run: what a backward
+    pass needs later (its transposed plan may use other groups, and a gradient of
+    another dtype another plan) is then there on every rank, whatever ran where.
+
     >>> prepare_groups.__name__   # needs a running torch.distributed world; see the tests
     'prepare_groups'
     """
+    if _prepare_every(groups):
+        return
     steps = (plan,) if isinstance(plan, Step) else plan.steps
     create = getattr(groups, "create", None) or groups.get
     for step in steps:
         if step.collective is not None:
             create(_group_key(step))
+
+
+def _prepare_every(groups) -> bool:
+    """On a mesh over part of the world (groups created by every rank of it), create every
+    group of every set of the mesh's dims, in one order; whether it did."""
+    mesh = getattr(groups, "mesh", None)
+    create = getattr(groups, "create", None)
+    if mesh is None or create is None or getattr(groups, "local", False):
+        return False
+    import torch.distributed as dist
+
+    if not dist.is_initialized() or mesh.size() >= dist.get_world_size():
+        return False
+    for key in _every_key(mesh):
+        create(key)
+    return True
+
+
+@functools.lru_cache(maxsize=256)
+def _every_key(mesh) -> tuple[tuple[int, ...], ...]:
+    """Every set of the mesh's dims of size > 1 (by count, then in order): the groups of
+    every step a plan on it can take (a merged step's alias is one of them)."""
+    active = [m for m in range(mesh.ndim) if mesh.shape[m] > 1]
+    return tuple(
+        combo for k in range(1, len(active) + 1) for combo in itertools.combinations(active, k)
+    )
 
 
 def run_step(step: Step, local: torch.Tensor, groups: ProcessGroups) -> torch.Tensor:

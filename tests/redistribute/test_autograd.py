@@ -213,3 +213,39 @@ def test_a_tensor_without_grad_is_redistributed_without_a_graph(pool4):
     for tracked, out in pool4.run(_no_grad, src, dst, x):
         assert not tracked
         assert torch.equal(out, x)
+
+
+def _stage_backward_then_world(seed):
+    # a mesh over ranks 0, 1 of 4 (a pipeline stage); the other ranks prepare its plan's
+    # groups as documented. The backward of R -> S(0) (local) is an all_gather: its group
+    # must exist on every rank already, or the world's next group waits under another name
+    from meshplan.layout import Mesh as _Mesh
+    from meshplan.redistribute import ProcessGroups, plan, prepare_groups, run
+
+    rank = dist.get_rank()
+    stage = _Mesh.create((2,), (f"tp{seed}",), ranks=(0, 1))
+    src = Spec(stage, [Replicate()], (4,), "float64")
+    dst = Spec(stage, [Shard(0)], (4,), "float64")
+    groups = ProcessGroups(stage, timeout=10.0)
+    prepare_groups(plan(src, dst), groups)
+    grad = None
+    if groups.is_member:
+        x = torch.arange(4.0, dtype=torch.float64).requires_grad_()
+        redistribute(x, src, dst, groups).sum().backward()
+        grad = x.grad.tolist()
+    world = _Mesh.create((4,), ("w",))
+    total = run(
+        plan(
+            Spec(world, [Partial()], (1,), "float64"), Spec(world, [Replicate()], (1,), "float64")
+        ),
+        torch.tensor([float(rank)], dtype=torch.float64),
+        ProcessGroups(world, timeout=10.0),
+    )
+    return grad, float(total)
+
+
+def test_a_stage_mesh_backward_leaves_the_worlds_groups_in_step(pool4):
+    results = pool4.run(_stage_backward_then_world, 1)
+    # the gradient of sum(y) lies as x does, replicated: every stage rank holds all ones
+    assert [r[1] for r in results] == [6.0] * 4
+    assert [r[0] for r in results] == [[1.0] * 4, [1.0] * 4, None, None]
