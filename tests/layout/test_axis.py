@@ -179,9 +179,11 @@ def test_compose_with_an_interleaved_inner_is_never_wrong():
         for s in itertools.product((2, 3), repeat=2)
         for d in itertools.product(strides, repeat=2)
     ]
+    _compose_agrees_with_function_composition([o for o in outers if o.is_injective()], inners)
+
+
+def _compose_agrees_with_function_composition(outers, inners):
     for outer in outers:
-        if not outer.is_injective():
-            continue
         for inner in inners:
             if inner.cosize() > outer.size():
                 continue
@@ -229,13 +231,4 @@ def test_compose_with_an_inner_that_revisits_offsets_is_never_wrong():
     # every pair of small one- and two-mode layouts, against function composition
     modes = [(s, d) for s in (1, 2, 3) for d in (0, 1, 2, 3, 4)]
     axes = [Axis.from_modes(m) for k in (1, 2) for m in itertools.product(modes, repeat=k)]
-    for outer in axes:
-        for inner in axes:
-            if inner.cosize() > outer.size():
-                continue
-            expected = tuple(outer.offset(inner.offset(i)) for i in range(inner.size()))
-            if as_layout(expected) is None:
-                with pytest.raises(MeshError, match="not a layout"):
-                    compose(outer, inner)
-            else:
-                assert compose(outer, inner).offsets() == expected
+    _compose_agrees_with_function_composition(axes, axes)
