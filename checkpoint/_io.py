@@ -119,6 +119,7 @@ def _write_rank(
 
     file = f"{_PREFIX}{rank:05d}-{_unique()}{_SUFFIX}"
     tensors: dict[str, torch.Tensor] = {}
+    spans: dict[int, list[tuple[int, int]]] = {}  # storage -> byte ranges of its pieces
     out = []
     for key in sorted(entries):
         value = entries[key]
@@ -131,8 +132,7 @@ def _write_rank(
                 if n != local.shape[d]:
                     piece = piece.narrow(d, lo, n)
             piece = piece.to("cpu").contiguous()  # a copy only for non-contiguous boxes
-            if _shares_memory(piece, tensors.values()):
-                piece = piece.clone()  # one tensor under two keys (tied weights)
+            piece = _unshared(piece, spans)
             name = f"{key}#{i}"
             tensors[name] = _stored(piece)
             record = ChunkRecord(box.chunk.offsets, box.chunk.sizes, file, name, checksum(piece))
@@ -151,19 +151,19 @@ def _write_rank(
     return out
 
 
-def _shares_memory(piece: torch.Tensor, others) -> bool:
-    """Whether ``piece``'s bytes overlap those of a tensor in ``others`` (safetensors
-    refuses to write tensors that share memory)."""
+def _unshared(piece: torch.Tensor, spans: dict[int, list[tuple[int, int]]]) -> torch.Tensor:
+    """``piece``, or a copy of it when its bytes overlap a piece kept before (one tensor
+    under two keys: tied weights; safetensors refuses tensors that share memory).
+    ``spans`` holds, per storage, the byte ranges of the pieces kept so far."""
     if not piece.numel():
-        return False
+        return piece
     start = piece.data_ptr()
     stop = start + piece.numel() * piece.element_size()
-    for t in others:
-        if t.numel():
-            a = t.data_ptr()
-            if a < stop and start < a + t.numel() * t.element_size():
-                return True
-    return False
+    kept = spans.setdefault(piece.untyped_storage().data_ptr(), [])
+    if any(a < stop and start < b for a, b in kept):
+        return piece.clone()  # a storage of its own, which nothing else shares
+    kept.append((start, stop))
+    return piece
 
 
 # dtypes safetensors cannot hold, stored as their real view (same bytes, a trailing dim of 2)
@@ -295,10 +295,10 @@ def save(
     (one writer per replica), all wait for each other, and the rank at mesh coordinate 0
     commits the index. On a mesh over part of the world the other ranks call ``save``
     too (with any state, e.g. ``{}``): they only take part in creating the mesh's process
-    group, as every rank must in torch, and get None. Without ``groups`` the calling process is the only writer: it
-    writes every box its values hold, which must cover each tensor (a replicated tensor,
-    a one-rank mesh); use :func:`save_all` for all ranks of a mesh in one process. Partial values
-    are refused (reduce them first). Shard files are safetensors, one per writing rank;
+    group, as every rank must in torch, and get None. Without ``groups`` the calling
+    process is the only writer: it writes every box its values hold, which must cover
+    each tensor (a replicated tensor, a one-rank mesh); use :func:`save_all` for all ranks
+    of a mesh in one process. Partial values are refused (reduce them first). Shard files are safetensors, one per writing rank;
     every chunk records a crc32 checksum.
 
     >>> import tempfile

@@ -190,7 +190,6 @@ def row_major_strides(sizes: Sequence[int]) -> tuple[int, ...]:
     return tuple(reversed(out))
 
 
-@functools.lru_cache(maxsize=8192)
 def _spans_nest(modes: tuple[Mode, ...]) -> bool:
     """Whether the moving modes (size > 1, stride != 0), sorted by stride, each have a
     stride that is a multiple of the span (stride times size) of the one before."""
@@ -198,6 +197,7 @@ def _spans_nest(modes: tuple[Mode, ...]) -> bool:
     return all(live[i + 1][0] % (live[i][0] * live[i][1]) == 0 for i in range(len(live) - 1))
 
 
+@functools.lru_cache(maxsize=8192)
 def _is_injective(modes: tuple[Mode, ...]) -> bool:
     if any(d == 0 for s, d in modes if s > 1):
         return False

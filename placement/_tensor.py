@@ -12,7 +12,7 @@ from ._local import Intervals, local_intervals
 from ._spec import Spec
 from ._types import Partial
 
-__all__ = ["shard", "shard_one", "unshard", "gather_index", "partial_keeps"]
+__all__ = ["shard", "shard_one", "unshard", "gather_index", "partial_keeps", "reduction_dtype"]
 
 
 def gather_index(intervals: Intervals, device=None) -> torch.Tensor:
@@ -133,15 +133,25 @@ def unshard(locals_: dict[int, torch.Tensor], spec: Spec) -> torch.Tensor:
         return parts[()]
     ops = {spec.placements[i].op for i in pdims}
     dtype = first.dtype
-    if dtype.itemsize == 1 and dtype.is_floating_point:
-        # 8-bit floats have no arithmetic: reduce in float64 (sums exact for their
-        # values), round back once, as the simulator and run() do
-        parts = {k: v.to(torch.float64) for k, v in parts.items()}
+    wide = reduction_dtype(dtype)
+    if wide != dtype:
+        parts = {k: v.to(wide) for k, v in parts.items()}
     if ops == {"max"}:
         return torch.stack([parts[k] for k in sorted(parts)]).amax(0).to(dtype)
     if ops == {"min"}:
         return torch.stack([parts[k] for k in sorted(parts)]).amin(0).to(dtype)
     return _sum_avg(parts, [spec.placements[i].op == "avg" for i in pdims]).to(dtype)
+
+
+def reduction_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The dtype Partial values of ``dtype`` are reduced in (by ``unshard``, the simulator
+    and ``run``): their own, but float64 for 8-bit floats, which have no arithmetic (their
+    sums are exact there; the result rounds back once).
+
+    >>> reduction_dtype(torch.float8_e4m3fn), reduction_dtype(torch.int16)
+    (torch.float64, torch.int16)
+    """
+    return torch.float64 if dtype.is_floating_point and dtype.itemsize == 1 else dtype
 
 
 def _sum_avg(parts: dict[tuple[int, ...], torch.Tensor], is_avg: list[bool]) -> torch.Tensor:

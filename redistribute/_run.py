@@ -27,6 +27,7 @@ import torch
 
 from meshplan.errors import RuntimeShellError
 from meshplan.placement import Partial, Replicate, Spec, local_shape
+from meshplan.placement._tensor import reduction_dtype
 
 from . import _collectives as C
 from . import exchange as _exchange
@@ -164,9 +165,9 @@ def _run_step(step: Step, local: torch.Tensor, groups: ProcessGroups) -> torch.T
         return _MOVES[kind](step, me, local.view(wire), group).view(dtype)
     op = reduce_op(step)
     if dtype not in _NATIVE:
-        if dtype.is_floating_point and dtype.itemsize == 1:
-            # 8-bit floats: reduce in float64 (exact for their values), round once back
-            return _REDUCES[kind](step, me, local.to(torch.float64), group, op).to(dtype)
+        wide = reduction_dtype(dtype)  # 8-bit floats: float64, rounded back once
+        if wide != dtype:
+            return _REDUCES[kind](step, me, local.to(wide), group, op).to(dtype)
         if dtype.is_floating_point or dtype.is_complex:
             raise RuntimeShellError(
                 f"step {step}: cannot reduce {dtype} tensors ({op}) with collectives; "

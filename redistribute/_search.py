@@ -333,13 +333,10 @@ class _Context(_Bounds):
     def _chain_moves(self, state, dims: tuple, kind: str) -> tuple:
         """The single-dim ``kind`` collectives on ``dims`` out of ``state`` (shape-free,
         unbounded): the links of the chains a merged step stands for."""
-        key = (self._moves_key, state, dims, kind)
-        moves = _CHAIN_MOVES.get(key)
-        if moves is None:
-            if len(_CHAIN_MOVES) >= _MOVES_KEPT:
-                _CHAIN_MOVES.clear()
-            moves = _CHAIN_MOVES[key] = self._successors(state, (dims, kind))
-        return moves
+        only = (dims, kind)
+        return _moves(
+            _CHAIN_MOVES, (self._moves_key, only), state, lambda s: self._successors(s, only)
+        )
 
     def _valid_merge(self, i: int, j: int, dims: tuple, kind: str) -> bool:
         key = (i, j, dims, kind)

@@ -8,6 +8,7 @@ import torch
 
 from meshplan.errors import PlanError
 from meshplan.placement import local_shape
+from meshplan.placement._tensor import reduction_dtype
 
 from ._local_ops import apply_local, empty_target, finish_reduce, pack, unpack_into
 from ._step import Plan, Step, reduce_op
@@ -62,9 +63,10 @@ def _check_locals(spec, locals_: Mapping[int, torch.Tensor]) -> None:
             )
 
 
-def _members(step: Step, rank: int, locals_: Mapping[int, torch.Tensor]) -> tuple[int, ...]:
-    group = step_group(step, rank).ranks
-    missing = [g for g in group if g not in locals_]
+def _group(step: Step, rank: int, locals_: Mapping[int, torch.Tensor]):
+    """The step's group of ``rank``, every member of which must have a local tensor."""
+    group = step_group(step, rank)
+    missing = [g for g in group.ranks if g not in locals_]
     if missing:
         raise PlanError(
             f"simulate needs rank {missing[0]}'s tensor (rank {rank} reduces with it)",
@@ -93,15 +95,14 @@ def simulate_step(step: Step, locals_: Mapping[int, torch.Tensor]) -> dict[int, 
     if kind == "all_reduce":
         done: dict[tuple[int, ...], torch.Tensor] = {}
         for r in ranks:
-            group = _members(step, r, locals_)
+            group = _group(step, r, locals_).ranks
             if group not in done:
                 done[group] = _reduced([locals_[g] for g in group], op, step)
             out[r] = done[group].clone()
         return out
     if kind == "reduce_scatter":
         for r in ranks:
-            _members(step, r, locals_)
-            group = step_group(step, r)
+            group = _group(step, r, locals_)
             parts = [pack(locals_[g], reduce_blocks(step, g)[group.position]) for g in group.ranks]
             reduced = _reduced(parts, op, step)
             target = empty_target(step, r, locals_[r])
@@ -112,13 +113,12 @@ def simulate_step(step: Step, locals_: Mapping[int, torch.Tensor]) -> dict[int, 
 
 
 def _reduced(parts: list[torch.Tensor], op: str, step) -> torch.Tensor:
-    """The reduction of ``parts`` with ``op``, divided by the step's ``avg_scale``; 8-bit
-    floats (no arithmetic of their own) reduce in float64, exactly, and round once back,
-    as :func:`~meshplan.redistribute.run` does."""
+    """The reduction of ``parts`` with ``op``, divided by the step's ``avg_scale``, in
+    :func:`~meshplan.placement._tensor.reduction_dtype` (then back to the parts' dtype)."""
     dtype = parts[0].dtype
-    if dtype.is_floating_point and dtype.itemsize == 1:
-        wide = [p.to(torch.float64) for p in parts]
-        return finish_reduce(_reduce(wide, op), step).to(dtype)
+    wide = reduction_dtype(dtype)
+    if wide != dtype:
+        return finish_reduce(_reduce([p.to(wide) for p in parts], op), step).to(dtype)
     return finish_reduce(_reduce(parts, op), step)
 
 
