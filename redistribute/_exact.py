@@ -48,30 +48,57 @@ def _piece(length: int, chain: tuple, coords: tuple) -> frozenset:
 
 
 @functools.lru_cache(maxsize=1 << 18)
-def exact_covers(length: int, src: tuple, dst: tuple, m: int) -> bool:
-    """Exact check along one tensor dim of a step on mesh dim ``m``: every rank's piece under
-    ``dst`` lies in what the ranks it reads from hold under ``src`` (those differing only
-    in ``m`` when ``m`` shards in ``src``, else the rank itself).
+def exact_covers(length: int, src: tuple, dst: tuple, m) -> bool:
+    """Exact check along one tensor dim of a step (see :func:`_covers`), on the check's
+    canonical form: mesh dims renamed in order of appearance (the answer depends on their
+    sizes, split factors and order positions, not their names). An empty dim is covered."""
+    if not length:
+        return True
+    names: dict = {}
+    for x, _, _ in src + dst:
+        if x not in names:
+            names[x] = len(names)
+    group = (m,) if type(m) is int else m
+    return _covers(
+        length,
+        tuple((names[x], n, sf) for x, n, sf in src),
+        tuple((names[x], n, sf) for x, n, sf in dst),
+        tuple(sorted(names[x] for x in group if x in names)),
+    )
+
+
+@functools.lru_cache(maxsize=1 << 18)
+def _covers(length: int, src: tuple, dst: tuple, group: tuple) -> bool:
+    """Exact check along one tensor dim of a step on the mesh dims of ``group`` (one, or
+    several: a merged step): every rank's piece under ``dst`` lies in
+    what the ranks it reads from hold under ``src`` (those differing only in the step's
+    mesh dims that shard this tensor dim in ``src``; a rank's piece does not depend on the
+    others).
 
     ``src``/``dst``: the orders as ``((mesh_dim, size, split_factor), ...)``.
+
+    A step over several mesh dims reads from its whole group, the product of their
+    coordinates, and a piece is a product over tensor dims, each depending on its own
+    order's mesh dims only: so what the group holds is a product too, and checking each
+    tensor dim on its own is exact.
     """
     dims = sorted({x for x, _, _ in src} | {x for x, _, _ in dst})
     size = {x: n for x, n, _ in src + dst}
-    others = [x for x in dims if x != m]
+    others = [x for x in dims if x not in group]
+    read = [x for x in group if any(y == x for y, _, _ in src)]
+    written = [x for x in group if any(y == x for y, _, _ in dst)]
 
     def piece(chain, coord):
         return _piece(length, chain, tuple(coord[x] for x, _, _ in chain))
 
-    in_src = any(x == m for x, _, _ in src)
-    in_dst = any(x == m for x, _, _ in dst)
     for combo in itertools.product(*(range(size[x]) for x in others)):
         coord = dict(zip(others, combo, strict=True))
         have: set[int] = set()
-        for c in range(size[m] if in_src else 1):
-            coord[m] = c
+        for cs in itertools.product(*(range(size[x]) for x in read)):
+            coord.update(zip(read, cs, strict=True))
             have |= piece(src, coord)
-        for c in range(size[m] if in_dst else 1):
-            coord[m] = c
+        for cs in itertools.product(*(range(size[x]) for x in written)):
+            coord.update(zip(written, cs, strict=True))
             if not piece(dst, coord) <= have:
                 return False
     return True

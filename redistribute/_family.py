@@ -26,7 +26,7 @@ import bisect
 import math
 import threading
 
-from ._search import _tie, price_coefficients, step_price
+from ._search import _tie, permute_price, price_coefficients, step_price
 
 __all__ = ["family_of", "shared", "record", "extremes", "clear_families", "LARGEST", "SIZES_FIRST"]
 
@@ -77,7 +77,10 @@ def shared(fam, t: int, start_state, goal_state):
     for a, b, dims, collective, n_send, scaled, touch in path:
         b_in, b_out = t // _split(a[0], sizes), t // _split(b[0], sizes)
         c = price_coefficients(model, mesh, dims, collective, n_send)
-        c = step_price(c, b_in, b_out, scaled, copy) * _tie(a, b)
+        if collective == "all_permute":
+            c = permute_price(c, b_in, b_out, a, b)
+        else:
+            c = step_price(c, b_in, b_out, scaled, copy) * _tie(a, b)
         out.append((a, (c, None, dims, collective, n_send, scaled, touch), b))
     return out
 

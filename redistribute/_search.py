@@ -88,7 +88,7 @@ class _Context(_Bounds):
             any(c[0] == d and c[1] > 1 for c in shards) or _may_empty(length, active_sizes)
             for d, length in enumerate(shape)
         )
-        # keys of the shape-free moves (``_SINGLE_MOVES``/``_PERMUTE_MOVES``) this context
+        # keys of the shape-free moves (``_SINGLE_MOVES``, ``_HUBS``, ``_HUB_MEMBERS``) this context
         # shares with others on the mesh: a tiny dim's moves depend on its length
         self._permutes_key = (self.sizes, self.active, shards, self.ndim)
         self._moves_key = self._permutes_key + (
@@ -105,7 +105,9 @@ class _Context(_Bounds):
         self._nbytes: list = []
         self._ext: dict = {}
         self._succ: dict = {}  # state -> its single-dim transitions
-        self._perms: dict = {}  # state -> its all_permute transitions
+        self._perms: dict = {}  # state -> its all_permute transitions (for tables)
+        self._hubs: dict = {}  # state -> its transitions into permute hubs
+        self._members: dict = {}  # permute hub node -> its transitions out
         self._floor: dict = {}  # state -> lower bound of their prices
         self._coef: dict = {}
         self._overlap: dict = {}
@@ -194,6 +196,8 @@ class _Context(_Bounds):
             self._nbytes.clear()
             self._succ.clear()
             self._perms.clear()
+            self._hubs.clear()
+            self._members.clear()
             self._floor.clear()
             self._overlap.clear()
             self._pieces.clear()
@@ -256,11 +260,65 @@ class _Context(_Bounds):
         return out
 
     def permutes(self, i: int):
-        """The all_permute transitions from state ``i``."""
+        """The all_permute transitions from state ``i``, each priced as the two halves of
+        its way through a permute hub (:meth:`hub_moves`, :meth:`hub_members`) add up."""
         out = self._perms.get(i)
         if out is None:
-            moves = _moves(_PERMUTE_MOVES, self._permutes_key, self.states[i], self._permutes)
-            out = self._perms[i] = self._priced(i, moves)
+            b_in = self._nbytes[i]
+            bound, ids, intern, nbytes = self.bound, self._ids, self.intern, self._nbytes
+            found = []
+            for hub, dims, n_send, tie in self._hub_list(i):
+                c = self._coefs(dims, "all_permute", n_send)
+                p1 = (c[0] + c[1] * b_in) * tie
+                for t, tie2 in _moves(_HUB_MEMBERS, self._permutes_key, hub, self._hub_members):
+                    j = ids.get(t)
+                    if j is None:
+                        j = intern(t)
+                    b_out = nbytes[j]
+                    if bound is None or b_in + b_out <= bound:
+                        p = p1 + c[2] * b_out * tie2
+                        found.append((p, j, dims, "all_permute", n_send, False, None))
+            out = self._perms[i] = tuple(found)
+        return out
+
+    def _hub_list(self, i: int) -> tuple:
+        return _moves(_HUBS, self._permutes_key, self.states[i], self._hubs_of)
+
+    def hub_moves(self, i: int):
+        """The transitions from state ``i`` into the permute hubs it reaches: the first
+        half of each all_permute's price (its launch and its input)."""
+        out = self._hubs.get(i)
+        if out is None:
+            b_in = self._nbytes[i]
+            bound = self.bound
+            found = []
+            for hub, dims, n_send, tie in self._hub_list(i):
+                c = self._coefs(dims, "all_permute", n_send)
+                # under a memory bound a hub's members depend on the input's size
+                node = (hub,) if bound is None else (hub, b_in)
+                found.append(((c[0] + c[1] * b_in) * tie, node, dims, "all_permute", n_send))
+            out = self._hubs[i] = tuple(found)
+        return out
+
+    def hub_members(self, node: tuple, dims, n_send):
+        """The transitions out of a permute hub node (:meth:`hub_moves`): to every state
+        its all_permutes reach, the second half of their prices (the output)."""
+        out = self._members.get(node)
+        if out is None:
+            hub = node[0]
+            c_out = self._coefs(dims, "all_permute", n_send)[2]
+            bound = self.bound
+            b_in = node[1] if bound is not None else 0
+            ids, intern, nbytes = self._ids, self.intern, self._nbytes
+            found = []
+            for t, tie in _moves(_HUB_MEMBERS, self._permutes_key, hub, self._hub_members):
+                j = ids.get(t)
+                if j is None:
+                    j = intern(t)
+                b_out = nbytes[j]
+                if bound is None or b_in + b_out <= bound:
+                    found.append((c_out * b_out * tie, j, dims, "all_permute", n_send, False, None))
+            out = self._members[node] = tuple(found)
         return out
 
     def _priced(self, i: int, moves: tuple) -> tuple:
@@ -342,12 +400,51 @@ class _Context(_Bounds):
         key = (i, j, dims, kind)
         ok = self._valid.get(key)
         if ok is None:
-            from ._merge import _valid_merge
-            from ._planner import _spec
+            if kind in ("all_gather", "all_to_all"):
+                ok = self._valid_moving_merge(self.states[i], self.states[j], dims, kind)
+            else:
+                from ._merge import _valid_merge
+                from ._planner import _spec
 
-            a, b = _spec(self._template, self.states[i]), _spec(self._template, self.states[j])
-            ok = self._valid[key] = _valid_merge(a, b, tuple(sorted(dims)), kind)
+                a = _spec(self._template, self.states[i])
+                b = _spec(self._template, self.states[j])
+                ok = _valid_merge(a, b, tuple(sorted(dims)), kind)
+            self._valid[key] = ok
         return ok
+
+    def _valid_moving_merge(self, a, b, dims: tuple, kind: str) -> bool:
+        """``_merge._valid_merge`` for a merged all_gather or all_to_all on states: per
+        tensor dim the structural rule (the orders differ only in the step's dims after a
+        common prefix), else the exact check on index intervals of that dim alone
+        (``_exact.exact_covers``). A rank's pieces along two tensor dims depend on
+        the coordinates of disjoint sets of mesh dims (those of each dim's new order), and
+        along a tensor dim of positive length some rank holds a piece that is not empty:
+        so a rank needing an element it cannot get exists exactly when one tensor dim's
+        check fails and the tensor is not empty."""
+        codes, chains = a
+        new_codes, new_chains = b
+        for m in dims:
+            if type(codes[m]) is not tuple:
+                return False
+            c = new_codes[m]
+            if (c != R) if kind == "all_gather" else (type(c) is not tuple):
+                return False
+        if 0 in self.shape:
+            return True  # no rank holds or needs an element
+        sizes = self.sizes
+        group = tuple(sorted(dims))
+        for d, (x, y) in enumerate(zip(chains, new_chains, strict=True)):
+            k = 0
+            n = min(len(x), len(y))
+            while k < n and x[k] == y[k] and codes[x[k]] == new_codes[y[k]]:
+                k += 1
+            if all(m in dims for m in x[k:]) and all(m in dims for m in y[k:]):
+                continue
+            src = tuple((m, sizes[m], codes[m][1]) for m in x)
+            dst = tuple((m, sizes[m], new_codes[m][1]) for m in y)
+            if not exact_covers(self.shape[d], src, dst, group):
+                return False
+        return True
 
     def permute_floor(self, i: int) -> float:
         """A lower bound on the price of every all_permute from state ``i`` (inf: none)."""
@@ -366,52 +463,69 @@ class _Context(_Bounds):
             self._floor[i] = f
         return f
 
-    def _permutes(self, state) -> tuple:
-        """Every valid all_permute out of ``state``, as shape-free moves: the sharding mesh
-        dims take other shard placements and orders, keeping per tensor dim a common
-        prefix, and the dims after it (at least two) exchange pieces."""
+    def _hubs_of(self, state) -> tuple:
+        """The permute hubs ``state`` reaches, as shape-free ``(hub, mesh dims, group size,
+        tie factor)``. An all_permute keeps which mesh dims shard (and every other dim's
+        placement); per tensor dim the old and new shard orders share a prefix (mesh dims
+        and placements), and the mesh dims after it (at least two, over every tensor dim)
+        exchange pieces. A hub stands for one such choice of prefixes: its key is the
+        state with those dims blanked (-1), the prefixes and, per tensor dim, the entry
+        after the prefix (``-1``: none), which a target must not repeat (else its
+        common prefix with ``state`` is longer). Every permute out of ``state`` passes
+        through exactly one of its hubs, and states sharing a hub share its targets."""
         codes, chains = state
-        sharded = [m for m in self.active if type(codes[m]) is tuple]
-        if len(sharded) < 2:
+        if sum(1 for m in self.active if type(codes[m]) is tuple) < 2:
             return ()
         out = []
         groups = self._groups
-        for assign in itertools.product(self.shards, repeat=len(sharded)):
-            new_codes = list(codes)
-            for m, c in zip(sharded, assign, strict=True):
-                new_codes[m] = c
-            new_codes = tuple(new_codes)
-            # per tensor dim, each new order and the mesh dims (a bit mask) after the
-            # longest common prefix with the old one: those exchange pieces
+        for ks in itertools.product(*(range(len(chain) + 1) for chain in chains)):
+            mask = 0
+            for chain, k in zip(chains, ks, strict=True):
+                for x in chain[k:]:
+                    mask |= 1 << x
+            if not mask & (mask - 1):
+                continue  # no exchange, or a single-dim step
+            g = groups.get(mask)
+            if g is None:
+                dims = tuple(m for m in range(len(self.sizes)) if mask >> m & 1)
+                g = groups[mask] = (dims, math.prod(self.sizes[m] for m in dims))
+            base = tuple(-1 if mask >> m & 1 else c for m, c in enumerate(codes))
+            prefixes = tuple(chain[:k] for chain, k in zip(chains, ks, strict=True))
+            nexts = tuple(
+                (chain[k], codes[chain[k]]) if k < len(chain) else -1
+                for chain, k in zip(chains, ks, strict=True)
+            )
+            hub = (base, prefixes, nexts)
+            out.append((hub, g[0], g[1], _tie(state, hub)))
+        return tuple(out)
+
+    def _hub_members(self, hub) -> tuple:
+        """The states a permute hub leads to (shape-free ``(state, tie factor)``): its
+        blanked mesh dims take every shard placement and, per tensor dim, every order
+        after the prefix that does not start with the hub's entry there."""
+        base, prefixes, nexts = hub
+        free = [m for m, c in enumerate(base) if c == -1]
+        out = []
+        for assign in itertools.product(self.shards, repeat=len(free)):
+            codes = list(base)
+            for m, c in zip(free, assign, strict=True):
+                codes[m] = c
+            codes = tuple(codes)
             options = []
-            for d, chain in enumerate(chains):
-                opts = []
-                for tchain in itertools.permutations([m for m in sharded if new_codes[m][0] == d]):
-                    k = 0
-                    n = min(len(chain), len(tchain))
-                    while (
-                        k < n and chain[k] == tchain[k] and codes[chain[k]] == new_codes[chain[k]]
-                    ):
-                        k += 1
-                    mask = 0
-                    for x in chain[k:]:
-                        mask |= 1 << x
-                    for x in tchain[k:]:
-                        mask |= 1 << x
-                    opts.append((tchain, mask))
+            for d, (prefix, nxt) in enumerate(zip(prefixes, nexts, strict=True)):
+                members = [m for m in free if codes[m][0] == d]
+                opts = [
+                    prefix + order
+                    for order in itertools.permutations(members)
+                    if not order or nxt == -1 or (order[0], codes[order[0]]) != nxt
+                ]
+                if not opts:
+                    break
                 options.append(opts)
-            for combo in itertools.product(*options):
-                mask = 0
-                for _, part in combo:
-                    mask |= part
-                if not mask & (mask - 1):
-                    continue  # the state itself, or a single-dim step
-                t = (new_codes, tuple(tchain for tchain, _ in combo))
-                g = groups.get(mask)
-                if g is None:
-                    dims = tuple(m for m in range(len(self.sizes)) if mask >> m & 1)
-                    g = groups[mask] = (dims, math.prod(self.sizes[m] for m in dims))
-                out.append((t, g[0], "all_permute", g[1], False, None, _tie(state, t)))
+            else:
+                for chains in itertools.product(*options):
+                    t = (codes, chains)
+                    out.append((t, _tie(hub, t)))
         return tuple(out)
 
     def _successors(self, state, only=None):
@@ -525,7 +639,8 @@ class _Context(_Bounds):
 # tie factor), shared by the contexts of one mesh and placement universe (tensor shapes,
 # dtypes, cost models, memory bounds); a context prices them on its tensor (``_priced``).
 _SINGLE_MOVES: dict = {}
-_PERMUTE_MOVES: dict = {}
+_HUBS: dict = {}
+_HUB_MEMBERS: dict = {}
 _CHAIN_MOVES: dict = {}
 _MOVES_KEPT = 100000  # entries per memo before it starts over
 
@@ -564,6 +679,34 @@ def step_price(c: tuple, b_in: int, b_out: int, scaled: bool, copy: float) -> fl
     return total
 
 
+def permute_hub(a, b) -> tuple:
+    """The permute hub (``_Context._hubs_of``) an all_permute from state ``a`` to ``b``
+    passes through."""
+    codes, chains = a
+    new_codes, new_chains = b
+    prefixes, nexts = [], []
+    mask = 0
+    for chain, tchain in zip(chains, new_chains, strict=True):
+        k = 0
+        n = min(len(chain), len(tchain))
+        while k < n and chain[k] == tchain[k] and codes[chain[k]] == new_codes[chain[k]]:
+            k += 1
+        for x in chain[k:]:
+            mask |= 1 << x
+        prefixes.append(chain[:k])
+        nexts.append((chain[k], codes[chain[k]]) if k < len(chain) else -1)
+    base = tuple(-1 if mask >> m & 1 else c for m, c in enumerate(codes))
+    return (base, tuple(prefixes), tuple(nexts))
+
+
+def permute_price(c: tuple, b_in: int, b_out: int, a, b) -> float:
+    """The price of an all_permute from state ``a`` to ``b`` of coefficients ``c``
+    (:func:`price_coefficients`): its halves into and out of its hub, each with its own
+    tie-breaking factor, summed as every search, table and shared plan sums them."""
+    hub = permute_hub(a, b)
+    return (c[0] + c[1] * b_in) * _tie(a, hub) + c[2] * b_out * _tie(hub, b)
+
+
 def _put(t: tuple, i: int, v) -> tuple:
     return t[:i] + (v,) + t[i + 1 :]
 
@@ -593,7 +736,8 @@ def clear_contexts() -> None:
     _context.cache_clear()
     price_coefficients.cache_clear()
     _SINGLE_MOVES.clear()
-    _PERMUTE_MOVES.clear()
+    _HUBS.clear()
+    _HUB_MEMBERS.clear()
     _CHAIN_MOVES.clear()
 
 
@@ -629,6 +773,7 @@ def search(ctx: _Context, start: int, goal: int):
     counter = itertools.count()
     heap = [(memo[start], 0.0, 0, start)]
     closed = set()
+    done: dict = {}  # permute hub -> the cost it was expanded at
     push = heapq.heappush
 
     def relax(i, g, h, succ):
@@ -656,12 +801,19 @@ def search(ctx: _Context, start: int, goal: int):
     while heap:
         key, neg_g, _, i = heapq.heappop(heap)
         g = -neg_g
+        if type(i) is tuple:
+            # a permute hub, reached at ``g`` with ``key - g`` a lower bound of the rest
+            if g <= best[i] and done.get(i, math.inf) > g:
+                done[i] = g
+                via = parent[i][1]
+                relax(i, g, key - g, ctx.hub_members(i, via[2], via[4]))
+            continue
         if i < 0:
             # the all_permutes of state ~i, queued when it was expanded (at a lower bound
-            # of their successors' rank), generated only now
+            # of their rank), generated only now: first into their hubs
             i = ~i
             if g <= best[i]:
-                relax(i, g, memo[i], ctx.permutes(i))
+                relax(i, g, memo[i], ctx.hub_moves(i))
             continue
         if i in closed or g > best[i]:
             continue
@@ -677,6 +829,10 @@ def search(ctx: _Context, start: int, goal: int):
             moves = []
             while parent[i] is not None:
                 prev, trans = parent[i]
+                if type(prev) is tuple:
+                    # through a permute hub: one all_permute, its two halves' prices summed
+                    prev, first = parent[prev]
+                    trans = (first[0] + trans[0],) + trans[1:]
                 moves.append((prev, trans, i))
                 i = prev
             moves.reverse()
