@@ -14,10 +14,20 @@ every context of the mesh and placement universe shares (a context prices them o
 tensor): single-dim steps, validity checked structurally (a mesh
 dim leaves an order from its end and joins one at its end) or, for tiny dims and
 StridedShards, exactly on index intervals (``_exact``); every valid all_permute,
-generated only once the search reaches a lower bound of their rank; and the steps merged
-onto the mesh's aliases (the ends of like-kind single-dim chains over an alias's dims
-that ``_merge._valid_merge`` accepts as one step). Each price carries
-the tie-breaking factor of :func:`_tie`. The heuristic (``_heuristic``) is a lower bound
+generated only once the search reaches a lower bound of their rank, through *permute
+hubs*; and the steps merged onto the mesh's aliases (the ends of like-kind single-dim
+chains over an alias's dims that are one valid step: ``_merge._valid_merge``, or the same
+check on index intervals per tensor dim). Each price carries the tie-breaking factor of
+:func:`_tie`.
+
+A state with ``k`` sharding mesh dims may permute into nearly every state with those
+dims sharding (thousands with StridedShards or 3-D tensors on 4-D meshes), and many
+states share those targets. So a permute's way is split in two at a hub, the choice of
+which order prefixes it keeps (``_Context._hubs_of``): the state pays the launch and its
+input into the hub, the hub the output into each target. Every permute passes through
+exactly one hub of its source, the hub's targets are generated once and relaxed once per
+search (not once per source), and a plan table prices each permute as its two halves add
+up, so tables, searches and plans shared across sizes agree. The heuristic (``_heuristic``) is a lower bound
 of the remaining price: launches and latency of the collectives each mesh dim still
 needs, local launches, and a bandwidth floor. The search prunes commuting steps taken in
 the costlier order, never turns a dim Partial that the goal does not hold (unless a
