@@ -274,21 +274,11 @@ class _Context(_Bounds):
         its way through a permute hub (:meth:`hub_moves`, :meth:`hub_members`) add up."""
         out = self._perms.get(i)
         if out is None:
-            b_in = self._nbytes[i]
-            bound, ids, intern, nbytes = self.bound, self._ids, self.intern, self._nbytes
-            found = []
-            for hub, dims, n_send, tie in self._hub_list(i):
-                c = self._coefs(dims, "all_permute", n_send)
-                p1 = (c[0] + c[1] * b_in) * tie
-                for t, tie2 in _moves(_HUB_MEMBERS, self._permutes_key, hub, self._hub_members):
-                    j = ids.get(t)
-                    if j is None:
-                        j = intern(t)
-                    b_out = nbytes[j]
-                    if bound is None or b_in + b_out <= bound:
-                        p = p1 + c[2] * b_out * tie2
-                        found.append((p, j, dims, "all_permute", n_send, False, None))
-            out = self._perms[i] = tuple(found)
+            out = self._perms[i] = tuple(
+                (first + second[0],) + second[1:]
+                for first, node, dims, _, n_send in self.hub_moves(i)
+                for second in self.hub_members(node, dims, n_send)
+            )
         return out
 
     def _hub_list(self, i: int) -> tuple:
