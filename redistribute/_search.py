@@ -27,9 +27,11 @@ which order prefixes it keeps (``_Context._hubs_of``): the state pays the launch
 input into the hub, the hub the output into each target. Every permute passes through
 exactly one hub of its source, the hub's targets are generated once and relaxed once per
 search (not once per source), and a plan table prices each permute as its two halves add
-up, so tables, searches and plans shared across sizes agree. The heuristic (``_heuristic``) is a lower bound
-of the remaining price: launches and latency of the collectives each mesh dim still
-needs, local launches, and a bandwidth floor. The search prunes commuting steps taken in
+up, so tables, searches and plans shared across sizes agree.
+
+The heuristic (``_heuristic``) is a lower bound of the remaining price: launches and
+latency of the collectives each mesh dim still needs, local launches, and a bandwidth
+floor. The search prunes commuting steps taken in
 the costlier order, never turns a dim Partial that the goal does not hold (unless a
 merged step may reduce it with an alias's other dims), and evaluates the heuristic
 lazily.
@@ -98,8 +100,8 @@ class _Context(_Bounds):
             any(c[0] == d and c[1] > 1 for c in shards) or _may_empty(length, active_sizes)
             for d, length in enumerate(shape)
         )
-        # keys of the shape-free moves (``_SINGLE_MOVES``, ``_HUBS``, ``_HUB_MEMBERS``) this context
-        # shares with others on the mesh: a tiny dim's moves depend on its length
+        # keys of the shape-free moves (``_SINGLE_MOVES``, ``_HUBS``, ``_HUB_MEMBERS``)
+        # this context shares with others on the mesh: a tiny dim's moves depend on its length
         self._permutes_key = (self.sizes, self.active, shards, self.ndim)
         self._moves_key = self._permutes_key + (
             ptargets,
@@ -434,10 +436,7 @@ class _Context(_Bounds):
         sizes = self.sizes
         group = tuple(sorted(dims))
         for d, (x, y) in enumerate(zip(chains, new_chains, strict=True)):
-            k = 0
-            n = min(len(x), len(y))
-            while k < n and x[k] == y[k] and codes[x[k]] == new_codes[y[k]]:
-                k += 1
+            k = _prefix_length(codes, x, new_codes, y)
             if all(m in dims for m in x[k:]) and all(m in dims for m in y[k:]):
                 continue
             src = tuple((m, sizes[m], codes[m][1]) for m in x)
@@ -479,23 +478,14 @@ class _Context(_Bounds):
         out = []
         groups = self._groups
         for ks in itertools.product(*(range(len(chain) + 1) for chain in chains)):
-            mask = 0
-            for chain, k in zip(chains, ks, strict=True):
-                for x in chain[k:]:
-                    mask |= 1 << x
+            mask = _suffix_mask(chains, ks)
             if not mask & (mask - 1):
                 continue  # no exchange, or a single-dim step
+            hub = _hub_key(codes, chains, ks, mask)
             g = groups.get(mask)
             if g is None:
                 dims = tuple(m for m in range(len(self.sizes)) if mask >> m & 1)
                 g = groups[mask] = (dims, math.prod(self.sizes[m] for m in dims))
-            base = tuple(-1 if mask >> m & 1 else c for m, c in enumerate(codes))
-            prefixes = tuple(chain[:k] for chain, k in zip(chains, ks, strict=True))
-            nexts = tuple(
-                (chain[k], codes[chain[k]]) if k < len(chain) else -1
-                for chain, k in zip(chains, ks, strict=True)
-            )
-            hub = (base, prefixes, nexts)
             out.append((hub, g[0], g[1], _tie(state, hub)))
         return tuple(out)
 
@@ -638,6 +628,8 @@ class _Context(_Bounds):
 # Shape-free moves out of a state: (next_state, mesh_dims, collective, n_send, scaled, touch,
 # tie factor), shared by the contexts of one mesh and placement universe (tensor shapes,
 # dtypes, cost models, memory bounds); a context prices them on its tensor (``_priced``).
+# Likewise a state's permute hubs (``_Context._hubs_of``) and a hub's targets
+# (``_Context._hub_members``).
 _SINGLE_MOVES: dict = {}
 _HUBS: dict = {}
 _HUB_MEMBERS: dict = {}
@@ -679,24 +671,47 @@ def step_price(c: tuple, b_in: int, b_out: int, scaled: bool, copy: float) -> fl
     return total
 
 
-def permute_hub(a, b) -> tuple:
-    """The permute hub (``_Context._hubs_of``) an all_permute from state ``a`` to ``b``
-    passes through."""
-    codes, chains = a
-    new_codes, new_chains = b
-    prefixes, nexts = [], []
+def _prefix_length(codes, chain, new_codes, new_chain) -> int:
+    """How long a prefix two shard orders of one tensor dim share (the same mesh dims,
+    each with the same placement)."""
+    k = 0
+    n = min(len(chain), len(new_chain))
+    while k < n and chain[k] == new_chain[k] and codes[chain[k]] == new_codes[chain[k]]:
+        k += 1
+    return k
+
+
+def _suffix_mask(chains, ks) -> int:
+    """The mesh dims (a bit mask) after the first ``ks[d]`` of each tensor dim's order."""
     mask = 0
-    for chain, tchain in zip(chains, new_chains, strict=True):
-        k = 0
-        n = min(len(chain), len(tchain))
-        while k < n and chain[k] == tchain[k] and codes[chain[k]] == new_codes[chain[k]]:
-            k += 1
+    for chain, k in zip(chains, ks, strict=True):
         for x in chain[k:]:
             mask |= 1 << x
-        prefixes.append(chain[:k])
-        nexts.append((chain[k], codes[chain[k]]) if k < len(chain) else -1)
+    return mask
+
+
+def _hub_key(codes, chains, ks, mask: int) -> tuple:
+    """The permute hub of a state (``codes``, ``chains``) keeping the first ``ks[d]`` mesh
+    dims of each tensor dim's order (see ``_Context._hubs_of``); ``mask``: the mesh dims
+    after those prefixes (:func:`_suffix_mask`), which its permutes exchange pieces over."""
     base = tuple(-1 if mask >> m & 1 else c for m, c in enumerate(codes))
-    return (base, tuple(prefixes), tuple(nexts))
+    prefixes = tuple(chain[:k] for chain, k in zip(chains, ks, strict=True))
+    nexts = tuple(
+        (chain[k], codes[chain[k]]) if k < len(chain) else -1
+        for chain, k in zip(chains, ks, strict=True)
+    )
+    return (base, prefixes, nexts)
+
+
+def permute_hub(a, b) -> tuple:
+    """The permute hub (``_Context._hubs_of``) an all_permute from state ``a`` to ``b``
+    passes through: the one keeping their common order prefixes."""
+    codes, chains = a
+    new_codes, new_chains = b
+    ks = tuple(
+        _prefix_length(codes, x, new_codes, y) for x, y in zip(chains, new_chains, strict=True)
+    )
+    return _hub_key(codes, chains, ks, _suffix_mask(chains, ks))
 
 
 def permute_price(c: tuple, b_in: int, b_out: int, a, b) -> float:
