@@ -36,11 +36,12 @@ memo a pair's first plan fills, count. So each pair is timed once per row, for t
   and torch greedy: many tensor sizes, few pairs (meshplan shares a plan across the sizes
   of a family, ``meshplan.redistribute._family``).
 
-Quality, per plan: steps, collectives and bytes received per rank. Bytes are priced the
-same way for both (meshplan's cost model on the plan's steps: padded local sizes, ring
-all-reduce), torch's steps converted to meshplan steps; the lower bound is what the
-busiest rank must receive at least (the target elements it lacks; every element when a
-reduction is due). Costs are meshplan's model (nvlink_ib, 8 GPUs per node by default: the
+Quality, per plan: steps, collectives, bytes received per rank and peak local memory
+per rank (the largest step's padded input plus output; the planner's memory measure).
+Bytes are priced the same way for both (meshplan's cost model on the plan's steps: padded
+local sizes, ring all-reduce), torch's steps converted to meshplan steps; the lower bound
+is what the busiest rank must receive at least (the target elements it lacks; every
+element when a reduction is due). Costs are meshplan's model (nvlink_ib, 8 GPUs per node by default: the
 4-D mesh spans two nodes, its first dim crossing them; ``--gpus-per-node 16`` makes every
 link intra-node). meshplan minimizes modeled time, so on a slow inter-node dim it may run
 an extra collective to move fewer bytes across it.
@@ -66,6 +67,8 @@ import sys
 import time
 import warnings
 from pathlib import Path
+
+from meshplan.redistribute._cost import padded_local_bytes
 
 RESULTS = Path(__file__).resolve().parent / "results" / "plan_speed.json"
 MESHES = [(8,), (2, 4), (2, 2, 2), (2, 2, 2, 2)]
@@ -342,7 +345,9 @@ def run(cases_per_mesh: int, graph_cases: int, seed: int, gpus_per_node: int = 8
                 mp_collectives=len(p.collectives),
                 mp_bytes=c.bytes,
                 mp_cost_s=c.total,
+                mp_peak=peak_bytes(p),
                 lower_bound_bytes=lower_bound_bytes(src, dst),
+                endpoint_bytes=max(padded_local_bytes(src), padded_local_bytes(dst)),
             )
         # torch greedy, in order from a clean start (its planner objects not cached yet)
         R.clear_redistribute_planner_cache()
@@ -453,6 +458,12 @@ def _add_torch(row, name, infos, src, dst, model, cost):
         c = cost(p, model)
         row[f"{name}_bytes"] = c.bytes
         row[f"{name}_cost_s"] = c.total
+        row[f"{name}_peak"] = peak_bytes(p)
+
+
+def peak_bytes(p) -> int:
+    """The plan's peak local memory per rank: the largest step's padded input plus output."""
+    return max((padded_local_bytes(s.src) + padded_local_bytes(s.dst) for s in p.steps), default=0)
 
 
 def _kind_of(info):
@@ -520,6 +531,13 @@ def summarize(rows) -> dict:
             r["mp_cost_s"] > r["greedy_cost_s"] * (1 + 1e-9) for r in priced
         ),
         "greedy_priced": len(priced),
+        "mp_peak": _mean(rows, "mp_peak"),
+        "greedy_peak": _mean(priced, "greedy_peak"),
+        "graph_peak": _mean(rows, "graph_peak"),
+        "more_peak_than_greedy": sum(r["mp_peak"] > r["greedy_peak"] for r in priced),
+        "less_peak_than_greedy": sum(r["mp_peak"] < r["greedy_peak"] for r in priced),
+        "mp_peak_over_2x": sum(r["mp_peak"] > 2 * r["endpoint_bytes"] for r in rows),
+        "greedy_peak_over_2x": sum(r["greedy_peak"] > 2 * r["endpoint_bytes"] for r in priced),
         "fewest_uncached_us": _mean(rows, "mpc_uncached_s") * 1e6,
         "fewest_collectives": _mean(rows, "mpc_collectives"),
         "fewest_bytes": _mean(rows, "mpc_bytes"),
@@ -591,6 +609,16 @@ def print_mesh(shape_mesh, rows, builds) -> None:
     print(
         f"  {'model cost us':22}{s['mp_cost_us']:12.1f}{s['greedy_cost_us']:12.1f}"
         f"{s['graph_cost_us']:12.1f}{s['mp_cost_us'] / s['greedy_cost_us']:11.2f}"
+    )
+    print(
+        f"  {'peak KiB/rank':22}{s['mp_peak'] / 1024:12.1f}{s['greedy_peak'] / 1024:12.1f}"
+        f"{s['graph_peak'] / 1024:12.1f}{s['mp_peak'] / max(s['greedy_peak'], 1):11.2f}"
+        f"   (a step's padded input + output, largest step)"
+    )
+    print(
+        f"    peak above greedy's in {s['more_peak_than_greedy']} cases, below in "
+        f"{s['less_peak_than_greedy']}; above twice the larger end's local size: meshplan "
+        f"{s['mp_peak_over_2x']}, greedy {s['greedy_peak_over_2x']}"
     )
     print(
         f"  on the {s['graph_cases']} graph cases: meshplan {s['graph_subset_mp_collectives']:.2f} "

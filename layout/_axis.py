@@ -414,6 +414,31 @@ class MeshLayout:
     def cosize(self) -> int:
         return self.collapse().cosize()
 
+    def _dims(self, dims) -> tuple[int, ...]:
+        """``dims`` (one dim or a sequence of them) as a tuple of dims of this layout."""
+        items = (dims,) if hasattr(dims, "__index__") else dims
+        try:
+            items = tuple(items)
+        except TypeError:
+            raise MeshError(
+                f"expected a mesh dim or a sequence of mesh dims, got {dims!r}", value=dims
+            ) from None
+        out = []
+        for d in items:
+            if isinstance(d, bool) or not hasattr(d, "__index__"):
+                raise MeshError(f"mesh dims are ints, got {d!r} in {dims!r}", value=dims)
+            i = operator.index(d)
+            if not 0 <= i < len(self.axes):
+                raise MeshError(
+                    f"mesh dim {i} is out of range for a {len(self.axes)}-dim layout "
+                    f"(dims 0..{len(self.axes) - 1})",
+                    value=dims,
+                )
+            if i in out:
+                raise MeshError(f"mesh dim {i} is listed twice in {dims!r}", value=dims)
+            out.append(i)
+        return tuple(out)
+
     def modes(self, dims: Sequence[int] | None = None) -> tuple[Mode, ...]:
         """The modes of all (or the chosen) axes, in dim order."""
         if dims is None:
@@ -433,9 +458,20 @@ class MeshLayout:
     def compose(self, inner: Axis) -> Axis:
         return compose(self.collapse(), inner)
 
-    def global_ranks(self, dims: Sequence[int], world: int) -> tuple[tuple[int, ...], ...]:
-        """Every group of layout offsets along ``dims`` in a world of ``world`` indices."""
-        sub = self.collapse(dims)
+    def global_ranks(
+        self, axis_or_dims: Axis | int | Sequence[int], world: int
+    ) -> tuple[tuple[int, ...], ...]:
+        """Every group of layout offsets along one or more dims (or along an :class:`Axis`,
+        such as a flattened dim's layout) in a world of ``world`` indices.
+
+        >>> lay = MeshLayout.row_major((2, 3))
+        >>> lay.global_ranks(0, 6), lay.global_ranks(Axis.of((2, 3), (3, 1)), 6)
+        (((0, 3), (1, 4), (2, 5)), ((0, 1, 2, 3, 4, 5),))
+        """
+        if isinstance(axis_or_dims, Axis):
+            sub = axis_or_dims
+        else:
+            sub = self.collapse(self._dims(axis_or_dims))
         inner = sub.offsets()
         return tuple(
             tuple(base + o for o in inner) for base in complement(sub.modes, world).offsets()

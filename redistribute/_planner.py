@@ -401,9 +401,14 @@ def plan(
     >>> mesh = Mesh.create((2, 2), ("dp", "tp"))
     >>> a = Spec(mesh, [Shard(0), Shard(0)], (8, 8))
     >>> b = Spec(mesh, [Shard(0), Shard(0)], (8, 8), shard_order={0: (1, 0)})
-    >>> print(plan(a, b))
-    Plan f32[8,8](S(0) S(0)) -> f32[8,8](S(0)[1,0] S(0))
-      0. all_permute[dp,tp]: S(0) S(0) -> S(0)[1,0] S(0)
+    >>> p = plan(a, b)
+    >>> p.collectives
+    ('all_permute',)
+    >>> print(p)  # doctest: +ELLIPSIS
+    Plan f32[8,8](S(0) S(0)) -> f32[8,8](S(0)[1,0] S(0)) on Mesh((2, 2), names=('dp', 'tp'))
+     #  step         placements                   group  size  example group ...
+     0  all_permute  S(0) S(0) -> S(0)[1,0] S(0)  dp,tp  4     (0, 1, 2, 3) ...
+    total: 1 step (1 collective), recv 64 B/rank, peak 128 B/rank, cost 10.0 us ...
     """
     cost_model = as_model(cost_model)
     if max_local_bytes is not None and (

@@ -91,13 +91,17 @@ class _Context(_Bounds):
         self.bound = bound
         self.objective = objective
         self.strided = any(c[1] > 1 for c in shards)
+        self.empty = 0 in shape
         active_sizes = tuple(sorted(mesh.shape[m] for m in self.active))
         # tensor dims where a mesh dim may leave or join the middle of an order: tiny
         # dims (some order of mesh dims leaves a piece empty) and dims with StridedShards
         # (an SS may encode an order); such moves are checked exactly, and the heuristic
-        # ignores order positions there
+        # ignores order positions there. A tensor without elements takes every such move
+        # (no rank holds or needs an element: ``_exact``)
         self.tiny = tuple(
-            any(c[0] == d and c[1] > 1 for c in shards) or _may_empty(length, active_sizes)
+            self.empty
+            or any(c[0] == d and c[1] > 1 for c in shards)
+            or _may_empty(length, active_sizes)
             for d, length in enumerate(shape)
         )
         # keys of the shape-free moves (``_SINGLE_MOVES``, ``_HUBS``, ``_HUB_MEMBERS``)
@@ -402,7 +406,7 @@ class _Context(_Bounds):
         key = (i, j, dims, kind)
         ok = self._valid.get(key)
         if ok is None:
-            if kind in ("all_gather", "all_to_all"):
+            if kind != "all_reduce":
                 ok = self._valid_moving_merge(self.states[i], self.states[j], dims, kind)
             else:
                 from ._merge import _valid_merge
@@ -415,21 +419,25 @@ class _Context(_Bounds):
         return ok
 
     def _valid_moving_merge(self, a, b, dims: tuple, kind: str) -> bool:
-        """``_merge._valid_merge`` for a merged all_gather or all_to_all on states: per
-        tensor dim the structural rule (the orders differ only in the step's dims after a
-        common prefix), else the exact check on index intervals of that dim alone
-        (``_exact.exact_covers``). A rank's pieces along two tensor dims depend on
-        the coordinates of disjoint sets of mesh dims (those of each dim's new order), and
-        along a tensor dim of positive length some rank holds a piece that is not empty:
-        so a rank needing an element it cannot get exists exactly when one tensor dim's
-        check fails and the tensor is not empty."""
+        """``_merge._valid_merge`` for a merged all_gather, all_to_all or reduce_scatter on
+        states: per tensor dim the structural rule (the orders differ only in the step's
+        dims after a common prefix), else the exact check on index intervals of that dim
+        alone (``_exact.exact_covers``; a reduce_scatter reads nothing from its group's
+        shards, so each rank's new piece must lie in its own). A rank's pieces along two
+        tensor dims depend on the coordinates of disjoint sets of mesh dims (those of each
+        dim's new order), and along a tensor dim of positive length some rank holds a piece
+        that is not empty: so a rank needing an element it cannot get exists exactly when
+        one tensor dim's check fails and the tensor is not empty."""
         codes, chains = a
         new_codes, new_chains = b
         for m in dims:
-            if type(codes[m]) is not tuple:
-                return False
-            c = new_codes[m]
-            if (c != R) if kind == "all_gather" else (type(c) is not tuple):
+            c, n = codes[m], new_codes[m]
+            if kind == "reduce_scatter":
+                if type(c) is not int or c == R or type(n) is not tuple:
+                    return False
+            elif type(c) is not tuple or (
+                (n != R) if kind == "all_gather" else (type(n) is not tuple)
+            ):
                 return False
         if 0 in self.shape:
             return True  # no rank holds or needs an element
@@ -610,6 +618,8 @@ class _Context(_Bounds):
     def _exact(self, state, d, new_state, new_chain, m) -> bool:
         if not self.tiny[d]:
             return False
+        if self.empty:
+            return True  # no rank holds or needs an element
         codes, chains = state
         new_codes = new_state[0]
         src = tuple((x, self.sizes[x], codes[x][1]) for x in chains[d])

@@ -206,10 +206,8 @@ class Plan:
         return explain(self, model)
 
     def __str__(self) -> str:
-        head = f"Plan {self.src} -> {self.dst}"
-        if not self.steps:
-            return head + ": nothing to do"
-        return head + "\n" + "\n".join(f"  {i}. {s}" for i, s in enumerate(self.steps))
+        """The table of :meth:`explain` under the default cost model."""
+        return self.explain()
 
     def __repr__(self) -> str:
         return f"Plan(src={self.src!r}, dst={self.dst!r}, steps={self.steps!r})"

@@ -122,6 +122,29 @@ def test_complement_of_mesh_dims_lists_the_other_coordinates(shape, data):
     groups = layout.global_ranks(dims, n)
     flat = sorted(r for g in groups for r in g)
     assert flat == list(range(n))
+    # the same groups from the dims' flattened Axis, and from a lone dim
+    assert layout.global_ranks(layout.collapse(dims), n) == groups
+    if len(dims) == 1:
+        assert layout.global_ranks(dims[0], n) == groups
+    # each group: the ranks that agree on every other dim's coordinate
+    others = [d for d in range(len(shape)) if d not in dims]
+    for g in groups:
+        coords = [_coords(r, shape) for r in g]
+        assert len({tuple(c[d] for d in others) for c in coords}) == 1
+
+
+def _coords(rank, shape):
+    out = []
+    for n in reversed(shape):
+        out.append(rank % n)
+        rank //= n
+    return out[::-1]
+
+
+@pytest.mark.parametrize("bad", [(2,), -1, (0, 0), "a", 1.5, None, True])
+def test_global_ranks_refuses_bad_dims_naming_them(bad):
+    with pytest.raises(MeshError, match="mesh dim"):
+        MeshLayout.row_major((2, 3)).global_ranks(bad, 6)
 
 
 @given(modes_lists, st.data())

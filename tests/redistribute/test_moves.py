@@ -3,8 +3,8 @@
 * all_permutes, found through permute hubs: from a state, exactly the states with the same
   sharding mesh dims (and every other dim's placement) whose shard orders differ from its
   own in at least two mesh dims after their common prefixes; each through exactly one hub;
-* the exact check of a merged all_gather / all_to_all on index intervals, one tensor dim at
-  a time, agrees with the exchange bookkeeping of the whole step;
+* the exact check of a merged all_gather / all_to_all / reduce_scatter on index intervals,
+  one tensor dim at a time, agrees with the exchange bookkeeping of the whole step;
 * the exact check's canonical form (mesh dims renamed) gives the answer of the check itself.
 """
 
@@ -99,10 +99,10 @@ def test_permutes_through_hubs_are_every_permute(pair, data):
 
 @st.composite
 def merge_cases(draw):
-    """A state on a small mesh, some of its sharding mesh dims (at least two) and a state a
-    merged all_gather / all_to_all over them might lead to: those dims leave their orders
-    or join others anywhere. Short tensor dims and StridedShards, where the exact check
-    decides, are common."""
+    """A state on a small mesh, some of its mesh dims (at least two; sharding, or Partial
+    for a reduce_scatter) and a state a merged all_gather / all_to_all / reduce_scatter
+    over them might lead to: those dims leave their orders or join others anywhere. Short
+    tensor dims and StridedShards, where the exact check decides, are common."""
     sizes = draw(
         st.lists(st.sampled_from([2, 2, 3, 4]), min_size=3, max_size=4).filter(
             lambda s: math.prod(s) <= 16
@@ -125,8 +125,11 @@ def merge_cases(draw):
     dims = tuple(
         sorted(draw(st.sets(st.integers(0, len(sizes) - 1), min_size=2, max_size=2), label="dims"))
     )
+    kind = draw(st.sampled_from(["all_gather", "all_to_all", "reduce_scatter"]), label="kind")
     codes = [
-        draw(st.sampled_from(shards if m in dims else shards + (S.R,)), label=f"code of {m}")
+        1
+        if m in dims and kind == "reduce_scatter"
+        else draw(st.sampled_from(shards if m in dims else shards + (S.R,)), label=f"code of {m}")
         for m in range(len(sizes))
     ]
     chains = [[] for _ in shape]
@@ -134,11 +137,10 @@ def merge_cases(draw):
         if type(codes[m]) is tuple:
             chains[codes[m][0]].append(m)
     a = (tuple(codes), tuple(tuple(c) for c in chains))
-    kind = draw(st.sampled_from(["all_gather", "all_to_all"]), label="kind")
     for m in dims:
         chains = [[x for x in c if x != m] for c in chains]
         codes[m] = S.R
-    if kind == "all_to_all":
+    if kind != "all_gather":
         for m in draw(st.permutations(dims), label="joining order"):
             code = draw(st.sampled_from(shards), label=f"new code of {m}")
             codes[m] = code
