@@ -30,7 +30,7 @@ import warnings
 from meshplan.errors import PlanError
 from meshplan.placement import Partial, Replicate, is_shard_like
 
-from ._cost import CostModel, as_model, step_cost
+from ._cost import CostModel, as_model, padded_local_bytes, step_cost
 from ._step import Plan, Step
 
 __all__ = ["merge", "merge_plan", "MergeWarning", "reset_merge_warnings", "MERGEABLE"]
@@ -71,14 +71,21 @@ def merge(plan: Plan, cost_model: CostModel | None = None) -> Plan:
 
 
 def merge_plan(
-    plan: Plan, model: CostModel, prices=None, per_collective: float = 0.0, reorder: bool = True
+    plan: Plan,
+    model: CostModel,
+    prices=None,
+    per_collective: float = 0.0,
+    reorder: bool = True,
+    bound: int | None = None,
 ) -> tuple[Plan, tuple]:
     """``merge`` without the warning: the merged plan and the merges an alias would enable.
 
     ``prices``: the steps' prices when known (the planner's own); ``per_collective``: the
     price each collective adds on top of its time (the ``"collectives"`` objective);
     ``reorder``: also try commuting steps so like-kind ones meet (the planner's search
-    has tried every merge already, so it only asks for the adjacent ones)."""
+    has tried every merge already, so it only asks for the adjacent ones); ``bound``: the
+    plan's ``max_local_bytes`` (a merged step must keep to it too: its input and output
+    are the whole run's)."""
     kinds = [s.collective for s in plan.steps if s.collective in MERGEABLE]
     if len(kinds) == len(set(kinds)):
         return plan, ()  # no two collectives of one kind: nothing to merge
@@ -92,11 +99,11 @@ def merge_plan(
     # alias to merge onto; without, only adjacent like-kind steps are reported)
     reordered = _reorderings(plan) if reorder and plan.src.mesh.aliases else ()
     for candidate in reordered:
-        merged, miss = _merge_adjacent(candidate, price)
+        merged, miss = _merge_adjacent(candidate, price, bound)
         c = price.total(merged)
         if c < best_cost * (1 - 1e-12):
             best, best_cost = merged, c
-    merged, miss = _merge_adjacent(best, price)
+    merged, miss = _merge_adjacent(best, price, bound)
     missed.extend(miss)
     if price.total(merged) <= best_cost:
         best = merged
@@ -136,7 +143,7 @@ class _Prices:
 # -- adjacent merging -----------------------------------------------------------------------
 
 
-def _merge_adjacent(plan: Plan, price: _Prices) -> tuple[Plan, list]:
+def _merge_adjacent(plan: Plan, price: _Prices, bound=None) -> tuple[Plan, list]:
     steps = list(plan.steps)
     out: list[Step] = []
     missed: list = []
@@ -155,7 +162,7 @@ def _merge_adjacent(plan: Plan, price: _Prices) -> tuple[Plan, list]:
                 j += 1
         run = steps[i:j]
         if len(run) > 1:
-            best, miss = _best_split(run, price)
+            best, miss = _best_split(run, price, bound)
             out.extend(best)
             missed.extend(miss)
         else:
@@ -166,7 +173,7 @@ def _merge_adjacent(plan: Plan, price: _Prices) -> tuple[Plan, list]:
     return Plan(plan.src, plan.dst, tuple(out)), missed
 
 
-def _best_split(run: list[Step], price: _Prices) -> tuple[list[Step], list]:
+def _best_split(run: list[Step], price: _Prices, bound=None) -> tuple[list[Step], list]:
     """Partition a run of like-kind steps into merged segments of least total cost."""
     n = len(run)
     costs = [price(s) for s in run]
@@ -174,7 +181,7 @@ def _best_split(run: list[Step], price: _Prices) -> tuple[list[Step], list]:
         # nothing can merge: only note what an alias would enable (the whole run, or else
         # its first mergeable pair)
         for start, end in [(0, n)] + [(k, k + 2) for k in range(n - 1)]:
-            _, missed = _merged_step(run[start:end], sum(costs[start:end]), price)
+            _, missed = _merged_step(run[start:end], sum(costs[start:end]), price, bound)
             if missed is not None:
                 return run, [missed]
         return run, []
@@ -188,7 +195,7 @@ def _best_split(run: list[Step], price: _Prices) -> tuple[list[Step], list]:
                 option = (prev[0] + costs[start], prev[1] + seg, prev[2])
             else:
                 separate = sum(costs[start:end])
-                step, missed = _merged_step(seg, separate, price)
+                step, missed = _merged_step(seg, separate, price, bound)
                 if step is None:
                     if missed is None:
                         continue
@@ -205,10 +212,13 @@ def _best_split(run: list[Step], price: _Prices) -> tuple[list[Step], list]:
     return steps, missed
 
 
-def _merged_step(seg: list[Step], separate: float, price: _Prices):
+def _merged_step(seg: list[Step], separate: float, price: _Prices, bound=None):
     """The merged step for ``seg`` (or None) and, if only an alias is lacking, a missed-merge
-    note; ``separate`` is what the steps of ``seg`` cost one by one."""
+    note; ``separate`` is what the steps of ``seg`` cost one by one. A merged step whose
+    input plus output exceeds ``bound`` is none."""
     src, dst = seg[0].src, seg[-1].dst
+    if bound is not None and padded_local_bytes(src) + padded_local_bytes(dst) > bound:
+        return None, None
     mesh = src.mesh
     dims = tuple(sorted(m for s in seg for m in s.mesh_dims))
     kind = seg[0].collective

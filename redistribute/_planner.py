@@ -358,7 +358,9 @@ def _plan_cached(src: Spec, dst: Spec, model: CostModel, merge: bool, bound, obj
     if merge and len(p.steps) > 1 and src.mesh.aliases:
         # steps merged onto aliases are moves of the search already; this merges what
         # runs one after another onto an alias (a tie) and notes what lacks one
-        p, missed = merge_plan(p, model, prices, _weight(src, model, objective), reorder=False)
+        p, missed = merge_plan(
+            p, model, prices, _weight(src, model, objective), reorder=False, bound=bound
+        )
         return p, missed
     return p, None
 
@@ -370,11 +372,12 @@ def _weight(src: Spec, model: CostModel, objective: str) -> float:
 
 
 @functools.lru_cache(maxsize=4096)
-def _missed_merges(p: Plan, model: CostModel, objective: str) -> tuple:
-    """Like-kind steps of ``p`` that an alias the mesh lacks would merge (for the warning;
-    on a mesh without aliases nothing merges, so only the first plans of a mesh shape,
-    before it has warned, pay for looking)."""
-    return merge_plan(p, model, None, _weight(p.src, model, objective), reorder=False)[1]
+def _missed_merges(p: Plan, model: CostModel, objective: str, bound) -> tuple:
+    """Like-kind steps of ``p`` that an alias the mesh lacks would merge within ``bound``
+    (for the warning; on a mesh without aliases nothing merges, so only the first plans of
+    a mesh shape, before it has warned, pay for looking)."""
+    w = _weight(p.src, model, objective)
+    return merge_plan(p, model, None, w, reorder=False, bound=bound)[1]
 
 
 def plan(
@@ -430,7 +433,7 @@ def plan(
     if missed is None:
         if not merge or len(p.steps) < 2 or warned(src.mesh.shape):
             return p
-        missed = _missed_merges(p, cost_model, objective)
+        missed = _missed_merges(p, cost_model, objective, max_local_bytes)
     if missed:
         warn_missed(p, missed)
     return p

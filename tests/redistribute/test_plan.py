@@ -225,6 +225,20 @@ def test_a_merged_step_needs_only_its_own_input_and_output_to_fit():
     assert [(s.collective, s.alias) for s in p.steps] == [("reduce_scatter", "ab")]
 
 
+def test_steps_merged_after_the_search_keep_the_memory_bound():
+    # regression: the search kept two all_to_alls apart (merged, their step holds more
+    # than the bound), then merging adjacent like-kind steps joined them on the alias anyway
+    mesh = Mesh.create((3, 3), ("a", "b")).flatten(("b", "a"), "x")
+    src = spec(mesh, "S(0) S(0)", (12, 6))
+    dst = Spec(mesh, [Shard(1), Shard(1)], (12, 6), src.dtype, {1: (1, 0)})
+    bound = padded_local_bytes(src) + padded_local_bytes(dst) - 1
+    p = plan(src, dst, max_local_bytes=bound)
+    assert delivers(p, values(src.shape))
+    assert max(padded_local_bytes(s.src) + padded_local_bytes(s.dst) for s in p.steps) <= bound
+    assert [s.alias for s in p.steps] == [None, None]
+    assert len(plan(src, dst, max_local_bytes=bound + 1).steps) == 1  # on x, or a permute
+
+
 def test_aliases_of_a_mesh_of_many_dims_are_found_without_trying_every_ordered_subset():
     # regression: finding which dims an alias flattens tried every ordered subset of the
     # mesh's dims (12 dims: 1.3e9 of them) before looking at the aliases, on every new mesh
