@@ -16,9 +16,9 @@ dim leaves an order from its end and joins one at its end) or, for tiny dims and
 StridedShards, exactly on index intervals (``_exact``); every valid all_permute,
 generated only once the search reaches a lower bound of their rank, through *permute
 hubs*; and the steps merged onto the mesh's aliases (the ends of like-kind single-dim
-chains over an alias's dims that are one valid step: ``_merge._valid_merge``, or the same
-check on index intervals per tensor dim). Each price carries the tie-breaking factor of
-:func:`_tie`.
+chains over an alias's dims that are one valid step: ``_merge._valid_merge``'s rules, by
+the structural rule or on index intervals per tensor dim), shape-free too. Each price
+carries the tie-breaking factor of :func:`_tie`.
 
 A state with ``k`` sharding mesh dims may permute into nearly every state with those
 dims sharding (thousands with StridedShards or 3-D tensors on 4-D meshes), and many
@@ -173,8 +173,6 @@ class _Context(_Bounds):
     def _set_aliases(self, merge: bool) -> None:
         """The mesh's aliases a merged step can run on (none unless ``merge``), and what
         they weaken in the heuristic."""
-        from meshplan.placement import Replicate, Spec
-
         from ._planner import alias_dims
 
         self.aliases = tuple(
@@ -184,13 +182,8 @@ class _Context(_Bounds):
         )
         self.merge_dims = frozenset(m for _, dims in self.aliases for m in dims)
         self._merges: dict = {}
-        self._valid: dict = {}
-        # states become Specs (for the merge check) on this template
-        self._template = (
-            Spec(self.mesh, [Replicate()] * len(self.sizes), self.shape, self.dtype)
-            if self.aliases
-            else None
-        )
+        # the shape-free merged moves (``_MERGED_MOVES``) depend on the aliases' dims too
+        self._merges_key = (self._moves_key, tuple(dims for _, dims in self.aliases))
         # the heuristic's allowances for merged steps: one collective may serve ``widest``
         # dims; a merged all_reduce moves (N-1)/N of its input, less than its dims' shares
         # summed, so those dims' reduce weights shrink to fit
@@ -221,7 +214,6 @@ class _Context(_Bounds):
             self._h.clear()
             self._kept.clear()
             self._merges.clear()
-            self._valid.clear()
 
     def intern(self, state) -> int:
         i = self._ids.get(state)
@@ -352,19 +344,38 @@ class _Context(_Bounds):
             return ()
         out = self._merges.get(i)
         if out is None:
-            out = self._merges[i] = self._merged(i)
+            out = self._merges[i] = self._priced_merges(i)
         return out
 
-    def _merged(self, i: int) -> tuple:
-        # a merged step ends where a chain of like-kind single-dim steps over the alias's
-        # dims (in any order) ends; it is a move when it is one valid step (``_merge``).
-        # The chain is structural: under a memory bound only the merged step's own input
-        # and output must fit, not the states the chain passes through
+    def _priced_merges(self, i: int) -> tuple:
+        # under a memory bound only the merged step's own input and output must fit, not
+        # the states its chain passes through
+        b_in = self._nbytes[i]
+        bound, ids, intern, nbytes = self.bound, self._ids, self.intern, self._nbytes
+        out = []
+        moves = _moves(_MERGED_MOVES, self._merges_key, self.states[i], self._merged)
+        for t, dims, kind, n_send, scaled, tie in moves:
+            j = ids.get(t)
+            if j is None:
+                j = intern(t)
+            b_out = nbytes[j]
+            if bound is not None and b_in + b_out > bound:
+                continue
+            c = self.price(dims, kind, n_send, b_in, b_out, scaled) * tie
+            out.append((c, j, dims, kind, n_send, scaled, None))
+        return tuple(out)
+
+    def _merged(self, state) -> tuple:
+        """The shape-free merged moves out of ``state``: ``(next_state, dims, collective,
+        n_send, scaled, tie factor)``. A merged step ends where a chain of like-kind
+        single-dim steps over the alias's dims (in any order) ends; it is a move when it
+        is one valid step (``_merge``'s rules). Chains are shape-free (``_chain_moves``),
+        and so is the check at their ends: on a tensor dim that is not tiny, every link
+        leaves an order from its end and joins one at its end, so the orders keep a common
+        prefix and differ only in the step's dims after it (the structural rule)."""
         from ._merge import MERGEABLE
 
-        state = self.states[i]
         codes = state[0]
-        b_in = self._nbytes[i]
         out = []
         for _, dims in self.aliases:
             for kind in MERGEABLE:
@@ -377,11 +388,7 @@ class _Context(_Bounds):
                                 nxt.setdefault(t, used + (m,))
                     ends = nxt
                 for end in ends:
-                    j = self.intern(end)
-                    if j == i or not self._valid_merge(i, j, dims, kind):
-                        continue
-                    b_out = self._nbytes[j]
-                    if self.bound is not None and b_in + b_out > self.bound:
+                    if end == state or not self._valid_merge(state, end, dims, kind):
                         continue
                     n_send = 1
                     if kind in ("all_gather", "all_to_all"):
@@ -389,9 +396,7 @@ class _Context(_Bounds):
                     scaled = kind in ("all_reduce", "reduce_scatter") and any(
                         codes[m] == 2 for m in dims
                     )
-                    c = self.price(dims, kind, n_send, b_in, b_out, scaled)
-                    c *= _tie(state, self.states[j])
-                    out.append((c, j, dims, kind, n_send, scaled, None))
+                    out.append((end, dims, kind, n_send, scaled, _tie(state, end)))
         return tuple(out)
 
     def _chain_moves(self, state, dims: tuple, kind: str) -> tuple:
@@ -402,23 +407,16 @@ class _Context(_Bounds):
             _CHAIN_MOVES, (self._moves_key, only), state, lambda s: self._successors(s, only)
         )
 
-    def _valid_merge(self, i: int, j: int, dims: tuple, kind: str) -> bool:
-        key = (i, j, dims, kind)
-        ok = self._valid.get(key)
-        if ok is None:
-            if kind != "all_reduce":
-                ok = self._valid_moving_merge(self.states[i], self.states[j], dims, kind)
-            else:
-                from ._merge import _valid_merge
-                from ._planner import _spec
+    def _valid_merge(self, a, b, dims: tuple, kind: str) -> bool:
+        """Whether a merged ``kind`` over ``dims`` takes state ``a`` to the chain end ``b``
+        in one valid step (shape-free: see :meth:`_merged`)."""
+        if kind == "all_reduce":
+            return all(type(a[0][m]) is int and a[0][m] != R for m in dims) and all(
+                b[0][m] == R for m in dims
+            )
+        return self._valid_moving_merge(a, b, dims, kind, shape_free=True)
 
-                a = _spec(self._template, self.states[i])
-                b = _spec(self._template, self.states[j])
-                ok = _valid_merge(a, b, tuple(sorted(dims)), kind)
-            self._valid[key] = ok
-        return ok
-
-    def _valid_moving_merge(self, a, b, dims: tuple, kind: str) -> bool:
+    def _valid_moving_merge(self, a, b, dims: tuple, kind: str, shape_free=False) -> bool:
         """``_merge._valid_merge`` for a merged all_gather, all_to_all or reduce_scatter on
         states: per tensor dim the structural rule (the orders differ only in the step's
         dims after a common prefix), else the exact check on index intervals of that dim
@@ -427,7 +425,9 @@ class _Context(_Bounds):
         tensor dims depend on the coordinates of disjoint sets of mesh dims (those of each
         dim's new order), and along a tensor dim of positive length some rank holds a piece
         that is not empty: so a rank needing an element it cannot get exists exactly when
-        one tensor dim's check fails and the tensor is not empty."""
+        one tensor dim's check fails and the tensor is not empty. ``shape_free``: a dim
+        that is not tiny and fails the structural rule fails (no exact check of its
+        length), so the answer holds for every context sharing the moves' key."""
         codes, chains = a
         new_codes, new_chains = b
         for m in dims:
@@ -447,6 +447,8 @@ class _Context(_Bounds):
             k = _prefix_length(codes, x, new_codes, y)
             if all(m in dims for m in x[k:]) and all(m in dims for m in y[k:]):
                 continue
+            if shape_free and not self.tiny[d]:
+                return False
             src = tuple((m, sizes[m], codes[m][1]) for m in x)
             dst = tuple((m, sizes[m], new_codes[m][1]) for m in y)
             if not exact_covers(self.shape[d], src, dst, group):
@@ -638,12 +640,14 @@ class _Context(_Bounds):
 # Shape-free moves out of a state: (next_state, mesh_dims, collective, n_send, scaled, touch,
 # tie factor), shared by the contexts of one mesh and placement universe (tensor shapes,
 # dtypes, cost models, memory bounds); a context prices them on its tensor (``_priced``).
-# Likewise a state's permute hubs (``_Context._hubs_of``) and a hub's targets
-# (``_Context._hub_members``).
+# Likewise a state's permute hubs (``_Context._hubs_of``), a hub's targets
+# (``_Context._hub_members``) and the steps merged onto the mesh's aliases
+# (``_Context._merged``, keyed by the aliases' dims too).
 _SINGLE_MOVES: dict = {}
 _HUBS: dict = {}
 _HUB_MEMBERS: dict = {}
 _CHAIN_MOVES: dict = {}
+_MERGED_MOVES: dict = {}
 _MOVES_KEPT = 100000  # entries per memo before it starts over
 
 
@@ -764,6 +768,7 @@ def clear_contexts() -> None:
     _HUBS.clear()
     _HUB_MEMBERS.clear()
     _CHAIN_MOVES.clear()
+    _MERGED_MOVES.clear()
 
 
 def search(ctx: _Context, start: int, goal: int):

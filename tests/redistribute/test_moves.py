@@ -5,7 +5,8 @@
   own in at least two mesh dims after their common prefixes; each through exactly one hub;
 * the exact check of a merged all_gather / all_to_all / reduce_scatter on index intervals,
   one tensor dim at a time, agrees with the exchange bookkeeping of the whole step;
-* the exact check's canonical form (mesh dims renamed) gives the answer of the check itself.
+* the exact check's canonical form (mesh dims renamed) gives the answer of the check itself;
+* moves shared by the tensor shapes of a mesh (merged steps) give each shape its own plan.
 """
 
 from __future__ import annotations
@@ -15,9 +16,10 @@ import itertools
 import math
 
 from _plan_cases import spec_pairs
-from hypothesis import HealthCheck, event, given, settings
+from hypothesis import HealthCheck, assume, event, given, settings
 from hypothesis import strategies as st
 
+from meshplan.errors import PlacementError
 from meshplan.layout import Mesh
 from meshplan.placement import Replicate, Spec
 from meshplan.redistribute import CostModel
@@ -181,3 +183,34 @@ def test_the_exact_checks_canonical_form_keeps_its_answer(length, data):
     assert E.exact_covers(length, src, dst, group) == direct
     if len(group) == 1:
         assert E.exact_covers(length, src, dst, group[0]) == direct
+
+
+@settings(SLOW, max_examples=min(settings.default.max_examples, 100))
+@given(
+    pair=spec_pairs(max_ranks=8, max_dims=3, max_aliases=2),
+    other=st.lists(st.integers(0, 9), min_size=3, max_size=3),
+)
+def test_merged_moves_shared_across_shapes_give_every_shape_its_own_plan(pair, other):
+    # the merged moves out of a state are generated once per mesh shape, aliases' dims,
+    # placement universe and tiny dims' lengths, and shared by every tensor shape:
+    # planning another shape first, or the same pair on the mesh with other aliases, must
+    # not change a plan
+    from meshplan.redistribute import clear_plan_cache, plan
+
+    src, dst = pair
+    mesh = src.mesh
+    assume(mesh.aliases)
+    shape = tuple(other[: src.ndim])
+    try:
+        a = Spec(mesh, src.placements, shape, src.dtype, src.shard_order)
+        b = Spec(mesh, dst.placements, shape, dst.dtype, dst.shard_order)
+    except PlacementError:
+        return
+    bare = Mesh.create(mesh.shape, mesh.names, ranks=mesh.ranks)
+    wide = bare.flatten(mesh.names, "all") if len(mesh.names) > 1 else bare
+    clear_plan_cache()
+    alone = plan(src, dst)
+    clear_plan_cache()
+    plan(a, b)
+    plan(*(Spec(wide, s.placements, s.shape, s.dtype, s.shard_order) for s in (src, dst)))
+    assert plan(src, dst) == alone
