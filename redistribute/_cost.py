@@ -48,6 +48,16 @@ __all__ = [
 ]
 
 
+def _number(value):
+    """A float of ``value`` (for the profiles' numeric fields), or a PlanError naming it."""
+    if isinstance(value, bool):
+        raise PlanError(f"expected a number, got {value!r}", value=value)
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        raise PlanError(f"expected a number, got {value!r}", value=value) from None
+
+
 def _positive(instance, attribute, value) -> None:
     if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
         raise PlanError(
@@ -57,7 +67,7 @@ def _positive(instance, attribute, value) -> None:
 
 
 def _non_negative(instance, attribute, value) -> None:
-    if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not value >= 0:
         raise PlanError(
             f"{type(instance).__name__}.{attribute.name} must be a number >= 0, got {value!r}",
             value=value,
@@ -72,8 +82,8 @@ class Link:
     0.010002
     """
 
-    latency_s: float = attrs.field(validator=_non_negative, converter=float)
-    bytes_per_s: float = attrs.field(validator=_positive, converter=float)
+    latency_s: float = attrs.field(validator=_non_negative, converter=_number)
+    bytes_per_s: float = attrs.field(validator=_positive, converter=_number)
 
     def seconds(self, nbytes: float) -> float:
         """Time to send ``nbytes`` over one hop."""
@@ -83,7 +93,23 @@ class Link:
 def _links(value) -> tuple[Link, ...] | None:
     if value is None:
         return None
-    return tuple(v if isinstance(v, Link) else Link(*v) for v in value)
+    if isinstance(value, str) or not hasattr(value, "__iter__"):
+        raise PlanError(
+            f"per-dim links are a sequence of Link or (latency_s, bytes_per_s), got {value!r}",
+            value=value,
+        )
+    out = []
+    for v in value:
+        if not isinstance(v, Link):
+            try:
+                latency, bandwidth = v
+            except (TypeError, ValueError):
+                raise PlanError(
+                    f"a per-dim link is a Link or (latency_s, bytes_per_s), got {v!r}", value=v
+                ) from None
+            v = Link(latency, bandwidth)
+        out.append(v)
+    return tuple(out)
 
 
 @attrs.frozen(cache_hash=True)
@@ -106,10 +132,10 @@ class HardwareProfile:
     inter: Link = Link(5e-6, 25e9)
     ranks_per_node: int | None = None
     dims: tuple[Link, ...] | None = attrs.field(default=None, converter=_links)
-    launch_s: float = attrs.field(default=8e-6, validator=_non_negative, converter=float)
-    local_launch_s: float = attrs.field(default=2e-6, validator=_non_negative, converter=float)
-    copy_bytes_per_s: float = attrs.field(default=1e12, validator=_positive, converter=float)
-    reduce_bytes_per_s: float = attrs.field(default=5e11, validator=_positive, converter=float)
+    launch_s: float = attrs.field(default=8e-6, validator=_non_negative, converter=_number)
+    local_launch_s: float = attrs.field(default=2e-6, validator=_non_negative, converter=_number)
+    copy_bytes_per_s: float = attrs.field(default=1e12, validator=_positive, converter=_number)
+    reduce_bytes_per_s: float = attrs.field(default=5e11, validator=_positive, converter=_number)
 
     def __attrs_post_init__(self) -> None:
         rpn = self.ranks_per_node
@@ -419,8 +445,13 @@ def transition_cost(
     >>> c.bytes, c.comm > 0, c.compute
     (3145728, True, 0.0)
     """
-    dims = (mesh_dims,) if isinstance(mesh_dims, int) else tuple(mesh_dims)
-    model = as_model(model)
+    from ._step import Step
+
+    step = Step(mesh_dims, src, dst, collective)  # checks the arguments
+    return _step_price(step.src, step.dst, step.mesh_dims, step.collective, as_model(model))
+
+
+def _step_price(src: Spec, dst: Spec, dims: tuple[int, ...], collective, model) -> Cost:
     scaled = collective in ("all_reduce", "reduce_scatter") and any(
         getattr(src.placements[m], "op", None) == "avg" for m in dims
     )
@@ -446,7 +477,11 @@ def step_cost(step, model: CostModel | None = None) -> Cost:
     >>> step_cost(Step(0, a, b, None)).compute > 0   # Replicate -> Partial is not free
     True
     """
-    return transition_cost(step.src, step.dst, step.mesh_dims, step.collective, model)
+    from ._step import Step
+
+    if not isinstance(step, Step):
+        raise PlanError(f"step_cost needs a Step, got {step!r}", value=step)
+    return _step_price(step.src, step.dst, step.mesh_dims, step.collective, as_model(model))
 
 
 def cost(plan, model: CostModel | None = None) -> Cost:
@@ -459,7 +494,10 @@ def cost(plan, model: CostModel | None = None) -> Cost:
     >>> cost(p).bytes
     16
     """
+    from ._step import as_plan
+
+    model = as_model(model)
     total = Cost()
-    for step in plan.steps:
-        total = total + step_cost(step, model)
+    for step in as_plan(plan, "cost").steps:
+        total = total + _step_price(step.src, step.dst, step.mesh_dims, step.collective, model)
     return total

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import attrs
 
+from meshplan.errors import PlanError
 from meshplan.placement import dtype_itemsize, format_placements, local_numel
 
 from ._cost import Cost, CostModel, step_cost
-from ._step import Plan, Step, _orders_for
+from ._step import Plan, Step, _orders_for, as_plan
 
 __all__ = ["explain", "StepReport", "step_report"]
 
@@ -44,6 +45,8 @@ def step_report(step: Step, model: CostModel | None = None) -> StepReport:
     >>> r.group, r.example_group, r.recv_bytes, r.peak_bytes
     ('d0', (0, 1), 8, 24)
     """
+    if not isinstance(step, Step):
+        raise PlanError(f"step_report needs a Step, got {step!r}", value=step)
     from .exchange import transfers_to
 
     src, dst = step.src, step.dst
@@ -109,6 +112,7 @@ def explain(plan: Plan, model: CostModel | None = None) -> str:
      0  all_gather  S(0) -> R   dp     2     (0, 4)         32 B       32 B       96 B       9.0 us
     total: 1 step (1 collective), recv 32 B/rank, peak 96 B/rank, cost 9.0 us (comm 9.0 us, compute 0.0 us)
     """
+    plan = as_plan(plan, "explain")
     head = f"Plan {plan.src} -> {plan.dst} on {plan.src.mesh}"
     if not plan.steps:
         return head + ": nothing to do (the specs are equal)"

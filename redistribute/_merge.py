@@ -31,7 +31,7 @@ from meshplan.errors import PlanError
 from meshplan.placement import Partial, Replicate, is_shard_like
 
 from ._cost import CostModel, as_model, padded_local_bytes, step_cost
-from ._step import Plan, Step
+from ._step import Plan, Step, as_plan
 
 __all__ = ["merge", "merge_plan", "MergeWarning", "reset_merge_warnings", "MERGEABLE"]
 
@@ -64,7 +64,7 @@ def merge(plan: Plan, cost_model: CostModel | None = None) -> Plan:
     >>> print(merge(unmerged).steps[0])
     all_reduce[ac=a,c]: P(sum) P(sum) -> R R
     """
-    merged, missed = merge_plan(plan, as_model(cost_model))
+    merged, missed = merge_plan(as_plan(plan, "merge"), as_model(cost_model))
     if missed:
         warn_missed(merged, missed)
     return merged

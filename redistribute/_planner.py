@@ -380,6 +380,18 @@ def _missed_merges(p: Plan, model: CostModel, objective: str, bound) -> tuple:
     return merge_plan(p, model, None, w, reorder=False, bound=bound)[1]
 
 
+def _flag(value, name: str) -> bool:
+    """``value`` as a bool (True/False, or a numpy bool), or a PlanError naming it."""
+    if isinstance(value, bool):
+        return value
+    if (
+        getattr(value, "shape", None) == ()
+        and getattr(getattr(value, "dtype", None), "kind", "") == "b"
+    ):
+        return bool(value)
+    raise PlanError(f"{name} must be True or False, got {value!r}", value=value)
+
+
 def plan(
     src: Spec,
     dst: Spec,
@@ -414,19 +426,20 @@ def plan(
     total: 1 step (1 collective), recv 64 B/rank, peak 128 B/rank, cost 10.0 us ...
     """
     cost_model = as_model(cost_model)
-    if max_local_bytes is not None and (
-        isinstance(max_local_bytes, bool) or not isinstance(max_local_bytes, int)
-    ):
-        raise PlanError(
-            f"max_local_bytes must be an int or None, got {max_local_bytes!r}",
-            value=max_local_bytes,
-        )
-    if objective not in OBJECTIVES:
+    if max_local_bytes is not None:
+        if isinstance(max_local_bytes, bool) or not hasattr(max_local_bytes, "__index__"):
+            raise PlanError(
+                f"max_local_bytes must be an int or None, got {max_local_bytes!r}",
+                value=max_local_bytes,
+            )
+        max_local_bytes = int(max_local_bytes)
+    if not isinstance(objective, str) or objective not in OBJECTIVES:
         raise PlanError(
             f"objective must be one of {OBJECTIVES!r}, got {objective!r}", value=objective
         )
+    merge = _flag(merge, "merge")
     try:
-        p, missed = _plan_cached(src, dst, cost_model, bool(merge), max_local_bytes, objective)
+        p, missed = _plan_cached(src, dst, cost_model, merge, max_local_bytes, objective)
     except TypeError:  # unhashable input: validate to raise a clear error
         check_plannable(src, dst)
         raise

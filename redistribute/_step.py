@@ -15,9 +15,39 @@ COLLECTIVES = ("all_gather", "all_reduce", "reduce_scatter", "all_to_all", "all_
 
 
 def _dims(value: Sequence[int] | int) -> tuple[int, ...]:
-    if isinstance(value, int | str):
+    if isinstance(value, str) or hasattr(value, "__index__"):
         return (value,)
-    return tuple(value)
+    try:
+        return tuple(value)
+    except TypeError:
+        raise PlanError(
+            f"a step's mesh_dims are a mesh dim (index or name) or a sequence of them, "
+            f"got {value!r}",
+            value=value,
+        ) from None
+
+
+def _steps(value) -> tuple:
+    try:
+        steps = tuple(value)
+    except TypeError:
+        raise PlanError(
+            f"a plan's steps are a sequence of Steps, got {value!r}", value=value
+        ) from None
+    for i, step in enumerate(steps):
+        if not isinstance(step, Step):
+            raise PlanError(f"plan step {i} is {step!r}, not a Step", value=step)
+    return steps
+
+
+def as_plan(value, what: str = "plan") -> Plan:
+    """``value`` if it is a :class:`Plan`, else a PlanError naming it (for public functions
+    that take a plan)."""
+    if not isinstance(value, Plan):
+        raise PlanError(
+            f"{what} needs a Plan (from meshplan.redistribute.plan), got {value!r}", value=value
+        )
+    return value
 
 
 @attrs.frozen(repr=False, cache_hash=True)
@@ -174,9 +204,14 @@ class Plan:
 
     src: Spec
     dst: Spec
-    steps: tuple[Step, ...] = attrs.field(converter=tuple)
+    steps: tuple[Step, ...] = attrs.field(converter=_steps)
 
     def __attrs_post_init__(self) -> None:
+        if not isinstance(self.src, Spec) or not isinstance(self.dst, Spec):
+            raise PlanError(
+                f"a plan goes from a Spec to a Spec, got {self.src!r} and {self.dst!r}",
+                value=self,
+            )
         cur = self.src
         for i, step in enumerate(self.steps):
             if step.src != cur:

@@ -327,6 +327,50 @@ def test_different_shapes_and_dtypes_raise_naming_the_difference():
         plan(a, a, max_local_bytes=1.5)
 
 
+def _bad_inputs():
+    import numpy as np
+
+    from meshplan.redistribute import explain, merge, step_cost, transition_cost
+
+    mesh = Mesh.create((2, 2), ("a", "b"))
+    a, b = spec(mesh, "S(0) R", (4, 4)), spec(mesh, "R R", (4, 4))
+    return {
+        "dim out of range": lambda: transition_cost(a, b, 5, "all_gather"),
+        "unknown dim name": lambda: transition_cost(a, b, "zz", "all_gather"),
+        "not a spec": lambda: transition_cost("x", b, 0, "all_gather"),
+        "links as text": lambda: HardwareProfile.from_dims("fast"),
+        "a link of one number": lambda: HardwareProfile.from_dims([(1e-6,)]),
+        "a link of text": lambda: HardwareProfile.from_dims([("x", 1e9)]),
+        "a nan latency": lambda: HardwareProfile.from_dims([(float("nan"), 1e9)]),
+        "no step dims": lambda: Step(None, a, b, "all_gather"),
+        "no steps": lambda: Plan(a, b, None),
+        "a step of text": lambda: Plan(a, b, ("x",)),
+        "a plan of text": lambda: Plan("a", b, ()),
+        "cost of text": lambda: cost("x"),
+        "merge of None": lambda: merge(None),
+        "explain text": lambda: explain("x"),
+        "step_cost of text": lambda: step_cost("x"),
+        "merge flag array": lambda: plan(a, b, merge=np.array([1, 2])),
+        "merge flag text": lambda: plan(a, b, merge="yes"),
+        "objective array": lambda: plan(a, b, objective=np.array([1])),
+    }
+
+
+@pytest.mark.parametrize("case", list(_bad_inputs()))
+def test_bad_arguments_of_the_public_functions_raise_plan_errors_naming_them(case):
+    # regression: these raised bare TypeError / IndexError / AttributeError / ValueError
+    with pytest.raises(PlanError):
+        _bad_inputs()[case]()
+
+
+def test_numpy_flags_and_sizes_are_taken():
+    import numpy as np
+
+    mesh = Mesh.create(2)
+    a, b = spec(mesh, "S(0)", (4,)), spec(mesh, "R", (4,))
+    assert plan(a, b, merge=np.bool_(False), max_local_bytes=np.int64(1000)) == plan(a, b)
+
+
 def test_alias_outside_the_mesh_dims_raises():
     import attrs
 
