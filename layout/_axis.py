@@ -28,15 +28,55 @@ __all__ = ["Axis", "MeshLayout", "coalesce", "complement", "compose", "modes_of"
 Mode = tuple[int, int]  # (size, stride)
 
 
-def _int_tuple(value: Iterable[int] | int) -> tuple[int, ...]:
+def _index(value, what: str = "value") -> int:
+    """``value`` as an int (Python or numpy ints; not bool), or a MeshError naming it."""
+    if isinstance(value, bool):
+        raise MeshError(f"{what} must be an int, got {value!r}", value=value)
     try:
-        if isinstance(value, int):
-            return (operator.index(value),)
-        return tuple(operator.index(v) for v in value)
+        return operator.index(value)
     except TypeError:
+        raise MeshError(f"{what} must be an int, got {value!r}", value=value) from None
+
+
+def _int_tuple(value: Iterable[int] | int) -> tuple[int, ...]:
+    if not isinstance(value, bool):
+        try:
+            return (operator.index(value),)
+        except TypeError:
+            pass
+    try:
+        items = tuple(value)
+    except TypeError:
+        items = None
+    if items is None or isinstance(value, str | bytes) or any(isinstance(v, bool) for v in items):
         raise MeshError(
             f"layout sizes and strides are ints or tuples of ints, got {value!r}", value=value
+        )
+    return tuple(_index(v, "a layout size or stride") for v in items)
+
+
+def _modes_tuple(modes: Iterable[Mode]) -> tuple[Mode, ...]:
+    """``modes`` as ``((size, stride), ...)`` of ints (size >= 1, stride >= 0), or a
+    MeshError naming the bad one."""
+    try:
+        items = tuple(modes)
+    except TypeError:
+        raise MeshError(
+            f"layout modes are (size, stride) pairs, got {modes!r}", value=modes
         ) from None
+    out = []
+    for m in items:
+        try:
+            size, stride = m
+        except (TypeError, ValueError):
+            raise MeshError(
+                f"a layout mode is a (size, stride) pair, got {m!r} in {modes!r}", value=m
+            ) from None
+        size, stride = _index(size, "a mode's size"), _index(stride, "a mode's stride")
+        if size < 1 or stride < 0:
+            raise MeshError(f"layout mode {m!r} needs a size >= 1 and a stride >= 0", value=m)
+        out.append((size, stride))
+    return tuple(out)
 
 
 def coalesce(modes: Iterable[Mode]) -> tuple[Mode, ...]:
@@ -51,7 +91,7 @@ def coalesce(modes: Iterable[Mode]) -> tuple[Mode, ...]:
     ((2, 1), (2, 4))
     """
     out: list[Mode] = []
-    for size, stride in modes:
+    for size, stride in _modes_tuple(modes):
         if size == 1:
             continue
         if out and out[-1][1] == size * stride:
@@ -113,10 +153,7 @@ class Axis:
         >>> Axis.from_modes([(2, 4), (4, 1)]) is Axis.from_modes(((2, 4), (4, 1)))
         True
         """
-        modes = tuple(map(tuple, modes))
-        if all(len(m) == 2 and type(m[0]) is int and type(m[1]) is int for m in modes):
-            return _axis_of(modes)
-        return cls(tuple(m[0] for m in modes), tuple(m[1] for m in modes))
+        return _axis_of(_modes_tuple(modes))
 
     def size(self) -> int:
         """Number of indices (ranks) the axis enumerates."""
@@ -127,7 +164,13 @@ class Axis:
         return sum((s - 1) * d for s, d in self.modes) + 1
 
     def offset(self, index: int) -> int:
-        """The offset of linear ``index`` (row-major over the modes)."""
+        """The offset of linear ``index`` (row-major over the modes), ``0 <= index < size``."""
+        index = _index(index, "a layout index")
+        if not 0 <= index < self.size():
+            raise MeshError(
+                f"index {index} is outside layout {self} (indices 0..{self.size() - 1})",
+                value=index,
+            )
         out = 0
         for size, stride in reversed(self.modes):
             index, c = divmod(index, size)
@@ -136,7 +179,7 @@ class Axis:
 
     def offsets(self, base: int = 0) -> tuple[int, ...]:
         """Every offset (plus ``base``) in index order: size of the axis, not of the world."""
-        return tuple(self._offsets(base))
+        return tuple(self._offsets(_index(base, "an offsets base")))
 
     def _offsets(self, base: int) -> Sequence[int]:
         modes = self.modes
@@ -171,6 +214,17 @@ class Axis:
         return f"Axis(sizes={self.sizes!r}, strides={self.strides!r})"
 
 
+def _axes_tuple(value) -> tuple:
+    if isinstance(value, Axis):
+        return (value,)
+    try:
+        return tuple(value)
+    except TypeError:
+        raise MeshError(
+            f"a mesh layout takes a sequence of Axis values, got {value!r}", value=value
+        ) from None
+
+
 @functools.lru_cache(maxsize=8192)
 def _axis_of(modes: tuple[Mode, ...]) -> Axis:
     return Axis(tuple(m[0] for m in modes), tuple(m[1] for m in modes))
@@ -182,6 +236,7 @@ def row_major_strides(sizes: Sequence[int]) -> tuple[int, ...]:
     >>> row_major_strides((2, 3, 4))
     (12, 4, 1)
     """
+    sizes = _int_tuple(sizes)
     out = []
     acc = 1
     for s in reversed(sizes):
@@ -235,9 +290,9 @@ def complement(modes: Iterable[Mode], world: int) -> Axis:
     >>> complement([(2, 4), (2, 1)], 8)
     Axis(sizes=(2,), strides=(2,))
     """
-    if isinstance(world, bool) or not isinstance(world, int) or world < 1:
+    if isinstance(world, bool) or not hasattr(world, "__index__") or world < 1:
         raise MeshError(f"world size must be an int >= 1, got {world!r}", value=world)
-    return _complement(tuple(map(tuple, modes)), world)
+    return _complement(_modes_tuple(modes), operator.index(world))
 
 
 @functools.lru_cache(maxsize=8192)
@@ -285,6 +340,15 @@ def compose(outer: Axis, inner: Axis) -> Axis:
     >>> compose(Axis.of((2, 3), (1, 2)), Axis.of(2, 2))   # offsets 0, 4: not admissible
     Axis(sizes=(2,), strides=(4,))
     """
+    for value in (outer, inner):
+        if not isinstance(value, Axis):
+            raise MeshError(f"compose takes two Axis values, got {value!r}", value=value)
+    if inner.cosize() > outer.size():
+        raise MeshError(
+            f"{inner} reaches index {inner.cosize() - 1}, outside {outer} (indices "
+            f"0..{outer.size() - 1}); compose needs the inner layout within the outer's indices",
+            value=(outer, inner),
+        )
     result: list[Mode] = []
     try:
         # mode by mode only when inner's moving modes, by stride, each start at a multiple
@@ -386,7 +450,7 @@ class MeshLayout:
     ((0, 1, 2), (3, 4, 5))
     """
 
-    axes: tuple[Axis, ...] = attrs.field(converter=tuple)
+    axes: tuple[Axis, ...] = attrs.field(converter=_axes_tuple)
     shape: tuple[int, ...] = attrs.field(init=False, eq=False)
     _all_modes: tuple[Mode, ...] = attrs.field(init=False, eq=False, repr=False)
 
@@ -398,8 +462,8 @@ class MeshLayout:
         object.__setattr__(self, "_all_modes", tuple(m for a in self.axes for m in a.modes))
 
     @classmethod
-    def row_major(cls, shape: Sequence[int]) -> MeshLayout:
-        shape = tuple(shape)
+    def row_major(cls, shape: Sequence[int] | int) -> MeshLayout:
+        shape = _int_tuple(shape)
         return cls(
             tuple(Axis.of((s,), (d,)) for s, d in zip(shape, row_major_strides(shape), strict=True))
         )
@@ -416,7 +480,10 @@ class MeshLayout:
 
     def _dims(self, dims) -> tuple[int, ...]:
         """``dims`` (one dim or a sequence of them) as a tuple of dims of this layout."""
-        items = (dims,) if hasattr(dims, "__index__") else dims
+        try:
+            items = (operator.index(dims),) if not isinstance(dims, bool) else (dims,)
+        except TypeError:
+            items = dims
         try:
             items = tuple(items)
         except TypeError:
@@ -425,9 +492,12 @@ class MeshLayout:
             ) from None
         out = []
         for d in items:
-            if isinstance(d, bool) or not hasattr(d, "__index__"):
-                raise MeshError(f"mesh dims are ints, got {d!r} in {dims!r}", value=dims)
-            i = operator.index(d)
+            try:
+                if isinstance(d, bool):
+                    raise TypeError
+                i = operator.index(d)
+            except TypeError:
+                raise MeshError(f"mesh dims are ints, got {d!r} in {dims!r}", value=dims) from None
             if not 0 <= i < len(self.axes):
                 raise MeshError(
                     f"mesh dim {i} is out of range for a {len(self.axes)}-dim layout "
@@ -443,7 +513,7 @@ class MeshLayout:
         """The modes of all (or the chosen) axes, in dim order."""
         if dims is None:
             return self._all_modes
-        return tuple(m for i in dims for m in self.axes[i].modes)
+        return tuple(m for i in self._dims(dims) for m in self.axes[i].modes)
 
     def collapse(self, dims: Sequence[int] | None = None) -> Axis:
         """All (or the chosen) axes as one flattened axis, in the given dim order."""

@@ -24,9 +24,24 @@ class FrozenMap(Mapping[K, V], Generic[K, V]):
     __slots__ = ("_data", "_hash")
 
     def __init__(self, data: Mapping[K, V] | Any = (), **kwargs: V) -> None:
-        items = dict(data)
+        from meshplan.errors import MeshError
+
+        try:
+            items = dict(data)
+        except (TypeError, ValueError):
+            raise MeshError(
+                f"a FrozenMap is built from a mapping or (key, value) pairs, got {data!r}",
+                value=data,
+            ) from None
         items.update(kwargs)
-        self._data: dict[K, V] = dict(sorted(items.items(), key=lambda kv: _sort_key(kv[0])))
+        try:
+            ordered = sorted(items.items(), key=lambda kv: _sort_key(kv[0]))
+        except TypeError:
+            raise MeshError(
+                f"a FrozenMap's keys must be orderable (ints or strings), got {list(items)!r}",
+                value=data,
+            ) from None
+        self._data: dict[K, V] = dict(ordered)
         self._hash: int | None = None
 
     def __getitem__(self, key: K) -> V:

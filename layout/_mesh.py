@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 import operator
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 
 import attrs
 
@@ -29,15 +29,38 @@ def _names(value: Iterable[str] | str) -> tuple[str, ...]:
 def _tuple(value: Iterable, what: str) -> tuple:
     if isinstance(value, str | bytes) or not isinstance(value, Iterable):
         raise MeshError(f"{what} must be a sequence, got {value!r}", value=value)
-    return tuple(value)
+    if isinstance(value, set | frozenset):
+        raise MeshError(
+            f"{what} must be an ordered sequence (a tuple or list), got the set {value!r}",
+            value=value,
+        )
+    try:
+        return tuple(value)
+    except TypeError:  # e.g. a 0-d array
+        raise MeshError(f"{what} must be a sequence, got {value!r}", value=value) from None
 
 
 _MAX_WORLD = 2**31 - 1
 
 
+def _aliases(value) -> FrozenMap:
+    if value is None:
+        return FrozenMap()
+    if not isinstance(value, Mapping):
+        raise MeshError(
+            f"a mesh's aliases are a mapping of names to Axis values, got {value!r}", value=value
+        )
+    return frozen_map(value)
+
+
 def _mesh_shape(value) -> tuple[int, ...]:
     """A mesh shape as a tuple of ints >= 1 (an int, or a sequence of ints; numpy ints too)."""
-    items = (value,) if not isinstance(value, Iterable) or isinstance(value, str) else value
+    if isinstance(value, str | bytes):
+        raise MeshError(f"a mesh shape is an int or a sequence of ints, got {value!r}", value=value)
+    try:  # an int, a numpy int or a 0-d array
+        items = (value,) if isinstance(value, bool) else (operator.index(value),)
+    except TypeError:
+        items = _tuple(value, "a mesh shape")
     out = []
     for s in items:
         try:
@@ -81,7 +104,7 @@ class Mesh:
     layout: MeshLayout
     ranks: RankMap = attrs.field(converter=rank_map)
     names: tuple[str, ...] = attrs.field(converter=_names)
-    aliases: FrozenMap[str, Axis] = attrs.field(converter=frozen_map, factory=FrozenMap)
+    aliases: FrozenMap[str, Axis] = attrs.field(converter=_aliases, factory=FrozenMap)
     device_type: str = "cpu"
 
     def __attrs_post_init__(self) -> None:
@@ -260,10 +283,15 @@ class Mesh:
         if dims is None:
             return tuple(zip(self.names, self.layout.axes, strict=True))
         if isinstance(dims, slice):
-            dims = range(self.ndim)[dims]
+            try:
+                dims = range(self.ndim)[dims]
+            except (TypeError, ValueError) as exc:
+                raise MeshError(f"bad mesh dim slice {dims!r}: {exc}", value=dims) from None
         elif isinstance(dims, str) or not isinstance(dims, Iterable):
             dims = (dims,)
-        dims = tuple(dims)
+        elif hasattr(dims, "__index__") and getattr(dims, "shape", None) == ():
+            dims = (dims,)  # a 0-d array or tensor
+        dims = _tuple(dims, "mesh dims")
         out = []
         for d in dims:
             if isinstance(d, str) and d in self.aliases:
@@ -330,6 +358,8 @@ class Mesh:
         (Axis(sizes=(2, 2), strides=(4, 1)), ((0, 1, 4, 5, 2, 3, 6, 7),))
         """
         chosen = self._resolve(dims)
+        if not chosen:
+            raise MeshError(f"flatten needs at least one mesh dim, got {dims!r}", value=dims)
         if name is None:
             name = "_".join(n for n, _ in chosen)
         if not isinstance(name, str) or not name:
@@ -372,6 +402,10 @@ class Mesh:
                 value=(sizes, names),
             )
         axis = self.layout.axes[i]
+        sizes = tuple(
+            operator.index(s) if not isinstance(s, bool) and hasattr(s, "__index__") else s
+            for s in sizes
+        )
         for s in sizes:
             if isinstance(s, bool) or not isinstance(s, int) or s < 1:
                 raise MeshError(
@@ -453,7 +487,10 @@ class Mesh:
         >>> m.rank_at((1, 2)), m["dp"].rank_at((1,), at=3)
         (6, 7)
         """
-        coordinate = _tuple(coordinate, "a coordinate")
+        coordinate = tuple(
+            operator.index(c) if not isinstance(c, bool) and hasattr(c, "__index__") else c
+            for c in _tuple(coordinate, "a coordinate")
+        )
         if len(coordinate) != self.ndim or any(
             isinstance(c, bool) or not isinstance(c, int) or not 0 <= c < s
             for c, s in zip(coordinate, self.shape, strict=True)
@@ -632,7 +669,7 @@ def flatten(mesh: Mesh, dims: Dims = None, name: str | None = None) -> Mesh:
     >>> flatten(Mesh.create((2, 2), ("a", "b")), name="ab")["ab"].groups()
     ((0, 1, 2, 3),)
     """
-    return mesh.flatten(dims, name)
+    return _as_mesh(mesh).flatten(dims, name)
 
 
 def unflatten(mesh: Mesh, dim: DimKey, sizes: Sequence[int], names: Sequence[str] | str) -> Mesh:
@@ -641,4 +678,10 @@ def unflatten(mesh: Mesh, dim: DimKey, sizes: Sequence[int], names: Sequence[str
     >>> unflatten(Mesh.create(4, "x"), "x", (2, 2), ("a", "b")).groups("a")
     ((0, 2), (1, 3))
     """
-    return mesh.unflatten(dim, sizes, names)
+    return _as_mesh(mesh).unflatten(dim, sizes, names)
+
+
+def _as_mesh(value) -> Mesh:
+    if not isinstance(value, Mesh):
+        raise MeshError(f"expected a Mesh, got {value!r}", value=value)
+    return value

@@ -80,7 +80,7 @@ def rank_map(value: Iterable[int]) -> RankMap:
             value=value,
         )
     try:
-        ranks = tuple(operator.index(r) for r in value)
+        ranks = tuple(operator.index(r) for r in value if not isinstance(r, bool) or _no_bool(r))
     except TypeError:
         raise MeshError(
             f"rank map {value!r} holds a value that is not an int; ranks are ints >= 0",
@@ -92,10 +92,16 @@ def rank_map(value: Iterable[int]) -> RankMap:
     if progression is not None:
         _check_range(progression)
         return progression
-    low = min(ranks)
+    low, high = min(ranks), max(ranks)
     if low < 0:
         raise MeshError(
             f"rank map {short_repr(ranks)} holds the negative rank {low}; ranks are ints >= 0",
+            value=ranks,
+        )
+    if high > _MAX_RANK:
+        raise MeshError(
+            f"rank map {short_repr(ranks)} holds the rank {high}, beyond any torch.distributed "
+            f"world (ranks are 32-bit ints: at most {_MAX_RANK})",
             value=ranks,
         )
     if len(set(ranks)) != len(ranks):
@@ -135,6 +141,20 @@ def _check_range(ranks: range) -> None:
             f"rank map {ranks!r} holds the negative rank {low}; ranks are ints >= 0",
             value=ranks,
         )
+    high = ranks[-1] if ranks.step > 0 else ranks[0]
+    if high > _MAX_RANK:
+        raise MeshError(
+            f"rank map {ranks!r} holds the rank {high}, beyond any torch.distributed world "
+            f"(ranks are 32-bit ints: at most {_MAX_RANK})",
+            value=ranks,
+        )
+
+
+_MAX_RANK = 2**31 - 2
+
+
+def _no_bool(value) -> bool:
+    raise TypeError(f"{value!r} is a bool")
 
 
 def index_of(ranks: RankMap, rank: int) -> int | None:
