@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from itertools import product
 
 import attrs
@@ -17,7 +17,7 @@ import attrs
 from meshplan.errors import PlacementError
 
 from ._spec import Spec
-from ._types import Shard, StridedShard
+from ._types import Shard, StridedShard, _as_int
 
 __all__ = [
     "Chunk",
@@ -57,6 +57,12 @@ def chunk_bounds(length: int, parts: int, index: int) -> tuple[int, int]:
     >>> [chunk_bounds(5, 4, i) for i in range(4)]
     [(0, 2), (2, 4), (4, 5), (5, 5)]
     """
+    if length < 0 or parts < 0 or not 0 <= index < max(parts, 1):
+        raise PlacementError(
+            f"chunk_bounds({length!r}, {parts!r}, {index!r}): need length >= 0, parts >= 0 "
+            "and 0 <= index < parts",
+            value=(length, parts, index),
+        )
     size = -(-length // parts) if parts else 0
     start = min(size * index, length)
     return start, min(start + size, length)
@@ -152,7 +158,12 @@ def dim_intervals(spec: Spec, coordinate: Sequence[int], tensor_dim: int) -> Int
     >>> dim_intervals(spec, (0, 1), -1)
     ((4, 8),)
     """
-    coordinate = tuple(coordinate)
+    _need_spec(spec)
+    if isinstance(coordinate, str) or not isinstance(coordinate, Sequence | Iterable):
+        raise PlacementError(
+            f"a mesh coordinate is a sequence of ints, got {coordinate!r}", value=coordinate
+        )
+    coordinate = tuple(_as_int(c) for c in coordinate)
     sizes = spec.mesh.shape
     if len(coordinate) != len(sizes) or not all(
         not isinstance(c, bool) and isinstance(c, int) and 0 <= c < n
@@ -175,7 +186,13 @@ def _dim_intervals(spec: Spec, coordinate: tuple[int, ...], tensor_dim: int) -> 
     return ivs
 
 
+def _need_spec(spec) -> None:
+    if not isinstance(spec, Spec):
+        raise PlacementError(f"expected a Spec, got {spec!r}", value=spec)
+
+
 def _coordinate(spec: Spec, rank: int) -> tuple[int, ...]:
+    _need_spec(spec)
     coord = spec.mesh.coordinate(rank)
     if coord is None:
         raise PlacementError(

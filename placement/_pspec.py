@@ -19,7 +19,7 @@ from meshplan.errors import PlacementError
 from meshplan.layout import FrozenMap, Mesh
 
 from ._spec import Spec, _shape
-from ._types import REDUCE_OPS, Partial, Placement, Replicate, Shard, StridedShard
+from ._types import REDUCE_OPS, Partial, Placement, Replicate, Shard, StridedShard, _as_int
 
 __all__ = ["PartitionSpec", "from_partition_spec", "partition_spec"]
 
@@ -29,10 +29,11 @@ Entry = tuple[Any, ...] | None
 def _entry(value: Any) -> Entry:
     if value is None:
         return None
+    value = _as_int(value)
     if isinstance(value, str | int) and not isinstance(value, bool):
         return (value,)
-    if isinstance(value, Sequence):
-        items = tuple(value)
+    if isinstance(value, Sequence) and not isinstance(value, bytes):
+        items = tuple(_as_int(v) for v in value)
         for item in items:
             if isinstance(item, bool) or not isinstance(item, str | int):
                 raise PlacementError(
@@ -50,7 +51,7 @@ def _entry(value: Any) -> Entry:
 def _entries(value: Any) -> tuple[Entry, ...]:
     if isinstance(value, PartitionSpec):
         return value.dims
-    if isinstance(value, str) or not isinstance(value, Sequence):
+    if isinstance(value, str | bytes) or not isinstance(value, Sequence):
         raise PlacementError(
             f"a partition spec is a sequence with one entry per tensor dim, got {value!r}; "
             "write e.g. (('dp', 'tp'), None)",
@@ -137,6 +138,8 @@ def from_partition_spec(
     >>> print(s)
     f32[8,4](S(0)[1,0] S(0) P(sum))
     """
+    if not isinstance(mesh, Mesh):
+        raise PlacementError(f"from_partition_spec takes a Mesh, got {mesh!r}", value=mesh)
     entries = _entries(pspec)
     if partial is None and isinstance(pspec, PartitionSpec):
         partial = pspec.partial
@@ -190,6 +193,8 @@ def partition_spec(spec: Spec) -> PartitionSpec:
     >>> partition_spec(Spec(mesh, (Shard(1), Partial("avg")), (4, 6)))
     PartitionSpec(None, 'dp', partial={'tp': 'avg'})
     """
+    if not isinstance(spec, Spec):
+        raise PlacementError(f"partition_spec takes a Spec, got {spec!r}", value=spec)
     names = spec.mesh.names
     for m, p in enumerate(spec.placements):
         if isinstance(p, StridedShard):

@@ -12,7 +12,7 @@ from meshplan.errors import PlacementError
 from meshplan.layout import FrozenMap, Mesh
 from meshplan.layout._frozen import identity_first_eq
 
-from ._types import Partial, Placement, Replicate, Shard, StridedShard, dtype_name
+from ._types import Partial, Placement, Replicate, Shard, StridedShard, _as_int, dtype_name
 
 __all__ = ["Spec"]
 
@@ -22,7 +22,7 @@ def _shape(value: Iterable[int]) -> tuple[int, ...]:
         raise PlacementError(
             f"global shape {value!r} is not a sequence of sizes; write e.g. (8, 4)", value=value
         )
-    return tuple(value)
+    return tuple(_as_int(v) for v in value)
 
 
 def _placements(value: Iterable[Any]) -> tuple[Any, ...]:
@@ -45,7 +45,10 @@ def _order(value: Any) -> Any:
     if value is None:
         return {}
     try:
-        return dict(value)
+        return {
+            _as_int(d): tuple(_as_int(m) for m in ms) if isinstance(ms, list | tuple) else ms
+            for d, ms in dict(value).items()
+        }
     except (TypeError, ValueError):
         raise PlacementError(
             f"shard_order {value!r} is not a mapping tensor dim -> mesh dims; write e.g. "

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+from collections.abc import Mapping
 
 import torch
 
@@ -97,6 +98,12 @@ def unshard(locals_: dict[int, torch.Tensor], spec: Spec) -> torch.Tensor:
     >>> unshard({0: torch.tensor([1, 5]), 1: torch.tensor([4, 2])}, spec)
     tensor([4, 5])
     """
+    _check_spec(spec)
+    if not isinstance(locals_, Mapping):
+        raise PlacementError(
+            f"unshard takes a mapping rank -> local tensor, got {type(locals_).__name__}",
+            value=locals_,
+        )
     ranks = _ranks(spec)
     missing = [r for r in ranks if r not in locals_]
     if missing:
@@ -111,6 +118,11 @@ def unshard(locals_: dict[int, torch.Tensor], spec: Spec) -> torch.Tensor:
         coord = spec.mesh.coordinate(rank)
         per_dim = local_intervals(spec, rank)
         local = locals_[rank]
+        if not isinstance(local, torch.Tensor):
+            raise PlacementError(
+                f"rank {rank}'s local is a {type(local).__name__}, not a torch.Tensor",
+                value=rank,
+            )
         name = str(local.dtype).removeprefix("torch.")
         if name != spec.dtype:
             raise PlacementError(
@@ -192,6 +204,11 @@ def _place(target: torch.Tensor, per_dim: tuple[Intervals, ...], local: torch.Te
         dst.copy_(src)
 
 
+def _check_spec(spec) -> None:
+    if not isinstance(spec, Spec):
+        raise PlacementError(f"expected a Spec, got {spec!r}", value=spec)
+
+
 def _ranks(spec: Spec) -> tuple[int, ...]:
     # All ranks of the first mesh instance (a sliced mesh stands for a family: use the
     # instance containing its first rank).
@@ -202,6 +219,13 @@ def _ranks(spec: Spec) -> tuple[int, ...]:
 
 
 def _check_tensor(tensor: torch.Tensor, spec: Spec) -> None:
+    _check_spec(spec)
+    if not isinstance(tensor, torch.Tensor):
+        raise PlacementError(
+            f"expected a torch.Tensor, got {type(tensor).__name__}; convert it with "
+            "torch.as_tensor(...)",
+            value=tensor,
+        )
     if tuple(tensor.shape) != spec.shape:
         raise PlacementError(
             f"tensor of shape {tuple(tensor.shape)} does not match {spec} (shape {spec.shape})",

@@ -17,7 +17,15 @@ def format_placements(placements, shard_order=None) -> str:
     >>> format_placements((Shard(0), Shard(0), Replicate()), {0: (1, 0)})
     'S(0)[1,0] S(0) R'
     """
-    shard_order = dict(shard_order or {})
+    try:
+        shard_order = dict(shard_order or {})
+        placements = tuple(placements)
+    except (TypeError, ValueError):
+        raise PlacementError(
+            f"format_placements takes placements and a mapping tensor dim -> mesh dims, got "
+            f"{placements!r} and {shard_order!r}",
+            value=shard_order,
+        ) from None
     shown: set[int] = set()
     parts = []
     for p in placements:
@@ -33,6 +41,10 @@ def format_placements(placements, shard_order=None) -> str:
 
 def format_spec(spec) -> str:
     """``f32[8,4](S(0) R P(sum))``: dtype, global shape, placements (with shard order)."""
+    from ._spec import Spec
+
+    if not isinstance(spec, Spec):
+        raise PlacementError(f"format_spec takes a Spec, got {spec!r}", value=spec)
     shape = ",".join(map(str, spec.shape))
     return f"{dtype_short(spec.dtype)}[{shape}]({format_placements(spec.placements, spec.shard_order)})"
 
@@ -59,6 +71,10 @@ def parse_placements(text: str) -> tuple[tuple[Placement, ...], dict[int, tuple[
     >>> parse_placements("P(max) SS(1,2)")[0]
     (Partial('max'), StridedShard(1, 2))
     """
+    if not isinstance(text, str):
+        raise PlacementError(
+            f"parse_placements takes a string such as 'S(0) R P(sum)', got {text!r}", value=text
+        )
     placements: list[Placement] = []
     order: dict[int, tuple[int, ...]] = {}
     pos = 0
@@ -86,6 +102,12 @@ def parse_placements(text: str) -> tuple[tuple[Placement, ...], dict[int, tuple[
                     value=text,
                 )
             nums = [s for s in m.group("order").replace(" ", "").split(",") if s]
+            if p.dim in order:
+                raise PlacementError(
+                    f"{text!r} gives tensor dim {p.dim}'s shard order twice; write it once, "
+                    "after its first shard",
+                    value=text,
+                )
             order[p.dim] = tuple(int(s) for s in nums)
         placements.append(p)
         pos = m.end()

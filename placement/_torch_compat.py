@@ -55,8 +55,18 @@ def _order_of(placements: Sequence[Placement], given: Mapping[Any, Any] | None):
         if isinstance(p, Shard | StridedShard):
             sharding.setdefault(p.dim, []).append(m)
     order = {d: tuple(ms) for d, ms in sharding.items()}
-    for d, ms in dict(given or {}).items():
-        ms = (ms,) if isinstance(ms, int) else tuple(ms)
+    try:
+        items = dict(given or {}).items()
+    except (TypeError, ValueError):
+        raise PlacementError(
+            f"shard_order {given!r} is not a mapping tensor dim -> mesh dims; write e.g. "
+            "{0: (1, 0)}",
+            value=given,
+        ) from None
+    for d, ms in items:
+        ms = (ms,) if isinstance(ms, int) else tuple(ms) if isinstance(ms, list | tuple) else ms
+        if not isinstance(ms, tuple):
+            ms = (ms,)
         ints = all(isinstance(m, int) and not isinstance(m, bool) for m in ms)
         if not ints or d not in sharding or sorted(ms) != sharding[d]:
             raise PlacementError(
@@ -129,6 +139,10 @@ def to_torch(
     """
     if order not in _ORDER_MODES:
         raise PlacementError(f"order must be one of {_ORDER_MODES!r}, got {order!r}", value=order)
+    if not isinstance(value, Spec) and (isinstance(value, str) or not isinstance(value, Iterable)):
+        raise PlacementError(
+            f"expected a Spec or a sequence of meshplan placements, got {value!r}", value=value
+        )
     if isinstance(value, Spec):
         if shard_order is not None:
             raise PlacementError(
@@ -206,6 +220,10 @@ def to_torch_shard_order(
     """
     from torch.distributed.tensor._dtensor_spec import ShardOrderEntry
 
+    if not isinstance(value, Spec) and (isinstance(value, str) or not isinstance(value, Iterable)):
+        raise PlacementError(
+            f"expected a Spec or a sequence of meshplan placements, got {value!r}", value=value
+        )
     if isinstance(value, Spec):
         if shard_order is not None:
             raise PlacementError(
@@ -214,6 +232,13 @@ def to_torch_shard_order(
             )
         orders = dict(value.shard_order)
     else:
+        for p in value:
+            if not isinstance(p, Shard | StridedShard | Replicate | Partial):
+                raise PlacementError(
+                    f"{p!r} in {value!r} is not a meshplan placement (Shard, StridedShard, "
+                    "Replicate or Partial)",
+                    value=p,
+                )
         orders = _order_of(list(value), shard_order)
     return tuple(ShardOrderEntry(tensor_dim=d, mesh_dims=tuple(orders[d])) for d in sorted(orders))
 
@@ -337,6 +362,18 @@ def from_torch(
     >>> print(from_torch(pl, mesh, (8,), decode_order=True))
     f32[8](S(0)[1,0] S(0))
     """
+    if isinstance(placements, str) or not isinstance(placements, Iterable):
+        raise PlacementError(
+            f"from_torch takes a sequence of torch placements, got {placements!r}",
+            value=placements,
+        )
+    if not isinstance(decode_order, bool) and (
+        isinstance(decode_order, str) or not isinstance(decode_order, Collection)
+    ):
+        raise PlacementError(
+            f"decode_order is True, False or a collection of tensor dims, got {decode_order!r}",
+            value=decode_order,
+        )
     converted = [_from_torch_placement(p) for p in placements]
     given = _torch_order(shard_order)
     if mesh is None and shape is None:
