@@ -11,12 +11,13 @@ from __future__ import annotations
 
 import json
 import math
+import operator
 import os
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 import attrs
 
-from meshplan.errors import CheckpointError
+from meshplan.errors import CheckpointError, MissingTensorError
 from meshplan.layout import FrozenMap
 from meshplan.placement import DTYPES, Chunk
 
@@ -26,6 +27,7 @@ __all__ = [
     "VERSION",
     "ChunkRecord",
     "Metadata",
+    "MissingTensorError",
     "TensorMeta",
     "check_tiles",
     "metadata_from_json",
@@ -38,12 +40,43 @@ VERSION = 1
 INDEX_NAME = "index.json"
 
 
-def _ints(value: Iterable[int]) -> tuple[int, ...]:
-    out = tuple(value)
-    for v in out:
-        if isinstance(v, bool) or not isinstance(v, int):
-            raise ValueError(f"{list(out)!r} holds {v!r}, not an int")
-    return out
+_MAX_SIZE = 2**63 - 1  # torch sizes and offsets are int64
+
+
+def missing_tensor(key: object, known: Iterable[str], where: str) -> MissingTensorError:
+    """The error for tensor ``key`` missing from the checkpoint ``where``, listing ``known``."""
+    known = list(known)
+    more = " ..." if len(known) > 10 else ""
+    return MissingTensorError(
+        f"tensor {key!r} is not in the checkpoint{where} (it holds {known[:10]!r}{more}); "
+        "pass one of its keys",
+        value=key,
+    )
+
+
+def _ints(what: str) -> Callable[[Iterable[int]], tuple[int, ...]]:
+    """A converter to a tuple of ints in ``[0, 2**63)`` (numpy ints too; not bools)."""
+
+    def convert(value: Iterable[int]) -> tuple[int, ...]:
+        if isinstance(value, str | bytes) or not isinstance(value, Iterable):
+            raise CheckpointError(f"{what} {value!r} is not a sequence of ints", value=value)
+        items = tuple(value)
+        out = []
+        for v in items:
+            try:
+                i = None if isinstance(v, bool) else operator.index(v)
+            except TypeError:
+                i = None
+            if i is None or not 0 <= i <= _MAX_SIZE:
+                raise CheckpointError(
+                    f"{what} {list(items)!r} holds {v!r}; every entry must be an int >= 0 "
+                    "(and below 2**63)",
+                    value=value,
+                )
+            out.append(i)
+        return tuple(out)
+
+    return convert
 
 
 @attrs.frozen
@@ -59,8 +92,8 @@ class ChunkRecord:
     (Chunk(offsets=(2, 0), sizes=(2, 4)), 8)
     """
 
-    offsets: tuple[int, ...] = attrs.field(converter=_ints)
-    sizes: tuple[int, ...] = attrs.field(converter=_ints)
+    offsets: tuple[int, ...] = attrs.field(converter=_ints("offsets"))
+    sizes: tuple[int, ...] = attrs.field(converter=_ints("sizes"))
     file: str
     name: str
     checksum: str
@@ -74,7 +107,13 @@ class ChunkRecord:
 
 
 def _chunks(value: Iterable[ChunkRecord]) -> tuple[ChunkRecord, ...]:
-    return tuple(value)
+    if not isinstance(value, Iterable) or isinstance(value, str | bytes):
+        raise CheckpointError(f"chunks {value!r} must be a sequence of ChunkRecords", value=value)
+    out = tuple(value)
+    for c in out:
+        if not isinstance(c, ChunkRecord):
+            raise CheckpointError(f"chunks hold {c!r}, which is not a ChunkRecord", value=c)
+    return out
 
 
 @attrs.frozen
@@ -87,7 +126,7 @@ class TensorMeta:
     """
 
     key: str
-    shape: tuple[int, ...] = attrs.field(converter=_ints)
+    shape: tuple[int, ...] = attrs.field(converter=_ints("shape"))
     dtype: str
     chunks: tuple[ChunkRecord, ...] = attrs.field(converter=_chunks)
 
@@ -117,7 +156,12 @@ class Metadata:
         return tuple(sorted({c.file for t in self.tensors.values() for c in t.chunks}))
 
     def __getitem__(self, key: str) -> TensorMeta:
-        return self.tensors[key]
+        """The saved tensor ``key``; a :class:`MissingTensorError` (a ``KeyError`` too)
+        naming the keys there are when it is absent."""
+        try:
+            return self.tensors[key]
+        except (KeyError, TypeError):  # TypeError: an unhashable key
+            raise missing_tensor(key, self.tensors, "") from None
 
 
 def check_tiles(meta: TensorMeta, where: str = "") -> None:
@@ -252,49 +296,117 @@ def _file(value: object) -> str:
     return value
 
 
-def metadata_from_json(text: str, where: str = INDEX_NAME) -> Metadata:
+def _index_doc(text: str | bytes, where: str) -> dict:
+    """The JSON document of index text (str or UTF-8 bytes)."""
+    if isinstance(text, bytes | bytearray):
+        try:
+            text = bytes(text).decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise CheckpointError(
+                f"{where} is not UTF-8 text ({e}); the index is damaged", value=where
+            ) from None
+    if not isinstance(text, str):
+        raise CheckpointError(
+            f"index text must be a str or bytes, got {type(text).__name__} {text!r:.80}; pass "
+            f"the contents of {INDEX_NAME}",
+            value=text,
+        )
+    try:
+        doc = json.loads(text)
+    except RecursionError:
+        raise CheckpointError(
+            f"{where} nests too deeply to be a {FORMAT} index; the index is damaged", value=where
+        ) from None
+    except ValueError as e:
+        raise CheckpointError(f"{where} is not valid JSON ({e}); the index is damaged") from None
+    if not isinstance(doc, dict) or doc.get("format") != FORMAT:
+        raise CheckpointError(f"{where} is not a {FORMAT} index", value=where)
+    version = doc.get("version")
+    if type(version) is not int or version != VERSION:  # not True, not 1.0
+        raise CheckpointError(
+            f"{where} has index version {version!r}; this meshplan reads version {VERSION} "
+            "(an int)",
+            value=version,
+        )
+    if not isinstance(doc.get("tensors"), dict):
+        raise CheckpointError(
+            f"{where} is malformed (its 'tensors' is {doc.get('tensors')!r:.80}, not an "
+            "object); the index is damaged",
+            value=where,
+        )
+    return doc
+
+
+def _tensor_meta(key: str, t: object) -> TensorMeta:
+    """One tensor's entry of the index document (raises the errors the caller reports)."""
+    chunks = [
+        ChunkRecord(c["offsets"], c["sizes"], _file(c["file"]), c["name"], c["checksum"])
+        for c in t["chunks"]
+    ]
+    for c in chunks:
+        if not isinstance(c.name, str) or not isinstance(c.checksum, str):
+            raise ValueError(f"chunk {c.name!r} has a name or checksum that is no string")
+    return TensorMeta(key, t["shape"], t["dtype"], chunks)
+
+
+def metadata_from_json(text: str | bytes, where: str = INDEX_NAME) -> Metadata:
     """Parse and check index text; raise :class:`CheckpointError` naming what is wrong.
 
     >>> m = metadata_from_json(metadata_to_json(Metadata({"w": TensorMeta("w", (0,), "int64", ())})))
     >>> m["w"].shape
     (0,)
     """
-    try:
-        doc = json.loads(text)
-    except ValueError as e:
-        raise CheckpointError(f"{where} is not valid JSON ({e}); the index is damaged") from None
-    if not isinstance(doc, dict) or doc.get("format") != FORMAT:
-        raise CheckpointError(f"{where} is not a {FORMAT} index", value=where)
-    if doc.get("version") != VERSION:
-        raise CheckpointError(
-            f"{where} has index version {doc.get('version')!r}; this meshplan reads version "
-            f"{VERSION}",
-            value=doc.get("version"),
-        )
+    doc = _index_doc(text, where)
     tensors: dict[str, TensorMeta] = {}
-    try:
-        for key, t in doc["tensors"].items():
-            chunks = [
-                ChunkRecord(c["offsets"], c["sizes"], _file(c["file"]), c["name"], c["checksum"])
-                for c in t["chunks"]
-            ]
-            for c in chunks:
-                if not isinstance(c.name, str) or not isinstance(c.checksum, str):
-                    raise ValueError(f"chunk {c.name!r} has a name or checksum that is no string")
-            meta = TensorMeta(key, t["shape"], t["dtype"], chunks)
-            if meta.dtype not in DTYPES:
-                raise CheckpointError(
-                    f"{where}: tensor {key!r} has unknown dtype {meta.dtype!r}", value=meta.dtype
-                )
-            check_tiles(meta, f" in {where}")
-            tensors[key] = meta
-    except (KeyError, TypeError, AttributeError, ValueError) as e:
-        if isinstance(e, CheckpointError):
-            raise
-        raise CheckpointError(
-            f"{where} is malformed ({type(e).__name__}: {e}); the index is damaged"
-        ) from None
+    for key, t in doc["tensors"].items():
+        try:
+            meta = _tensor_meta(key, t)
+        except (KeyError, TypeError, AttributeError, ValueError) as e:
+            kind = "" if isinstance(e, CheckpointError) else f"{type(e).__name__}: "
+            raise CheckpointError(
+                f"{where} is malformed at tensor {key!r} ({kind}{e}); the index is damaged",
+                value=key,
+            ) from None
+        if not isinstance(meta.dtype, str) or meta.dtype not in DTYPES:
+            raise CheckpointError(
+                f"{where}: tensor {key!r} has unknown dtype {meta.dtype!r}", value=meta.dtype
+            )
+        check_tiles(meta, f" in {where}")
+        tensors[key] = meta
     return Metadata(tensors)
+
+
+def checkpoint_path(path: object) -> str:
+    """``path`` (a str, bytes or os.PathLike) as a str; raise CheckpointError for any other
+    value or an empty path.
+
+    >>> checkpoint_path(b"ckpt")
+    'ckpt'
+    >>> checkpoint_path("")
+    Traceback (most recent call last):
+    ...
+    meshplan.errors.CheckpointError: the checkpoint path is empty; ...
+    """
+    try:
+        raw = os.fspath(path)  # type: ignore[arg-type]
+    except TypeError:
+        raise CheckpointError(
+            f"a checkpoint path must be a str or os.PathLike naming a directory, got "
+            f"{type(path).__name__} {path!r:.80}; pass e.g. 'checkpoints/step-100'",
+            value=path,
+        ) from None
+    text = os.fsdecode(raw)
+    if not text:
+        raise CheckpointError(
+            "the checkpoint path is empty; pass a directory (e.g. '.' for the current one)",
+            value=path,
+        )
+    if "\0" in text:
+        raise CheckpointError(
+            f"checkpoint path {text!r} holds a NUL character; pass a real directory path",
+            value=path,
+        )
+    return text
 
 
 def read_metadata(path: str | os.PathLike[str]) -> Metadata:
@@ -309,16 +421,19 @@ def read_metadata(path: str | os.PathLike[str]) -> Metadata:
     ...
     meshplan.errors.CheckpointError: no checkpoint at ...: index.json is missing ...
     """
-    index = os.path.join(os.fspath(path), INDEX_NAME)
+    directory = checkpoint_path(path)
+    index = os.path.join(directory, INDEX_NAME)
     try:
-        with open(index, encoding="utf-8") as f:
+        with open(index, "rb") as f:
             text = f.read()
     except FileNotFoundError:
         raise CheckpointError(
-            f"no checkpoint at {os.fspath(path)!r}: {INDEX_NAME} is missing (the checkpoint was "
+            f"no checkpoint at {directory!r}: {INDEX_NAME} is missing (the checkpoint was "
             "never committed, or its save did not finish); save again or pick another path",
-            value=os.fspath(path),
+            value=directory,
         ) from None
     except OSError as e:
-        raise CheckpointError(f"cannot read {index!r}: {e}", value=index) from None
+        raise CheckpointError(
+            f"cannot read {index!r}: {e}; pass the checkpoint's directory", value=index
+        ) from None
     return metadata_from_json(text, index)

@@ -15,6 +15,7 @@ checked, with ``verify=False`` only the needed slices are read.
 from __future__ import annotations
 
 import contextlib
+import operator
 import os
 import uuid
 import zlib
@@ -33,7 +34,9 @@ from ._index import (
     Metadata,
     TensorMeta,
     check_tiles,
+    checkpoint_path,
     metadata_to_json,
+    missing_tensor,
     read_metadata,
 )
 from ._plan import check_target, local_boxes, plan_reads, writes
@@ -50,6 +53,17 @@ def checksum(tensor: torch.Tensor) -> str:
     >>> checksum(torch.zeros(2, dtype=torch.int32))
     'crc32:6522df69'
     """
+    if not isinstance(tensor, torch.Tensor):
+        raise CheckpointError(
+            f"checksum needs a torch.Tensor, got {type(tensor).__name__} {tensor!r:.80}; "
+            "convert it first (e.g. torch.from_numpy)",
+            value=tensor,
+        )
+    if tensor.is_meta:
+        raise CheckpointError(
+            "checksum of a meta-device tensor: it holds no data; materialize it first",
+            value=tensor,
+        )
     flat = tensor.detach().contiguous().reshape(-1)
     if flat.numel() == 0:
         return f"crc32:{0:08x}"
@@ -80,6 +94,12 @@ def _check_state(state: Any, rank: int | None) -> None:
                 "with meshplan.placement.Sharded(local, spec, rank)",
                 value=value,
             )
+        if value.local.is_meta:
+            raise CheckpointError(
+                f"state[{key!r}] is a meta-device tensor: it holds no data to save; "
+                "materialize it first (e.g. module.to_empty(device=...) and initialize it)",
+                value=key,
+            )
         if rank is not None and value.rank != rank:
             raise CheckpointError(
                 f"state[{key!r}] belongs to rank {value.rank}, but it is saved as rank {rank}'s",
@@ -91,6 +111,35 @@ def _check_state(state: Any, rank: int | None) -> None:
                 "redistribute it to Replicate/Shard placements (a reduction) before saving",
                 value=key,
             )
+
+
+def _make_dir(directory: str) -> None:
+    """Create the checkpoint directory (and its parents) unless it exists."""
+    if os.path.exists(directory) and not os.path.isdir(directory):
+        raise CheckpointError(
+            f"checkpoint path {directory!r} is a file, not a directory; pass a directory "
+            "(a new one, or one holding a checkpoint)",
+            value=directory,
+        )
+    try:
+        os.makedirs(directory, exist_ok=True)
+    except OSError as e:
+        raise CheckpointError(
+            f"cannot create the checkpoint directory {directory!r}: {e}; pass a path you can "
+            "write to",
+            value=directory,
+        ) from None
+
+
+def _check_groups(groups: Any) -> None:
+    from meshplan.redistribute import ProcessGroups
+
+    if not isinstance(groups, ProcessGroups):
+        raise CheckpointError(
+            f"groups={groups!r:.80} must be a meshplan.redistribute.ProcessGroups built on the "
+            "mesh (ProcessGroups(mesh)), or None",
+            value=groups,
+        )
 
 
 def _unique() -> str:
@@ -234,7 +283,7 @@ def _save_local(
     by_rank: Mapping[int, Mapping[str, Sharded]], directory: str, sole: bool
 ) -> Metadata:
     _precheck(by_rank, sole)
-    os.makedirs(directory, exist_ok=True)
+    _make_dir(directory)
     written = [
         (rank, _write_rank(state, rank, directory, sole)) for rank, state in sorted(by_rank.items())
     ]
@@ -312,13 +361,14 @@ def save(
     >>> load(path, {"w": spec}, rank=1)["w"].local
     tensor([0, 1, 2])
     """
-    directory = os.fspath(path)
+    directory = checkpoint_path(path)
     if groups is None:
         _check_state(state, None)
         by_rank: dict[int, dict[str, Sharded]] = {}
         for key, value in state.items():
             by_rank.setdefault(value.rank, {})[key] = value
         return _save_local(by_rank, directory, sole=True)
+    _check_groups(groups)
     return _save_distributed(state, directory, groups)
 
 
@@ -340,9 +390,10 @@ def save_all(states: Mapping[int, Mapping[str, Sharded]], path: str | os.PathLik
         raise CheckpointError(
             f"save_all needs a mapping rank -> state, got {type(states)!r}", value=states
         )
+    directory = checkpoint_path(path)
     for rank, state in states.items():
         _check_state(state, rank)
-    return _save_local({r: dict(s) for r, s in states.items()}, os.fspath(path), sole=False)
+    return _save_local({r: dict(s) for r, s in states.items()}, directory, sole=False)
 
 
 def _save_distributed(state: Mapping[str, Sharded], directory: str, groups: Any) -> Metadata | None:
@@ -367,7 +418,7 @@ def _save_distributed(state: Mapping[str, Sharded], directory: str, groups: Any)
     outcome: tuple[str, Any]
     try:
         _check_state(state, rank)
-        os.makedirs(directory, exist_ok=True)
+        _make_dir(directory)
         entries = _write_rank(state, rank, directory)
         empties = [
             (k, v.spec.shape, v.spec.dtype, None) for k, v in state.items() if not v.spec.numel()
@@ -531,17 +582,23 @@ def _check_targets(targets: Any, meta: Metadata, directory: str) -> None:
         )
     for key, spec in targets.items():
         if key not in meta.tensors:
-            known = sorted(meta.tensors)
-            raise CheckpointError(
-                f"tensor {key!r} is not in the checkpoint at {directory!r} (it holds "
-                f"{known[:10]!r}{' ...' if len(known) > 10 else ''})",
-                value=key,
-            )
+            raise missing_tensor(key, meta.tensors, f" at {directory!r}")
         check_target(meta.tensors[key], spec, repr(directory))
 
 
-def _resolve_rank(targets: Mapping[str, Spec], groups: Any, rank: int | None) -> int:
+def _resolve_rank(targets: Mapping[str, Spec], groups: Any, rank: Any) -> int:
+    if groups is not None:
+        _check_groups(groups)
     if rank is not None:
+        given = rank
+        try:
+            rank = None if isinstance(given, bool) else operator.index(given)
+        except TypeError:
+            rank = None
+        if rank is None:
+            raise CheckpointError(
+                f"rank={given!r} must be an int: the global rank to load for", value=given
+            )
         if groups is not None and groups.rank != rank:
             raise CheckpointError(
                 f"rank={rank!r} disagrees with groups (rank {groups.rank}); pass one of them",
@@ -586,7 +643,7 @@ def load(
     tensor([[2],
             [5]])
     """
-    directory = os.fspath(path)
+    directory = checkpoint_path(path)
     meta = read_metadata(directory)
     _check_targets(targets, meta, directory)
     rank = _resolve_rank(targets, groups, rank)
@@ -625,7 +682,7 @@ def load_all(
     >>> got[0]["w"].local, got[1]["w"].local
     (tensor([0, 2]), tensor([1, 3]))
     """
-    directory = os.fspath(path)
+    directory = checkpoint_path(path)
     meta = read_metadata(directory)
     _check_targets(targets, meta, directory)
     reader = _Reader(directory, bool(verify))

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import functools
 import itertools
+import operator
 
 import attrs
 
@@ -73,6 +74,15 @@ def intersect(a: Chunk, b: Chunk) -> Chunk | None:
     >>> intersect(Chunk((0,), (2,)), Chunk((2,), (2,))) is None
     True
     """
+    for c in (a, b):
+        if not isinstance(c, Chunk):
+            raise CheckpointError(f"intersect needs two Chunks, got {c!r}", value=c)
+    if not len(a.offsets) == len(a.sizes) == len(b.offsets) == len(b.sizes):
+        raise CheckpointError(
+            f"cannot intersect {a!r} and {b!r}: boxes of one tensor have one length of "
+            "offsets and sizes (its number of dims)",
+            value=(a, b),
+        )
     offsets, sizes = [], []
     for ao, az, bo, bz in zip(a.offsets, a.sizes, b.offsets, b.sizes, strict=True):
         lo, hi = max(ao, bo), min(ao + az, bo + bz)
@@ -83,7 +93,21 @@ def intersect(a: Chunk, b: Chunk) -> Chunk | None:
     return Chunk(tuple(offsets), tuple(sizes))
 
 
-@functools.lru_cache(maxsize=4096)
+def _rank(spec: object, rank: object) -> int:
+    """``rank`` as an int (numpy ints too) after checking ``spec`` is a Spec."""
+    if not isinstance(spec, Spec):
+        raise CheckpointError(f"expected a meshplan.placement.Spec, got {spec!r}", value=spec)
+    try:
+        out = None if isinstance(rank, bool) else operator.index(rank)  # type: ignore[arg-type]
+    except TypeError:
+        out = None
+    if out is None:
+        raise CheckpointError(
+            f"rank {rank!r} must be an int: a global rank of the mesh {spec.mesh}", value=rank
+        )
+    return out
+
+
 def local_boxes(spec: Spec, rank: int) -> tuple[Box, ...]:
     """Every box rank ``rank`` holds under ``spec``, with its local offsets (storage order).
 
@@ -93,6 +117,17 @@ def local_boxes(spec: Spec, rank: int) -> tuple[Box, ...]:
     >>> [(b.chunk.offsets, b.local_offsets) for b in local_boxes(spec, 1)]
     [((2, 0), (0, 0)), ((6, 0), (2, 0))]
     """
+    rank = _rank(spec, rank)
+    if not spec.mesh.contains(rank):
+        raise CheckpointError(
+            f"rank {rank} is not in the mesh {spec.mesh} of {spec}; pick a rank of its rank map",
+            value=rank,
+        )
+    return _local_boxes(spec, rank)
+
+
+@functools.lru_cache(maxsize=4096)
+def _local_boxes(spec: Spec, rank: int) -> tuple[Box, ...]:
     per_dim = local_intervals(spec, rank)
     if spec.ndim and any(not ivs for ivs in per_dim):
         return ()
@@ -118,6 +153,7 @@ def writes(spec: Spec, rank: int) -> bool:
     >>> [writes(spec, r) for r in range(4)]
     [True, True, False, False]
     """
+    rank = _rank(spec, rank)
     if spec.is_partial:
         raise CheckpointError(
             f"{spec} holds partial values; redistribute it to Replicate/Shard before saving",
@@ -136,6 +172,8 @@ def writes(spec: Spec, rank: int) -> bool:
 
 def check_target(meta: TensorMeta, spec: Spec, where: str) -> None:
     """Raise unless ``spec`` describes the saved tensor (same global shape and dtype)."""
+    if not isinstance(meta, TensorMeta):
+        raise CheckpointError(f"expected a saved tensor's TensorMeta, got {meta!r}", value=meta)
     if not isinstance(spec, Spec):
         raise CheckpointError(f"target for {meta.key!r} must be a Spec, got {spec!r}", value=spec)
     if spec.shape != meta.shape:
@@ -166,6 +204,19 @@ def plan_reads(meta: TensorMeta, spec: Spec, rank: int) -> tuple[Read, ...]:
     >>> plan_reads(saved, Spec(Mesh.create(4), (Shard(0),), (4,)), 1)
     (Read(chunk=0, source=Chunk(offsets=(1,), sizes=(1,)), target=Chunk(offsets=(0,), sizes=(1,))),)
     """
+    if not isinstance(meta, TensorMeta):
+        raise CheckpointError(
+            f"plan_reads needs the saved tensor's TensorMeta (e.g. read_metadata(path)[key]), "
+            f"got {meta!r}",
+            value=meta,
+        )
+    _rank(spec, rank)
+    if spec.shape != meta.shape:
+        raise CheckpointError(
+            f"tensor {meta.key!r} was saved with global shape {meta.shape!r}, but the target "
+            f"{spec} has shape {spec.shape!r}; read into a spec of the saved shape",
+            value=spec,
+        )
     out = []
     for box in local_boxes(spec, rank):
         for i, rec in enumerate(meta.chunks):

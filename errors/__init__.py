@@ -20,6 +20,7 @@ __all__ = [
     "PlanError",
     "StrategyError",
     "CheckpointError",
+    "MissingTensorError",
     "RuntimeShellError",
 ]
 
@@ -50,6 +51,13 @@ class StrategyError(MeshplanError, ValueError):
 
 class CheckpointError(MeshplanError, ValueError):
     """A checkpoint file or tensor is missing, corrupt or incompatible."""
+
+
+class MissingTensorError(CheckpointError, KeyError):
+    """A tensor key a checkpoint does not hold: also a ``KeyError``, so ``except KeyError``
+    around ``meta[key]`` keeps working (its message prints as given, unquoted)."""
+
+    __str__ = CheckpointError.__str__
 
 
 class RuntimeShellError(MeshplanError, RuntimeError):

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+import operator
+from collections.abc import Iterable, Sequence
 
 from hypothesis import strategies as st
 from hypothesis.errors import InvalidArgument
@@ -12,12 +13,46 @@ from meshplan.layout import Axis, Mesh
 
 __all__ = ["meshes", "mesh_dims"]
 
+# the most ranks a torch.distributed world has (ranks are 32-bit ints)
+_MAX_WORLD = 2**31 - 1
 
-def _check_int(name: str, value: object, low: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int):
+
+def as_int(name: str, value: object, low: int) -> int:
+    """``value`` as an int >= ``low`` (numpy ints too, not bools), else InvalidArgument."""
+    try:
+        out = None if isinstance(value, bool) else operator.index(value)  # type: ignore[arg-type]
+    except TypeError:
+        out = None
+    if out is None:
         raise InvalidArgument(f"{name}={value!r} must be an int")
-    if value < low:
+    if out < low:
         raise InvalidArgument(f"{name}={value!r} must be >= {low}")
+    return out
+
+
+def as_names(name: str, value: object, allowed: Sequence[str]) -> tuple[str, ...]:
+    """``value``, a non-empty collection of names from ``allowed``, as a tuple in the order
+    of ``allowed``; else InvalidArgument naming the offending entry."""
+    if isinstance(value, str) or not isinstance(value, Iterable):
+        raise InvalidArgument(
+            f"{name}={value!r} must be a collection of names from {tuple(allowed)!r}"
+        )
+    items = list(value)
+    for item in items:
+        if not isinstance(item, str) or item not in allowed:
+            raise InvalidArgument(
+                f"{name}={value!r} holds {item!r}; it must be a non-empty subset of "
+                f"{tuple(allowed)!r}"
+            )
+    if not items:
+        raise InvalidArgument(f"{name}={value!r} must be a non-empty subset of {tuple(allowed)!r}")
+    return tuple(a for a in allowed if a in items)
+
+
+def _largest(side: int, dims: int) -> int:
+    """``side**dims``, or a number above ``_MAX_WORLD`` when that is larger (cheap for any
+    ``dims``: past 32 dims of side >= 2 the product exceeds it anyway)."""
+    return side ** min(dims, 32) if side > 1 else 1
 
 
 def _check_order(lo_name: str, lo: int, hi_name: str, hi: int) -> None:
@@ -62,21 +97,27 @@ def meshes(
     ...     assert mesh.ranks == range(mesh.size())
     >>> check()
     """
-    _check_int("min_dims", min_dims, 0)
-    _check_int("max_dims", max_dims, 0)
+    min_dims = as_int("min_dims", min_dims, 0)
+    max_dims = as_int("max_dims", max_dims, 0)
     _check_order("min_dims", min_dims, "max_dims", max_dims)
-    _check_int("min_side", min_side, 1)
-    _check_int("max_side", max_side, 1)
+    min_side = as_int("min_side", min_side, 1)
+    max_side = as_int("max_side", max_side, 1)
     _check_order("min_side", min_side, "max_side", max_side)
     if permuted is not None and not isinstance(permuted, bool):
         raise InvalidArgument(f"permuted={permuted!r} must be True, False or None")
-    _check_int("max_rank_offset", max_rank_offset, 0)
-    _check_int("max_aliases", max_aliases, 0)
-    if max_side**max_dims > 1 << 16 and permuted is not False:
+    max_rank_offset = as_int("max_rank_offset", max_rank_offset, 0)
+    max_aliases = as_int("max_aliases", max_aliases, 0)
+    largest = _largest(max_side, max_dims)
+    if largest > _MAX_WORLD:
+        raise InvalidArgument(
+            f"max_side={max_side!r} and max_dims={max_dims!r} allow meshes of more than "
+            f"{_MAX_WORLD} ranks, the most a torch.distributed world has; lower max_side or "
+            "max_dims"
+        )
+    if largest > 1 << 16 and permuted is not False:
         raise InvalidArgument(
             f"max_side={max_side!r} and max_dims={max_dims!r} allow meshes of up to "
-            f"{max_side**max_dims} ranks, too many to permute; lower them or pass "
-            "permuted=False"
+            f"{largest} ranks, too many to permute; lower them or pass permuted=False"
         )
     return _meshes(min_dims, max_dims, min_side, max_side, permuted, max_rank_offset, max_aliases)
 
@@ -137,10 +178,8 @@ def mesh_dims(
     if not isinstance(aliases, bool):
         raise InvalidArgument(f"aliases={aliases!r} must be True or False")
     keys = mesh.names + (tuple(mesh.aliases) if aliases else ())
-    _check_int("min_size", min_size, 0)
-    if max_size is None:
-        max_size = len(keys)
-    _check_int("max_size", max_size, 0)
+    min_size = as_int("min_size", min_size, 0)
+    max_size = len(keys) if max_size is None else as_int("max_size", max_size, 0)
     _check_order("min_size", min_size, "max_size", max_size)
     if min_size > mesh.ndim:
         raise InvalidArgument(

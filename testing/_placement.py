@@ -20,19 +20,12 @@ from meshplan.placement import (
     dtype_name,
 )
 
-from ._mesh import mesh_strategy, meshes
+from ._mesh import as_int, as_names, mesh_strategy, meshes
 
 __all__ = ["placements", "shapes", "specs"]
 
 # Sizes worth hitting on purpose: empty, one, small primes, small composites.
 _INTERESTING = (0, 1, 2, 3, 4, 5, 7, 8, 11, 12, 13)
-
-
-def _check_int(name: str, value: object, low: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise InvalidArgument(f"{name}={value!r} must be an int")
-    if value < low:
-        raise InvalidArgument(f"{name}={value!r} must be >= {low}")
 
 
 def _check_bool(name: str, value: object) -> None:
@@ -41,15 +34,7 @@ def _check_bool(name: str, value: object) -> None:
 
 
 def _check_ops(partial_ops: object) -> tuple[str, ...]:
-    if isinstance(partial_ops, str) or not isinstance(partial_ops, Sequence | set | frozenset):
-        raise InvalidArgument(f"partial_ops={partial_ops!r} must be a collection of reduce ops")
-    ops = tuple(op for op in REDUCE_OPS if op in set(partial_ops))
-    unknown = set(partial_ops) - set(REDUCE_OPS)
-    if unknown or not ops:
-        raise InvalidArgument(
-            f"partial_ops={partial_ops!r} must be a non-empty subset of {REDUCE_OPS!r}"
-        )
-    return ops
+    return as_names("partial_ops", partial_ops, REDUCE_OPS)
 
 
 def _sides(min_side: int, max_side: int) -> st.SearchStrategy[int]:
@@ -68,10 +53,10 @@ def shapes(
     ...     assert 1 <= len(shape) <= 2 and all(0 <= s <= 5 for s in shape)
     >>> check()
     """
-    _check_int("min_dims", min_dims, 0)
-    _check_int("max_dims", max_dims, 0)
-    _check_int("min_side", min_side, 0)
-    _check_int("max_side", max_side, 0)
+    min_dims = as_int("min_dims", min_dims, 0)
+    max_dims = as_int("max_dims", max_dims, 0)
+    min_side = as_int("min_side", min_side, 0)
+    max_side = as_int("max_side", max_side, 0)
     if min_dims > max_dims:
         raise InvalidArgument(f"min_dims={min_dims!r} must not exceed max_dims={max_dims!r}")
     if min_side > max_side:
@@ -97,11 +82,11 @@ def placements(
     ...     assert not isinstance(p, Partial) and getattr(p, "dim", 0) == 0
     >>> check()
     """
-    _check_int("ndim", ndim, 0)
+    ndim = as_int("ndim", ndim, 0)
     _check_bool("allow_partial", allow_partial)
     _check_bool("allow_strided", allow_strided)
     ops = _check_ops(partial_ops)
-    _check_int("max_split_factor", max_split_factor, 2 if allow_strided else 1)
+    max_split_factor = as_int("max_split_factor", max_split_factor, 2 if allow_strided else 1)
     options: list[st.SearchStrategy[Placement]] = [st.just(Replicate())]
     if ndim:
         dims = st.integers(0, ndim - 1)
@@ -149,9 +134,8 @@ def specs(
     if shape is not None:
         if isinstance(shape, str) or not isinstance(shape, Sequence):
             raise InvalidArgument(f"shape={shape!r} must be a sequence of ints >= 0")
-        for s in shape:
-            _check_int(f"side {s!r} of shape", s, 0)
-        shape_st: st.SearchStrategy[tuple[int, ...]] = st.just(tuple(shape))
+        sides = tuple(as_int(f"shape={list(shape)!r}: side", s, 0) for s in shape)
+        shape_st: st.SearchStrategy[tuple[int, ...]] = st.just(sides)
     else:
         shape_st = shapes(
             min_dims=min_dims, max_dims=max_dims, min_side=min_side, max_side=max_side
@@ -169,7 +153,7 @@ def specs(
     ]:
         _check_bool(name, flag)
     ops = _check_ops(partial_ops)
-    _check_int("max_split_factor", max_split_factor, 2 if allow_strided else 1)
+    max_split_factor = as_int("max_split_factor", max_split_factor, 2 if allow_strided else 1)
     return _specs(
         mesh_st, shape_st, names, allow_partial, allow_strided, allow_order, ops, max_split_factor
     )

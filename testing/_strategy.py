@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 import attrs
@@ -13,19 +13,51 @@ from hypothesis.errors import InvalidArgument
 from meshplan.layout import Mesh
 from meshplan.placement import Spec
 
-from ._mesh import mesh_strategy, meshes
+from ._mesh import as_int, as_names, mesh_strategy, meshes
 from ._placement import specs
 
 __all__ = ["OpCall", "op_calls", "BUILTIN_OPS"]
 
 
+def _input_specs(value: Iterable[Spec]) -> tuple[Spec, ...]:
+    if isinstance(value, str) or not isinstance(value, Iterable):
+        raise InvalidArgument(f"input_specs={value!r} must be a sequence of Specs")
+    out = tuple(value)
+    for spec in out:
+        if not isinstance(spec, Spec):
+            raise InvalidArgument(f"input_specs={value!r} holds {spec!r}, which is not a Spec")
+    return out
+
+
+def _args(value: Iterable[tuple[str, Any]]) -> tuple[tuple[str, Any], ...]:
+    if isinstance(value, str) or not isinstance(value, Iterable):
+        raise InvalidArgument(f"args={value!r} must be a sequence of (name, value) pairs")
+    out = tuple(tuple(a) if isinstance(a, list | tuple) else a for a in value)
+    for a in out:
+        if not (isinstance(a, tuple) and len(a) == 2 and isinstance(a[0], str)):
+            raise InvalidArgument(f"args={value!r} holds {a!r}, which is no (name, value) pair")
+    return out
+
+
+def _op_name(instance: object, attribute: object, value: object) -> None:
+    if not isinstance(value, str):
+        raise InvalidArgument(f"op={value!r} must be an op name (a str)")
+
+
 @attrs.frozen
 class OpCall:
-    """One call of an op: its name, its inputs' specs, its keyword arguments."""
+    """One call of an op: its name, its inputs' specs, its keyword arguments.
 
-    op: str
-    input_specs: tuple[Spec, ...]
-    args: tuple[tuple[str, Any], ...] = ()
+    >>> from meshplan.layout import Mesh
+    >>> from meshplan.placement import Shard
+    >>> a = Spec(Mesh.create(2), (Shard(0),), (4, 3))
+    >>> str(OpCall("softmax", [a], [("dim", 1)]))
+    'softmax(f32[4,3](S(0)), dim=1)'
+    """
+
+    op: str = attrs.field(validator=_op_name)
+    input_specs: tuple[Spec, ...] = attrs.field(converter=_input_specs)
+    args: tuple[tuple[str, Any], ...] = attrs.field(default=(), converter=_args)
 
     @property
     def kwargs(self) -> dict[str, Any]:
@@ -165,12 +197,11 @@ def op_calls(
     ...     assert a.shape[1] == b.shape[0] and a.mesh == b.mesh
     >>> check()
     """
-    ops = tuple(ops)
-    unknown = set(ops) - set(BUILTIN_OPS)
-    if not ops or unknown:
-        raise InvalidArgument(f"ops={ops!r} must be a non-empty subset of {BUILTIN_OPS!r}")
-    if isinstance(max_side, bool) or not isinstance(max_side, int) or max_side < 1:
-        raise InvalidArgument(f"max_side={max_side!r} must be an int >= 1")
+    ops = as_names("ops", ops, BUILTIN_OPS)
+    max_side = as_int("max_side", max_side, 1)
+    for name, flag in [("allow_strided", allow_strided), ("allow_partial", allow_partial)]:
+        if not isinstance(flag, bool):
+            raise InvalidArgument(f"{name}={flag!r} must be True or False")
     mesh_st = mesh_strategy(mesh, meshes(min_dims=1, max_dims=3, max_side=3, max_aliases=1))
     return _op_calls(ops, mesh_st, max_side, allow_strided, allow_partial)
 
