@@ -135,6 +135,10 @@ def shard_intervals(
     n = _length(intervals)
     if isinstance(placement, Shard):
         return _take(intervals, *chunk_bounds(n, parts, index))
+    if not isinstance(placement, StridedShard):
+        raise PlacementError(
+            f"shard_intervals applies a Shard or StridedShard, got {placement!r}", value=placement
+        )
     out: list[tuple[int, int]] = []
     sf = placement.split_factor
     for j in range(nonempty_chunks(n, sf)):  # the rest are empty: O(n), not O(sf)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import itertools
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 
 import torch
 
@@ -18,6 +18,17 @@ __all__ = ["shard", "shard_one", "unshard", "gather_index", "partial_keeps", "re
 
 def gather_index(intervals: Intervals, device=None) -> torch.Tensor:
     """The global indices of a list of intervals, as a 1-D int64 tensor."""
+    if isinstance(intervals, str) or not isinstance(intervals, Iterable):
+        raise PlacementError(
+            f"gather_index takes (start, stop) intervals, got {intervals!r}", value=intervals
+        )
+    intervals = tuple(intervals)
+    for iv in intervals:
+        if not (isinstance(iv, tuple | list) and len(iv) == 2 and 0 <= iv[0] <= iv[1]):
+            raise PlacementError(
+                f"gather_index takes (start, stop) intervals with 0 <= start <= stop, got {iv!r}",
+                value=intervals,
+            )
     if not intervals:
         return torch.empty(0, dtype=torch.long, device=device)
     return torch.cat([torch.arange(a, b, device=device) for a, b in intervals])
@@ -43,6 +54,12 @@ def partial_keeps(spec: Spec, coordinate: tuple[int, ...]) -> bool:
     dims only coordinate 0 keeps the value, the others hold zeros (exact for every
     dtype); along ``avg``/``max``/``min`` dims every rank keeps the value.
     """
+    _check_spec(spec)
+    if len(coordinate) != spec.mesh.ndim:
+        raise PlacementError(
+            f"{coordinate!r} is not a coordinate of mesh {spec.mesh}; give one index per mesh dim",
+            value=coordinate,
+        )
     return all(
         coordinate[i] == 0
         for i, p in enumerate(spec.placements)

@@ -13,6 +13,7 @@ from torch.distributed.tensor.placement_types import _StridedShard
 from meshplan.errors import PlacementError
 from meshplan.layout import Mesh
 from meshplan.placement import (
+    Partial,
     PartitionSpec,
     Replicate,
     Shard,
@@ -23,13 +24,16 @@ from meshplan.placement import (
     format_spec,
     from_partition_spec,
     from_torch,
+    gather_index,
     global_offset,
     local_chunks,
     local_numel,
     local_shape,
     parse_placements,
+    partial_keeps,
     partition_spec,
     shard,
+    shard_intervals,
     to_torch,
     to_torch_shard_order,
     unshard,
@@ -71,6 +75,11 @@ BAD = {
     "one dim's order twice": lambda: parse_placements("S(0)[1,0] S(0)[0,1]"),
     # read as PartitionSpec((100, 112)) before
     "partition spec of bytes": lambda: PartitionSpec(b"dp"),
+    "a reversed interval": lambda: gather_index([(3, 1)]),
+    # an empty index before
+    "intervals of None": lambda: gather_index(None),
+    "a short coordinate": lambda: partial_keeps(Spec(SQUARE, (Replicate(), Partial()), (4,)), (0,)),
+    "replicate as a shard": lambda: shard_intervals(((0, 8),), Replicate(), 2, 0),
 }
 
 
