@@ -5,6 +5,8 @@ should be redistributed to and what layout the output gets: rules are written fo
 ONE mesh dim with shard :class:`Placeholder` s, filled with the shard kinds the
 inputs use, combined over the mesh (:func:`expand`), and the cheapest combination
 under the planner's cost model is found by a best-first search (:func:`select`).
+Output dtypes follow torch 2.13's type promotion, and dtypes torch refuses for an op
+are refused here too.
 Never communicates; the planning part never imports torch (the rule checker
 :func:`check_rule` and :func:`propagate` run tensors and import it lazily).
 """

@@ -2,17 +2,50 @@
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Sequence
-from typing import Any
+from numbers import Real
+from typing import TYPE_CHECKING, Any
 
 from meshplan.errors import StrategyError
 
-from ._rule import Meta
+if TYPE_CHECKING:
+    from ._rule import Meta
 
-__all__ = ["check_count", "norm_dim", "norm_dims", "is_float", "broadcast_shapes", "LINEAR", "ALL"]
+__all__ = [
+    "as_int",
+    "is_real",
+    "check_count",
+    "norm_dim",
+    "norm_dims",
+    "is_float",
+    "broadcast_shapes",
+    "LINEAR",
+    "ALL",
+]
 
 LINEAR = ("sum", "avg")  # reductions a linear op commutes with
 ALL = ("sum", "avg", "max", "min")  # reductions a pure selection/rearrangement commutes with
+
+
+def as_int(value: Any) -> int | None:
+    """``value`` as a Python int if it is an integer (numpy ints too, never a bool), else None.
+
+    >>> import numpy as np
+    >>> as_int(np.int64(3)), as_int(True), as_int(2.0)
+    (3, None, None)
+    """
+    if isinstance(value, bool) or not hasattr(value, "__index__"):
+        return None
+    try:
+        return operator.index(value)
+    except TypeError:  # numpy bools have __index__ but refuse it
+        return None
+
+
+def is_real(value: Any) -> bool:
+    """Whether ``value`` is a real number (ints, floats, numpy scalars), not a bool."""
+    return isinstance(value, Real) and not isinstance(value, bool)
 
 
 def check_count(op: str, inputs: Sequence[Meta], lo: int, hi: int | None = None) -> None:
@@ -28,13 +61,14 @@ def check_count(op: str, inputs: Sequence[Meta], lo: int, hi: int | None = None)
 def norm_dim(op: str, dim: Any, ndim: int, *, extra: int = 0) -> int:
     """``dim`` in ``[0, ndim + extra)`` (negative dims count from the end)."""
     size = ndim + extra
-    if isinstance(dim, bool) or not isinstance(dim, int) or not -max(size, 1) <= dim < max(size, 1):
+    i = as_int(dim)
+    if i is None or not -max(size, 1) <= i < max(size, 1):
         raise StrategyError(
             f"{op}: dim {dim!r} is out of range for a {ndim}-D tensor; use an int in "
             f"[{-max(size, 1)}, {max(size, 1)})",
             value=dim,
         )
-    return dim % max(size, 1)
+    return i % max(size, 1)
 
 
 def norm_dims(op: str, dim: Any, ndim: int) -> tuple[int, ...]:
@@ -42,7 +76,7 @@ def norm_dims(op: str, dim: Any, ndim: int) -> tuple[int, ...]:
     means every dim (as in torch)."""
     if dim is None:
         return tuple(range(ndim))
-    if isinstance(dim, int):
+    if as_int(dim) is not None:
         dims: tuple = (dim,)
     elif isinstance(dim, list | tuple | range):
         dims = tuple(dim)

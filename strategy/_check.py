@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import itertools
 import random
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import attrs
@@ -24,8 +24,8 @@ from meshplan.layout import Mesh
 from meshplan.placement import Partial, Placement, Replicate, Shard, Spec, StridedShard
 from meshplan.placement._tensor import shard_one, unshard
 
-from ._args import ALL
-from ._expand import Problem, Strategy, assemble, build_problem
+from ._args import ALL, as_int, is_real
+from ._expand import Problem, Strategy, assemble, build_problem, check_op
 from ._reference import random_inputs, run_local, run_op
 from ._rule import DimStrategy, Meta
 from ._ruleset import OpRule, RuleSet, freeze_args
@@ -78,13 +78,64 @@ class RuleReport:
         return "\n".join(lines)
 
 
+def _sequence(name: str, value: object) -> tuple:
+    if isinstance(value, str | bytes | Mapping) or not isinstance(value, Iterable):
+        raise StrategyError(f"check_rule: {name} must be a sequence, got {value!r}", value=value)
+    return tuple(value)
+
+
 def _metas(inputs: Sequence[Meta | Sequence[int]]) -> tuple[Meta, ...]:
     out = []
-    for x in inputs:
-        out.append(x if isinstance(x, Meta) else Meta(tuple(x), "float64"))
+    for x in _sequence("inputs (Meta values or shapes)", inputs):
+        out.append(x if isinstance(x, Meta) else Meta(x, "float64"))
     if not out:
         raise StrategyError("check_rule needs the inputs' metadata (Meta values or shapes)")
     return tuple(out)
+
+
+def _mesh_shapes(meshes: Sequence[Sequence[int]]) -> tuple[tuple[int, ...], ...]:
+    out = []
+    for shape in _sequence("meshes (mesh shapes such as [(4,), (2, 3)])", meshes):
+        if isinstance(shape, str | bytes) or not isinstance(shape, Iterable):
+            raise StrategyError(
+                f"check_rule: meshes lists mesh shapes, got {shape!r} in {meshes!r}; write a "
+                f"1-D mesh as ({shape!r},)",
+                value=shape,
+            )
+        sizes = tuple(as_int(n) for n in shape)
+        if not sizes or any(n is None or n < 1 for n in sizes):
+            raise StrategyError(
+                f"check_rule: mesh shape {tuple(shape)!r} must hold ints >= 1", value=shape
+            )
+        out.append(sizes)
+    return tuple(out)
+
+
+def _int_at_least(name: str, value: object, lo: int) -> int:
+    n = as_int(value)
+    if n is None or not lo <= n < 2**62:
+        raise StrategyError(
+            f"check_rule: {name}={value!r} must be an int in [{lo}, 2**62)", value=value
+        )
+    return n
+
+
+def _check_options(rule, outputs, ruleset, impl, rtol, atol) -> None:
+    for name, fn in (("outputs", outputs), ("impl", impl)):
+        if fn is not None and not callable(fn):
+            raise StrategyError(f"check_rule: {name}= must be a function, got {fn!r}", value=fn)
+    if rule is not None and not isinstance(rule, OpRule) and not callable(rule):
+        raise StrategyError(
+            f"check_rule: rule must be a rule function, an OpRule or None, got {rule!r}",
+            value=rule,
+        )
+    if ruleset is not None and not isinstance(ruleset, RuleSet):
+        raise StrategyError(
+            f"check_rule: ruleset must be a RuleSet, got {ruleset!r}", value=ruleset
+        )
+    for name, tol in (("rtol", rtol), ("atol", atol)):
+        if not is_real(tol) or not tol >= 0:
+            raise StrategyError(f"check_rule: {name}={tol!r} must be a number >= 0", value=tol)
 
 
 def random_locals(
@@ -233,6 +284,14 @@ def check_rule(
     >>> rep.ok, rep.checked
     (True, 11)
     """
+    op = check_op(op)
+    _check_options(rule, outputs, ruleset, impl, rtol, atol)
+    meshes = _mesh_shapes(meshes)
+    split_factors = tuple(
+        _int_at_least("split_factors", k, 1) for k in _sequence("split_factors", split_factors)
+    )
+    samples = _int_at_least("samples", samples, 1)
+    seed = _int_at_least("seed", seed, 0)
     rs = ruleset or RuleSet.default()
     if rule is None:
         entry = rs[op]

@@ -21,7 +21,7 @@ from __future__ import annotations
 import functools
 import inspect
 import itertools
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import attrs
@@ -39,7 +39,8 @@ from meshplan.placement import (
 )
 from meshplan.placement._local import chunk_lengths
 
-from ._rule import DimStrategy, Meta, fill, meta_of, shard_kinds
+from ._args import as_int
+from ._rule import CONSTRAINTS, DimStrategy, Meta, fill, meta_of, shard_kinds
 from ._ruleset import OpRule, RuleSet, freeze_args
 
 __all__ = [
@@ -53,6 +54,8 @@ __all__ = [
     "assemble",
     "expand",
     "check_constraint",
+    "check_op",
+    "check_inputs",
 ]
 
 
@@ -114,8 +117,26 @@ class Problem:
         return n
 
 
-def _check_inputs(op: str, input_specs: Sequence[Spec]) -> tuple[Spec, ...]:
-    specs = tuple(input_specs) if not isinstance(input_specs, Spec) else (input_specs,)
+def check_op(op: object) -> str:
+    """``op`` if it is an op name (a non-empty string); raise otherwise."""
+    if not isinstance(op, str) or not op:
+        raise StrategyError(
+            f"op must be an op name (a non-empty string such as 'mm'), got {op!r}", value=op
+        )
+    return op
+
+
+def check_inputs(op: str, input_specs: Sequence[Spec]) -> tuple[Spec, ...]:
+    """The input specs as a tuple: at least one, all :class:`Spec` s on one mesh."""
+    if isinstance(input_specs, Spec):
+        return (input_specs,)
+    if isinstance(input_specs, str | bytes | Mapping) or not isinstance(input_specs, Iterable):
+        raise StrategyError(
+            f"{op}: input_specs must be a sequence of Spec values (one per tensor input), got "
+            f"{input_specs!r}",
+            value=input_specs,
+        )
+    specs = tuple(input_specs)
     if not specs:
         raise StrategyError(f"{op}: give at least one input spec", value=input_specs)
     for s in specs:
@@ -139,7 +160,15 @@ def prepare(
     args: Mapping[str, Any] | None = None,
 ) -> Problem:
     """Run the op's rule on the inputs' metadata and fill its placeholders."""
-    specs = _check_inputs(op, input_specs)
+    op = check_op(op)
+    specs = check_inputs(op, input_specs)
+    if ruleset is not None and not isinstance(ruleset, RuleSet):
+        raise StrategyError(
+            f"{op}: ruleset must be a RuleSet (or None for the built-in rules), got {ruleset!r}",
+            value=ruleset,
+        )
+    if args is not None and not isinstance(args, Mapping):
+        raise StrategyError(f"{op}: args must be a mapping of keyword arguments", value=args)
     return _prepare(op, specs, ruleset or RuleSet.default(), freeze_args(args or {}))
 
 
@@ -176,11 +205,14 @@ def build_problem(
     kwargs = dict(args)
     for fn in (rule.strategies, rule.outputs):
         _check_keywords(op, fn, metas, kwargs)
-    raw = tuple(rule.strategies(metas, **kwargs))
-    outputs = tuple(rule.outputs(metas, **kwargs))
+    # outputs first: it computes the result's dtype, refusing dtypes torch refuses
+    outputs = _sequence(op, "outputs function", rule.outputs(metas, **kwargs))
+    if not outputs:
+        raise StrategyError(f"{op}: the outputs function returned no outputs", value=outputs)
     for m in outputs:
         if not isinstance(m, Meta):
             raise StrategyError(f"{op}: the outputs function returned {m!r}, not a Meta", value=m)
+    raw = _sequence(op, "rule", rule.strategies(metas, **kwargs))
     filled = fill(raw, kinds, len(outputs), len(specs))
     tensors = (*outputs, *metas)
     for s in filled:
@@ -194,6 +226,12 @@ def build_problem(
     mesh = specs[0].mesh
     dim_rules = tuple(filled if size > 1 else filled[:1] for size in mesh.shape)
     return Problem(op, args, specs, outputs, dim_rules)
+
+
+def _sequence(op: str, what: str, value: object) -> tuple:
+    if isinstance(value, str | bytes | Mapping) or not isinstance(value, Iterable):
+        raise StrategyError(f"{op}: the {what} returned {value!r}, not a sequence", value=value)
+    return tuple(value)
 
 
 # -- constraints -------------------------------------------------------------------
@@ -222,6 +260,19 @@ def check_constraint(spec: Spec, dim: int, name: str) -> bool:
     >>> check_constraint(Spec(Mesh.create(4), (Shard(0),), (6,)), 0, "nonempty")  # 2, 2, 2, 0
     False
     """
+    if not isinstance(spec, Spec):
+        raise StrategyError(f"check_constraint needs a Spec, got {spec!r}", value=spec)
+    d = as_int(dim)
+    nd = len(spec.shape)
+    if d is None or not -nd <= d < nd:
+        raise StrategyError(
+            f"dim {dim!r} is not a tensor dim of {spec} (shape {spec.shape!r}); use an int in "
+            f"[{-nd}, {nd})",
+            value=dim,
+        )
+    if name not in CONSTRAINTS:
+        raise StrategyError(f"unknown constraint {name!r}; use one of {CONSTRAINTS!r}", value=name)
+    dim = d % nd
     sizes = spec.mesh.shape
     stages = [(spec.placements[m], sizes[m]) for m in spec.order(dim)]
     return _chain_ok(spec.shape[dim], stages, name)

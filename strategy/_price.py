@@ -21,6 +21,7 @@ import functools
 import itertools
 import math
 
+from meshplan.errors import StrategyError
 from meshplan.layout import Mesh
 from meshplan.placement import Partial, Placement, Replicate, Spec, dtype_itemsize
 
@@ -29,6 +30,7 @@ __all__ = [
     "transition_bound",
     "input_bound",
     "default_model",
+    "check_model",
     "min_local_bytes",
 ]
 
@@ -38,6 +40,22 @@ def default_model():
     from meshplan.redistribute._cost import CostModel
 
     return CostModel.default()
+
+
+def check_model(value):
+    """``value`` as a cost model: None is the default; anything but a CostModel raises."""
+    from meshplan.redistribute._cost import CostModel, HardwareProfile
+
+    if value is None:
+        return default_model()
+    if isinstance(value, CostModel):
+        return value
+    hint = "wrap it: CostModel(profile)" if isinstance(value, HardwareProfile) else "see CostModel"
+    raise StrategyError(
+        f"cost_model must be a meshplan.redistribute.CostModel (or None for the default), got "
+        f"{value!r}; {hint}",
+        value=value,
+    )
 
 
 @functools.lru_cache(maxsize=65536)

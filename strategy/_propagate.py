@@ -14,8 +14,9 @@ from typing import Any
 import torch
 
 from meshplan.errors import StrategyError
-from meshplan.placement import Spec
+from meshplan.placement import Spec, local_shape
 
+from ._expand import check_inputs, check_op
 from ._reference import run_local
 from ._ruleset import RuleSet
 from ._select import Choice, select
@@ -25,6 +26,67 @@ __all__ = ["propagate", "propagate_simulated"]
 
 def _outputs(result: Any, n: int) -> tuple[torch.Tensor, ...]:
     return tuple(result) if n > 1 else (result,)
+
+
+def _check_locals(
+    op: str, locals_: Sequence[Mapping[int, torch.Tensor]], specs: tuple[Spec, ...]
+) -> list[dict[int, torch.Tensor]]:
+    """Each input's rank -> local tensor map, checked against its spec (ranks, shapes, dtypes)."""
+    if isinstance(locals_, Mapping | str) or not isinstance(locals_, Sequence):
+        raise StrategyError(
+            f"{op}: locals_ must be a sequence with one rank -> local tensor mapping per input, "
+            f"got {locals_!r}",
+            value=locals_,
+        )
+    if len(locals_) != len(specs):
+        raise StrategyError(
+            f"{op}: {len(locals_)} local inputs for {len(specs)} specs; give one rank -> local "
+            "tensor mapping per spec",
+            value=locals_,
+        )
+    out = []
+    for i, (loc, spec) in enumerate(zip(locals_, specs, strict=True)):
+        if not isinstance(loc, Mapping):
+            raise StrategyError(
+                f"{op}: local input {i} must map each rank to its local tensor, got {loc!r}",
+                value=loc,
+            )
+        ranks = tuple(spec.mesh.ranks)
+        missing = [r for r in ranks if r not in loc]
+        extra = [r for r in loc if r not in set(ranks)]
+        if missing or extra:
+            found = [f"missing {missing!r}"] if missing else []
+            found += [f"{extra!r} not in the mesh"] if extra else []
+            raise StrategyError(
+                f"{op}: local input {i} must hold exactly the ranks {list(ranks)!r} of {spec}; "
+                f"{' and '.join(found)}",
+                value=loc,
+            )
+        checked = {}
+        for r in ranks:
+            t = loc[r]
+            if not isinstance(t, torch.Tensor):
+                raise StrategyError(
+                    f"{op}: rank {r}'s local input {i} is {type(t).__name__}, not a torch.Tensor",
+                    value=t,
+                )
+            want = local_shape(spec, r)
+            if tuple(t.shape) != want:
+                raise StrategyError(
+                    f"{op}: rank {r}'s local input {i} has shape {tuple(t.shape)}, but {spec} "
+                    f"gives it {want}; shard the global tensor with this spec",
+                    value=tuple(t.shape),
+                )
+            dtype = str(t.dtype).removeprefix("torch.")
+            if dtype != spec.dtype:
+                raise StrategyError(
+                    f"{op}: rank {r}'s local input {i} has dtype {dtype}, but {spec} says "
+                    f"{spec.dtype}; convert the tensor or build the spec with dtype={dtype!r}",
+                    value=dtype,
+                )
+            checked[r] = t
+        out.append(checked)
+    return out
 
 
 def propagate_simulated(
@@ -55,15 +117,13 @@ def propagate_simulated(
     >>> torch.allclose(unshard(out, choice.output_spec), x @ y)
     True
     """
-    if len(locals_) != len(input_specs):
-        raise StrategyError(
-            f"{op}: {len(locals_)} local inputs for {len(input_specs)} specs", value=locals_
-        )
-    choice = select(op, input_specs, ruleset, cost_model, method, **args)
+    specs = check_inputs(check_op(op), input_specs)
+    checked = _check_locals(op, locals_, specs)
+    choice = select(op, specs, ruleset, cost_model, method, **args)
     from meshplan.redistribute import plan, simulate
 
     moved = []
-    for loc, src, dst in zip(locals_, input_specs, choice.input_specs, strict=True):
+    for loc, src, dst in zip(checked, specs, choice.input_specs, strict=True):
         moved.append(
             simulate(plan(src, dst, cost_model=cost_model), loc) if src != dst else dict(loc)
         )
@@ -113,11 +173,19 @@ def propagate(
         )
     choice = select(op, [x.spec for x in inputs], ruleset, cost_model, "search", **args)
     locals_ = []
-    for x, dst in zip(inputs, choice.input_specs, strict=True):
+    for i, (x, dst) in enumerate(zip(inputs, choice.input_specs, strict=True)):
         if x.spec == dst:
             locals_.append(x.local)
-        else:
-            locals_.append(_redistribute()(x.local, x.spec, dst, groups, cost_model=cost_model))
+            continue
+        from meshplan.redistribute import ProcessGroups
+
+        if not isinstance(groups, ProcessGroups):
+            raise StrategyError(
+                f"{op}: input {i} must move from {x.spec} to {dst}, which needs the mesh's "
+                f"ProcessGroups as groups=, got {groups!r}",
+                value=groups,
+            )
+        locals_.append(_redistribute()(x.local, x.spec, dst, groups, cost_model=cost_model))
     result = run_local(op, locals_, args, choice.output_specs, rank)
     outs = _outputs(result, len(choice.output_specs))
     sharded = tuple(Sharded(t, s, rank) for t, s in zip(outs, choice.output_specs, strict=True))

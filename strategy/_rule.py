@@ -16,6 +16,8 @@ from meshplan.errors import StrategyError
 from meshplan.placement import Partial, Placement, Replicate, Shard, Spec, StridedShard
 from meshplan.placement._types import dtype_name
 
+from ._args import as_int
+
 __all__ = [
     "Meta",
     "Placeholder",
@@ -25,17 +27,30 @@ __all__ = [
     "fill",
     "shard_kinds",
     "replicate_strategy",
+    "CONSTRAINTS",
+    "MAX_TENSORS",
 ]
+
+CONSTRAINTS = ("even", "nonempty", "aligned")
+MAX_TENSORS = 1 << 16  # outputs or inputs of one op: a bound that keeps bad counts from hanging
 
 
 def _shape(value: Iterable[int]) -> tuple[int, ...]:
+    if isinstance(value, str | bytes) or not isinstance(value, Iterable):
+        raise StrategyError(
+            f"tensor shape {value!r} is not a sequence of sizes; pass a tuple such as (4, 3)",
+            value=value,
+        )
     shape = tuple(value)
+    out = []
     for s in shape:
-        if isinstance(s, bool) or not isinstance(s, int) or s < 0:
+        size = as_int(s)
+        if size is None or size < 0:
             raise StrategyError(
                 f"tensor shape {shape!r} holds {s!r}; sizes are ints >= 0", value=shape
             )
-    return shape
+        out.append(size)
+    return tuple(out)
 
 
 @attrs.frozen(repr=False)
@@ -62,6 +77,12 @@ def meta_of(spec: Spec) -> Meta:
     return Meta(spec.shape, spec.dtype)
 
 
+def _to_int(value):
+    """Integers (numpy ones too) as Python ints; anything else unchanged for the validator."""
+    i = as_int(value)
+    return value if i is None else i
+
+
 def _dim(instance, attribute, value) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
         raise StrategyError(
@@ -74,6 +95,23 @@ def _dim(instance, attribute, value) -> None:
 def _split(instance, attribute, value) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise StrategyError(f"Placeholder split must be an int >= 1, got {value!r}", value=value)
+
+
+def _flag(instance, attribute, value) -> None:
+    if not isinstance(value, bool):
+        raise StrategyError(
+            f"Placeholder {attribute.name}= must be True or False, got {value!r}", value=value
+        )
+
+
+def _split_factor(value: object) -> int:
+    sf = as_int(value)
+    if sf is None or sf < 1:
+        raise StrategyError(
+            f"split factor {value!r} must be an int >= 1 (1 fills placeholders with Shard)",
+            value=value,
+        )
+    return sf
 
 
 @attrs.frozen(repr=False)
@@ -92,15 +130,15 @@ class Placeholder:
     (Placeholder(0), 'S?(1,even)', 'S?(0)*3')
     """
 
-    dim: int = attrs.field(validator=_dim)
-    split: int = attrs.field(default=1, validator=_split, kw_only=True)
-    even: bool = attrs.field(default=False, kw_only=True)
-    nonempty: bool = attrs.field(default=False, kw_only=True)
-    aligned: bool = attrs.field(default=False, kw_only=True)
+    dim: int = attrs.field(converter=_to_int, validator=_dim)
+    split: int = attrs.field(default=1, converter=_to_int, validator=_split, kw_only=True)
+    even: bool = attrs.field(default=False, validator=_flag, kw_only=True)
+    nonempty: bool = attrs.field(default=False, validator=_flag, kw_only=True)
+    aligned: bool = attrs.field(default=False, validator=_flag, kw_only=True)
 
     def fill(self, split_factor: int) -> Shard | StridedShard:
         """The concrete placement for a kind with ``split_factor`` (1 = ``Shard``)."""
-        sf = split_factor * self.split
+        sf = _split_factor(split_factor) * self.split
         return Shard(self.dim) if sf == 1 else StridedShard(self.dim, sf)
 
     @property
@@ -142,6 +180,26 @@ def _entries(value: Iterable[DimPlacement]) -> tuple[DimPlacement, ...]:
 Constraint = tuple[int, int, str]  # (position among outputs+inputs, tensor dim, name)
 
 
+def _constraints(value: Iterable[Constraint]) -> tuple[Constraint, ...]:
+    if isinstance(value, str | bytes) or not isinstance(value, Iterable):
+        raise StrategyError(
+            f"constraints {value!r} must be a sequence of (position, tensor dim, name) triples",
+            value=value,
+        )
+    out = []
+    for c in value:
+        pos, dim, name = c if isinstance(c, tuple) and len(c) == 3 else (None, None, None)
+        p, d = as_int(pos), as_int(dim)
+        if p is None or d is None or p < 0 or d < 0 or name not in CONSTRAINTS:
+            raise StrategyError(
+                f"constraint {c!r} is not a (position >= 0, tensor dim >= 0, name) triple with a "
+                f"name in {CONSTRAINTS!r}",
+                value=c,
+            )
+        out.append((p, d, name))
+    return tuple(out)
+
+
 @attrs.frozen(repr=False, cache_hash=True)
 class DimStrategy:
     """One mesh dim's strategy: input placements -> output placements.
@@ -160,7 +218,9 @@ class DimStrategy:
 
     outputs: tuple[DimPlacement, ...] = attrs.field(converter=_entries)
     inputs: tuple[DimPlacement, ...] = attrs.field(converter=_entries)
-    constraints: tuple[Constraint, ...] = attrs.field(default=(), converter=tuple, kw_only=True)
+    constraints: tuple[Constraint, ...] = attrs.field(
+        default=(), converter=_constraints, kw_only=True
+    )
 
     @property
     def entries(self) -> tuple[DimPlacement, ...]:
@@ -177,6 +237,7 @@ class DimStrategy:
 
     def fill(self, split_factor: int) -> DimStrategy:
         """Every placeholder filled with the kind of ``split_factor`` (1 = ``Shard``)."""
+        split_factor = _split_factor(split_factor)
         filled: list[Placement] = []
         cons: list[Constraint] = list(self.constraints)
         for pos, p in enumerate(self.entries):
@@ -198,9 +259,25 @@ class DimStrategy:
         return f"DimStrategy({list(self.outputs)!r}, {list(self.inputs)!r}{extra})"
 
 
+def _count(name: str, value: object) -> int:
+    n = as_int(value)
+    if n is None or not 1 <= n <= MAX_TENSORS:
+        raise StrategyError(
+            f"{name}={value!r} must be an int in [1, {MAX_TENSORS}]: an op has at least one "
+            "output and one tensor input",
+            value=value,
+        )
+    return n
+
+
 def replicate_strategy(n_outputs: int, n_inputs: int) -> DimStrategy:
-    """The all-``Replicate`` strategy every op has (every rank computes everything)."""
-    return DimStrategy((Replicate(),) * n_outputs, (Replicate(),) * n_inputs)
+    """The all-``Replicate`` strategy every op has (every rank computes everything).
+
+    >>> print(replicate_strategy(1, 2))
+    R, R -> R
+    """
+    n_out, n_in = _count("n_outputs", n_outputs), _count("n_inputs", n_inputs)
+    return DimStrategy((Replicate(),) * n_out, (Replicate(),) * n_in)
 
 
 def shard_kinds(specs: Sequence[Spec]) -> tuple[int, ...]:
@@ -234,6 +311,15 @@ def fill(
     ['R, R -> R', 'S(0), R -> S(0)', 'SS(0,2), R -> SS(0,2)']
     """
     out: list[DimStrategy] = [replicate_strategy(n_outputs, n_inputs)]
+    n_outputs, n_inputs = len(out[0].outputs), len(out[0].inputs)
+    if isinstance(kinds, str | bytes) or not isinstance(kinds, Iterable):
+        raise StrategyError(f"kinds {kinds!r} must be a sequence of split factors", value=kinds)
+    kinds = tuple(_split_factor(k) for k in kinds)
+    if isinstance(strategies, DimStrategy) or not isinstance(strategies, Iterable):
+        raise StrategyError(
+            f"strategies {strategies!r} must be a sequence of DimStrategy values",
+            value=strategies,
+        )
     seen = {out[0]}
     for s in strategies:
         if not isinstance(s, DimStrategy):

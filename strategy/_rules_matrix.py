@@ -7,6 +7,9 @@ contraction is linear in each operand, so one ``Partial`` operand (sum, or avg f
 floats) with the others replicated gives a ``Partial`` output. A bias added to the
 product must be ``Partial("sum")`` wherever the product is (it would be added once
 per rank otherwise); under ``avg`` it may also stay replicated.
+
+Like torch, the operands must share one dtype (no promotion), which the output keeps;
+einsum is planned for floating and complex dtypes only (see ``MATMUL_DTYPES``).
 """
 
 from __future__ import annotations
@@ -17,11 +20,32 @@ from typing import Any
 from meshplan.errors import StrategyError
 from meshplan.placement import Partial, Replicate
 
-from ._args import ALL, LINEAR, broadcast_shapes, check_count, is_float
+from ._args import ALL, LINEAR, as_int, broadcast_shapes, check_count, is_float, is_real
+from ._dtypes import ALL_DTYPES, COMPLEX, FLOAT8, FLOATING, check_dtypes, same_dtype
 from ._rule import DimPlacement, DimStrategy, Meta, Placeholder
 from ._ruleset import OpRule
 
-__all__ = ["RULES", "parse_equation", "einsum_strategies"]
+__all__ = ["RULES", "parse_equation", "einsum_strategies", "MATMUL_DTYPES"]
+
+# the dtypes torch 2.13 multiplies matrices in (all operands in one dtype, no promotion)
+MATMUL_DTYPES: dict[str, tuple[str, ...]] = {
+    **dict.fromkeys(("mm", "addmm", "linear"), tuple(d for d in ALL_DTYPES if d != "bool")),
+    "bmm": tuple(d for d in ALL_DTYPES if d != "bool" and d not in FLOAT8),
+    # torch's einsum gives integers int64 or not depending on the contraction path (and on
+    # which dims have size 1): only dtypes whose result is always the operands' are planned
+    "einsum": FLOATING + COMPLEX,
+}
+
+
+def matmul_dtype(op: str, inputs: Sequence[Meta]) -> str:
+    """The operands' one dtype, if torch multiplies in it; raise otherwise."""
+    what = (
+        "floating and complex dtypes (cast integer operands to a float dtype)"
+        if op == "einsum"
+        else ""
+    )
+    check_dtypes(op, inputs, MATMUL_DTYPES[op], what)
+    return same_dtype(op, inputs)
 
 
 def parse_equation(equation: str, n_operands: int) -> tuple[tuple[str, ...], str]:
@@ -138,21 +162,28 @@ def _with_bias(
     return out
 
 
-def _einsum_rule(inputs: tuple[Meta, ...], *, equation: str) -> list[DimStrategy]:
+def _contraction(
+    equation: str, inputs: tuple[Meta, ...]
+) -> tuple[list[DimStrategy], tuple[int, ...]]:
+    """A contraction's strategies and its output shape."""
     operands, out = parse_equation(equation, len(inputs))
-    _letter_sizes(equation, operands, inputs)
+    sizes = _letter_sizes(equation, operands, inputs)
     pairs = einsum_strategies(operands, out, all(is_float(m) for m in inputs))
-    return [DimStrategy([o], ins) for o, ins in pairs]
+    return [DimStrategy([o], ins) for o, ins in pairs], tuple(sizes[c] for c in out)
+
+
+def _einsum_rule(inputs: tuple[Meta, ...], *, equation: str) -> list[DimStrategy]:
+    matmul_dtype("einsum", inputs)
+    return _contraction(equation, inputs)[0]
 
 
 def _einsum_outputs(inputs: tuple[Meta, ...], *, equation: str) -> tuple[Meta, ...]:
-    operands, out = parse_equation(equation, len(inputs))
-    sizes = _letter_sizes(equation, operands, inputs)
-    return (Meta(tuple(sizes[c] for c in out), inputs[0].dtype),)
+    dtype = matmul_dtype("einsum", inputs)
+    return (Meta(_contraction(equation, inputs)[1], dtype),)
 
 
 def _fixed(equation: str, op: str, ndims: tuple[int, ...]):
-    def check(inputs: tuple[Meta, ...]) -> None:
+    def check(inputs: tuple[Meta, ...]) -> str:
         check_count(op, inputs, len(ndims))
         for m, nd in zip(inputs, ndims, strict=True):
             if m.ndim != nd:
@@ -161,20 +192,22 @@ def _fixed(equation: str, op: str, ndims: tuple[int, ...]):
                     f"{[x.shape for x in inputs]!r}",
                     value=inputs,
                 )
+        return matmul_dtype(op, inputs)
 
     def rule(inputs: tuple[Meta, ...]) -> list[DimStrategy]:
         check(inputs)
-        return _einsum_rule(inputs, equation=equation)
+        return _contraction(equation, inputs)[0]
 
     def outputs(inputs: tuple[Meta, ...]) -> tuple[Meta, ...]:
-        check(inputs)
-        return _einsum_outputs(inputs, equation=equation)
+        dtype = check(inputs)
+        return (Meta(_contraction(equation, inputs)[1], dtype),)
 
     return OpRule(rule, outputs)
 
 
 def _addmm_parts(inputs: tuple[Meta, ...]) -> tuple[Meta, tuple[int, int]]:
     check_count("addmm", inputs, 3)
+    matmul_dtype("addmm", inputs)
     bias, m1, m2 = inputs
     if m1.ndim != 2 or m2.ndim != 2 or m1.shape[1] != m2.shape[0]:
         raise StrategyError(
@@ -190,7 +223,7 @@ def _addmm_parts(inputs: tuple[Meta, ...]) -> tuple[Meta, tuple[int, int]]:
 
 
 def _scalar(op: str, name: str, value: Any) -> None:
-    if isinstance(value, bool) or not isinstance(value, int | float):
+    if not is_real(value):
         raise StrategyError(f"{op}: {name}={value!r} must be a number", value=value)
 
 
@@ -205,6 +238,8 @@ def _addmm_rule(inputs: tuple[Meta, ...], *, beta: Any = 1, alpha: Any = 1) -> l
 
 
 def _addmm_outputs(inputs: tuple[Meta, ...], *, beta: Any = 1, alpha: Any = 1) -> tuple[Meta, ...]:
+    _scalar("addmm", "beta", beta)
+    _scalar("addmm", "alpha", alpha)
     _, shape = _addmm_parts(inputs)
     return (Meta(shape, inputs[1].dtype),)
 
@@ -214,6 +249,7 @@ _BATCH = "abcdefghijlmopqrstuvwxyz"  # every letter but k and n
 
 def _linear_parts(inputs: tuple[Meta, ...]) -> tuple[tuple[str, str], str, tuple[int, ...]]:
     check_count("linear", inputs, 2, 3)
+    matmul_dtype("linear", inputs)
     x, w = inputs[0], inputs[1]
     if x.ndim < 1 or w.ndim != 2 or x.shape[-1] != w.shape[1] or x.ndim > len(_BATCH) + 1:
         raise StrategyError(
@@ -246,10 +282,10 @@ def _linear_outputs(inputs: tuple[Meta, ...]) -> tuple[Meta, ...]:
 def _embedding_parts(inputs: tuple[Meta, ...]) -> tuple[Meta, Meta]:
     check_count("embedding", inputs, 2)
     ids, weight = inputs
-    if weight.ndim != 2 or not ids.dtype.startswith(("int", "uint")):
+    if weight.ndim != 2 or ids.dtype not in ("int64", "int32"):
         raise StrategyError(
-            f"embedding takes (indices, weight): integer indices and a 2-D weight, got "
-            f"{ids!r} and {weight!r}",
+            f"embedding takes (indices, weight): int64 or int32 indices (as torch does) and a "
+            f"2-D weight, got {ids!r} and {weight!r}",
             value=inputs,
         )
     return ids, weight
@@ -257,11 +293,8 @@ def _embedding_parts(inputs: tuple[Meta, ...]) -> tuple[Meta, Meta]:
 
 def _padding_idx(weight: Meta, padding_idx: Any) -> None:
     n = weight.shape[0]
-    if padding_idx is not None and (
-        isinstance(padding_idx, bool)
-        or not isinstance(padding_idx, int)
-        or not -n <= padding_idx < n
-    ):
+    i = as_int(padding_idx)
+    if padding_idx is not None and (i is None or not -n <= i < n):
         raise StrategyError(
             f"embedding: padding_idx={padding_idx!r} must be None or a row in [{-n}, {n})",
             value=padding_idx,

@@ -5,6 +5,8 @@ reductions combine into the global one — ``sum`` gives ``Partial("sum")``, ``a
 /``amin`` give ``Partial("max"/"min")`` (every rank must hold at least one element),
 ``mean`` gives ``Partial("avg")`` only when every rank holds equally many elements.
 Shape ops move data without arithmetic, so every ``Partial`` passes through them.
+Dtypes follow torch: ``sum`` of integers is int64, ``mean`` and ``softmax`` take floating
+dtypes only, ``cat``/``stack`` promote their inputs to a common dtype.
 
 ``view``/``reshape`` group the input and output dims into blocks of equal size. A
 flattened block turns a shard of an inner input dim into a ``StridedShard`` of the
@@ -21,7 +23,8 @@ from typing import Any
 from meshplan.errors import StrategyError
 from meshplan.placement import Partial
 
-from ._args import ALL, check_count, is_float, norm_dim, norm_dims
+from ._args import ALL, as_int, check_count, is_float, norm_dim, norm_dims
+from ._dtypes import ALL_DTYPES, COMPLEX, FLOAT8, FLOATING, INTEGRAL, check_dtypes, promote_types
 from ._rule import DimStrategy, Meta, Placeholder
 from ._ruleset import OpRule
 
@@ -29,6 +32,20 @@ __all__ = ["RULES", "view_blocks", "REDUCTIONS"]
 
 P = Partial
 REDUCTIONS = ("sum", "mean", "amax", "amin")
+# the input dtypes torch 2.13 computes each reduction for
+REDUCTION_DTYPES: dict[str, tuple[str, ...]] = {
+    "sum": tuple(d for d in ALL_DTYPES if d not in FLOAT8),
+    "mean": FLOATING + COMPLEX,  # torch cannot infer a mean's dtype for integers
+    "amax": FLOATING + INTEGRAL + ("bool",),  # complex numbers have no order
+    "amin": FLOATING + INTEGRAL + ("bool",),
+}
+
+
+def _reduction_dtype(op: str, x: Meta) -> str:
+    check_dtypes(op, (x,), REDUCTION_DTYPES[op])
+    if op == "sum" and (x.dtype in INTEGRAL or x.dtype == "bool"):
+        return "int64"  # torch sums integers in int64
+    return x.dtype
 
 
 def _reduce_out_dims(ndim: int, reduced: tuple[int, ...], keepdim: bool) -> dict[int, int]:
@@ -46,6 +63,7 @@ def _reduction(op: str) -> OpRule:
         if extra:
             raise StrategyError(f"{op} takes dim= and keepdim=, got {sorted(extra)!r}", value=args)
         (x,) = inputs
+        _reduction_dtype(op, x)
         keepdim = args.get("keepdim", False)
         if not isinstance(keepdim, bool):
             raise StrategyError(f"{op}: keepdim={keepdim!r} must be a bool", value=keepdim)
@@ -76,7 +94,7 @@ def _reduction(op: str) -> OpRule:
         shape = tuple(
             1 if d in reduced else s for d, s in enumerate(x.shape) if keepdim or d not in reduced
         )
-        return (Meta(shape, x.dtype),)
+        return (Meta(shape, _reduction_dtype(op, x)),)
 
     return OpRule(rule, outputs)
 
@@ -86,6 +104,7 @@ def _softmax(op: str) -> OpRule:
         check_count(op, inputs, 1)
         if set(args) != {"dim"}:
             raise StrategyError(f"{op} takes exactly dim=, got {sorted(args)!r}", value=args)
+        check_dtypes(op, inputs, FLOATING)
         return inputs[0], norm_dim(op, args["dim"], inputs[0].ndim)
 
     def rule(inputs: tuple[Meta, ...], **args: Any) -> list[DimStrategy]:
@@ -105,12 +124,20 @@ def _passthrough(n_out: int, n_in: int) -> list[DimStrategy]:
 
 def _cat_parts(
     op: str, inputs: tuple[Meta, ...], args: dict[str, Any]
-) -> tuple[int, tuple[int, ...]]:
+) -> tuple[int, tuple[int, ...], str]:
     if not inputs:
         raise StrategyError(f"{op} needs at least one tensor", value=inputs)
     if set(args) - {"dim"}:
         raise StrategyError(f"{op} takes only dim=, got {sorted(args)!r}", value=args)
     first = inputs[0]
+    if op == "cat" and first.ndim == 0:
+        raise StrategyError(
+            f"cat cannot concatenate 0-d tensors ({list(inputs)!r}); stack them instead",
+            value=inputs,
+        )
+    dtype = inputs[0].dtype
+    for m in inputs[1:]:
+        dtype = promote_types(dtype, m.dtype, op)  # torch concatenates in the common dtype
     extra = 1 if op == "stack" else 0
     dim = norm_dim(op, args.get("dim", 0), first.ndim, extra=extra)
     for m in inputs:
@@ -137,12 +164,12 @@ def _cat_parts(
         shape = tuple(
             sum(m.shape[dim] for m in inputs) if i == dim else s for i, s in enumerate(first.shape)
         )
-    return dim, shape
+    return dim, shape, dtype
 
 
 def _cat(op: str) -> OpRule:
     def rule(inputs: tuple[Meta, ...], **args: Any) -> list[DimStrategy]:
-        dim, _ = _cat_parts(op, inputs, args)
+        dim, _, _ = _cat_parts(op, inputs, args)
         out = []
         for d in range(inputs[0].ndim):
             if op == "cat" and d == dim:
@@ -152,8 +179,8 @@ def _cat(op: str) -> OpRule:
         return out + _passthrough(1, len(inputs))
 
     def outputs(inputs: tuple[Meta, ...], **args: Any) -> tuple[Meta, ...]:
-        _, shape = _cat_parts(op, inputs, args)
-        return (Meta(shape, inputs[0].dtype),)
+        _, shape, dtype = _cat_parts(op, inputs, args)
+        return (Meta(shape, dtype),)
 
     return OpRule(rule, outputs)
 
@@ -197,16 +224,15 @@ def _view_shape(op: str, inputs: tuple[Meta, ...], args: dict[str, Any]) -> tupl
     check_count(op, inputs, 1)
     if set(args) != {"shape"}:
         raise StrategyError(f"{op} takes shape=, got {sorted(args)!r}", value=args)
-    shape = args["shape"]
-    shape = tuple(shape) if isinstance(shape, tuple | list) else (shape,)
+    given = args["shape"]
+    given = tuple(given) if isinstance(given, tuple | list) else (given,)
     numel = math.prod(inputs[0].shape)
-    if (
-        any(isinstance(s, bool) or not isinstance(s, int) or s < -1 for s in shape)
-        or shape.count(-1) > 1
-    ):
+    sizes = [as_int(s) for s in given]
+    if any(s is None or s < -1 for s in sizes) or sizes.count(-1) > 1:
         raise StrategyError(
-            f"{op}: shape={shape!r} needs ints >= 0 and at most one -1", value=shape
+            f"{op}: shape={given!r} needs ints >= 0 and at most one -1", value=given
         )
+    shape = tuple(s for s in sizes if s is not None)
     known = math.prod(s for s in shape if s != -1)
     if -1 in shape:
         if known == 0 or numel % known:

@@ -21,12 +21,27 @@ OutputsFn = Callable[..., Sequence[Meta]]
 """``outputs(inputs: tuple[Meta, ...], **args) -> (Meta, ...)``: the op's output metadata."""
 
 
+def _callable(instance, attribute, value) -> None:
+    if not callable(value):
+        what = "rule(inputs, **args) -> [DimStrategy, ...]"
+        if attribute.name == "outputs":
+            what = "outputs(inputs, **args) -> (Meta, ...)"
+        raise StrategyError(
+            f"OpRule {attribute.name} must be a function {what}, got {value!r}", value=value
+        )
+
+
 @attrs.frozen
 class OpRule:
-    """An op's single-mesh-dim rule and its output metadata function."""
+    """An op's single-mesh-dim rule and its output metadata function.
 
-    strategies: Rule
-    outputs: OutputsFn
+    >>> relu = RuleSet.default()["relu"]
+    >>> OpRule(relu.strategies, relu.outputs) == relu
+    True
+    """
+
+    strategies: Rule = attrs.field(validator=_callable)
+    outputs: OutputsFn = attrs.field(validator=_callable)
 
 
 def freeze_args(args: Mapping[str, Any]) -> tuple[tuple[str, Any], ...]:
@@ -54,6 +69,19 @@ def freeze_args(args: Mapping[str, Any]) -> tuple[tuple[str, Any], ...]:
 
 
 def _rules(value: Mapping[str, OpRule]) -> FrozenMap[str, OpRule]:
+    if not isinstance(value, Mapping):
+        raise StrategyError(
+            f"RuleSet takes a mapping of op names to OpRule values, got {value!r}", value=value
+        )
+    for op, rule in value.items():
+        if not isinstance(op, str) or not op:
+            raise StrategyError(f"op names are non-empty strings, got {op!r}", value=op)
+        if not isinstance(rule, OpRule):
+            raise StrategyError(
+                f"the rule for {op!r} is {rule!r}, not an OpRule; build it with "
+                "OpRule(rule, outputs) or add it with ruleset.with_rule(op, rule, outputs=...)",
+                value=rule,
+            )
     return value if isinstance(value, FrozenMap) else FrozenMap(value)
 
 
@@ -84,9 +112,11 @@ class RuleSet:
         return tuple(self.rules)
 
     def __contains__(self, op: object) -> bool:
-        return op in self.rules
+        return isinstance(op, str) and op in self.rules
 
     def __getitem__(self, op: str) -> OpRule:
+        if not isinstance(op, str):
+            raise StrategyError(f"op names are strings, got {op!r}", value=op)
         try:
             return self.rules[op]
         except KeyError:
@@ -102,6 +132,12 @@ class RuleSet:
         """A copy where ``op`` uses ``rule`` (and ``outputs``, kept from the old rule if None)."""
         if not isinstance(op, str) or not op:
             raise StrategyError(f"op names are non-empty strings, got {op!r}", value=op)
+        if outputs is not None and not callable(outputs):
+            raise StrategyError(
+                f"outputs= for {op!r} must be a function from the input metadata (and op "
+                f"arguments) to the output metadata, got {outputs!r}",
+                value=outputs,
+            )
         if isinstance(rule, OpRule):
             entry = rule if outputs is None else OpRule(rule.strategies, outputs)
         else:

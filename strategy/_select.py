@@ -26,7 +26,7 @@ from meshplan.errors import StrategyError
 from meshplan.placement import Spec
 
 from ._expand import Candidate, Problem, Strategy, candidates, prepare, realize
-from ._price import default_model, input_bound, redistribute_cost, transition_bound
+from ._price import check_model, input_bound, redistribute_cost, transition_bound
 from ._ruleset import RuleSet
 
 __all__ = ["Choice", "select", "METHODS", "clear_strategy_cache"]
@@ -136,8 +136,9 @@ def select(
     """
     if method not in METHODS:
         raise StrategyError(f"unknown method {method!r}; use one of {METHODS!r}", value=method)
+    model = check_model(cost_model)
     problem = prepare(op, input_specs, ruleset, args)
-    pricer = _Pricer(problem, cost_model if cost_model is not None else default_model())
+    pricer = _Pricer(problem, model)
     if method == "enumerate":
         return _enumerate(problem, pricer)
     return _search(problem, pricer)
