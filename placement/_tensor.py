@@ -201,9 +201,14 @@ def _sum_avg(parts: dict[tuple[int, ...], torch.Tensor], is_avg: list[bool]) -> 
     base = values[0]
     if len(values) == 1:
         return base
-    delta = sum((v - base for v in values[1:]), torch.zeros_like(base))
-    exact = base.is_floating_point() or base.is_complex()
-    return base + (delta / len(values) if exact else delta // len(values))
+    if base.is_floating_point() or base.is_complex():
+        delta = sum((v - base for v in values[1:]), torch.zeros_like(base))
+        return base + delta / len(values)
+    # integers: the differences in int64, so unsigned and narrow types do not wrap (the
+    # floor of the true mean)
+    wide = base.to(torch.int64)
+    delta = sum((v.to(torch.int64) - wide for v in values[1:]), torch.zeros_like(wide))
+    return (wide + delta // len(values)).to(base.dtype)
 
 
 def _place(target: torch.Tensor, per_dim: tuple[Intervals, ...], local: torch.Tensor) -> None:

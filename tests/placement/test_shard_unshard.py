@@ -169,3 +169,16 @@ def test_strided_shard_example():
         [0, 1, 4, 5],
         [2, 3, 6, 7],
     ]
+
+
+@pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "int64"])
+def test_integer_averages_are_the_floor_of_the_mean_without_wrapping(dtype):
+    # regression: the differences from the first part were taken in the dtype itself, so
+    # uint8 parts [2] and [0] averaged to 129
+    spec = Spec(Mesh.create(2), (Partial("avg"),), (3,), dtype)
+    info = torch.iinfo(getattr(torch, dtype))
+    low, high = max(info.min, -(2**61)), min(info.max, 2**61)  # int64: differences fit
+    a = torch.tensor([2, low, high], dtype=getattr(torch, dtype))
+    b = torch.tensor([0, high, high], dtype=getattr(torch, dtype))
+    want = [(int(x) + int(y)) // 2 for x, y in zip(a, b, strict=True)]
+    assert unshard({0: a, 1: b}, spec).tolist() == want
