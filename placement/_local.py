@@ -139,8 +139,10 @@ def shard_intervals(
         raise PlacementError(
             f"shard_intervals applies a Shard or StridedShard, got {placement!r}", value=placement
         )
-    out: list[tuple[int, int]] = []
     sf = placement.split_factor
+    if len(intervals) == 1:
+        return _strided_run(intervals[0][0], n, sf, parts, index)
+    out: list[tuple[int, int]] = []
     for j in range(nonempty_chunks(n, sf)):  # the rest are empty: O(n), not O(sf)
         a, b = chunk_bounds(n, sf, j)
         lo, hi = chunk_bounds(b - a, parts, index)
@@ -149,6 +151,33 @@ def shard_intervals(
                 out[-1] = (out[-1][0], iv[1])
             else:
                 out.append(iv)
+    return tuple(out)
+
+
+def _strided_run(start: int, n: int, sf: int, parts: int, index: int) -> Intervals:
+    """:func:`shard_intervals` of ``StridedShard(_, sf)`` on the one run ``[start, start +
+    n)``: the ``sf`` pieces are ``k`` full ones of one length, maybe one shorter, then
+    empty ones, and the rank takes the same chunk of every full piece; so a rank that
+    takes a whole piece (or none) gets one run (or none) in O(1), whatever ``sf``."""
+    if not n:
+        return ()
+    size = -(-n // sf)
+    k, rem = divmod(n, size)
+    lo, hi = chunk_bounds(size, parts, index)
+    out: list[tuple[int, int]] = []
+    if hi > lo:
+        if hi - lo == size:
+            out.append((start, start + k * size))
+        else:
+            out.extend((start + j * size + lo, start + j * size + hi) for j in range(k))
+    if rem:
+        rlo, rhi = chunk_bounds(rem, parts, index)
+        if rhi > rlo:
+            a, b = start + k * size + rlo, start + k * size + rhi
+            if out and out[-1][1] == a:
+                out[-1] = (out[-1][0], b)
+            else:
+                out.append((a, b))
     return tuple(out)
 
 
