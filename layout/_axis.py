@@ -492,12 +492,7 @@ class MeshLayout:
             ) from None
         out = []
         for d in items:
-            try:
-                if isinstance(d, bool):
-                    raise TypeError
-                i = operator.index(d)
-            except TypeError:
-                raise MeshError(f"mesh dims are ints, got {d!r} in {dims!r}", value=dims) from None
+            i = _index(d, f"each mesh dim in {dims!r}")
             if not 0 <= i < len(self.axes):
                 raise MeshError(
                     f"mesh dim {i} is out of range for a {len(self.axes)}-dim layout "
