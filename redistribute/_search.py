@@ -439,7 +439,7 @@ class _Context(_Bounds):
                 (n != R) if kind == "all_gather" else (type(n) is not tuple)
             ):
                 return False
-        if 0 in self.shape:
+        if self.empty:
             return True  # no rank holds or needs an element
         sizes = self.sizes
         group = tuple(sorted(dims))
