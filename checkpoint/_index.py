@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import math
-import operator
 import os
 from collections.abc import Callable, Iterable
 
@@ -19,6 +18,7 @@ import attrs
 
 from meshplan.errors import CheckpointError, MissingTensorError
 from meshplan.layout import FrozenMap
+from meshplan.layout._ints import as_int
 from meshplan.placement import DTYPES, Chunk
 
 __all__ = [
@@ -63,10 +63,7 @@ def _ints(what: str) -> Callable[[Iterable[int]], tuple[int, ...]]:
         items = tuple(value)
         out = []
         for v in items:
-            try:
-                i = None if isinstance(v, bool) else operator.index(v)
-            except TypeError:
-                i = None
+            i = as_int(v)
             if i is None or not 0 <= i <= _MAX_SIZE:
                 raise CheckpointError(
                     f"{what} {list(items)!r} holds {v!r}; every entry must be an int >= 0 "

@@ -15,7 +15,6 @@ checked, with ``verify=False`` only the needed slices are read.
 from __future__ import annotations
 
 import contextlib
-import operator
 import os
 import uuid
 import zlib
@@ -25,6 +24,7 @@ from typing import Any
 import torch
 
 from meshplan.errors import CheckpointError
+from meshplan.layout._ints import as_int
 from meshplan.placement import Sharded, Spec, local_shape
 from meshplan.placement._tensor import partial_keeps
 
@@ -591,10 +591,7 @@ def _resolve_rank(targets: Mapping[str, Spec], groups: Any, rank: Any) -> int:
         _check_groups(groups)
     if rank is not None:
         given = rank
-        try:
-            rank = None if isinstance(given, bool) else operator.index(given)
-        except TypeError:
-            rank = None
+        rank = as_int(given)
         if rank is None:
             raise CheckpointError(
                 f"rank={given!r} must be an int: the global rank to load for", value=given

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import functools
 import math
-import operator
 from collections.abc import Iterable, Iterator, Sequence
 from itertools import product
 
@@ -22,6 +21,7 @@ import attrs
 from meshplan.errors import MeshError
 
 from ._frozen import identity_first_eq
+from ._ints import as_int
 
 __all__ = ["Axis", "MeshLayout", "coalesce", "complement", "compose", "modes_of"]
 
@@ -30,28 +30,26 @@ Mode = tuple[int, int]  # (size, stride)
 
 def _index(value, what: str = "value") -> int:
     """``value`` as an int (Python or numpy ints; not bool), or a MeshError naming it."""
-    if isinstance(value, bool):
+    i = as_int(value)
+    if i is None:
         raise MeshError(f"{what} must be an int, got {value!r}", value=value)
-    try:
-        return operator.index(value)
-    except TypeError:
-        raise MeshError(f"{what} must be an int, got {value!r}", value=value) from None
+    return i
 
 
 def _int_tuple(value: Iterable[int] | int) -> tuple[int, ...]:
-    if not isinstance(value, bool):
+    items = value
+    if not isinstance(value, tuple | list):
+        i = as_int(value)  # an int, a numpy int, a 0-d array
+        if i is not None:
+            return (i,)
         try:
-            return (operator.index(value),)
+            items = None if isinstance(value, str | bytes) else tuple(value)
         except TypeError:
-            pass
-    try:
-        items = tuple(value)
-    except TypeError:
-        items = None
-    if items is None or isinstance(value, str | bytes) or any(isinstance(v, bool) for v in items):
-        raise MeshError(
-            f"layout sizes and strides are ints or tuples of ints, got {value!r}", value=value
-        )
+            items = None
+        if items is None:
+            raise MeshError(
+                f"layout sizes and strides are ints or tuples of ints, got {value!r}", value=value
+            )
     return tuple(_index(v, "a layout size or stride") for v in items)
 
 
@@ -290,9 +288,10 @@ def complement(modes: Iterable[Mode], world: int) -> Axis:
     >>> complement([(2, 4), (2, 1)], 8)
     Axis(sizes=(2,), strides=(2,))
     """
-    if isinstance(world, bool) or not hasattr(world, "__index__") or world < 1:
+    n = as_int(world)
+    if n is None or n < 1:
         raise MeshError(f"world size must be an int >= 1, got {world!r}", value=world)
-    return _complement(_modes_tuple(modes), operator.index(world))
+    return _complement(_modes_tuple(modes), n)
 
 
 @functools.lru_cache(maxsize=8192)
@@ -480,10 +479,8 @@ class MeshLayout:
 
     def _dims(self, dims) -> tuple[int, ...]:
         """``dims`` (one dim or a sequence of them) as a tuple of dims of this layout."""
-        try:
-            items = (operator.index(dims),) if not isinstance(dims, bool) else (dims,)
-        except TypeError:
-            items = dims
+        one = as_int(dims)
+        items = (dims,) if one is not None or isinstance(dims, bool) else dims
         try:
             items = tuple(items)
         except TypeError:

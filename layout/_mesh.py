@@ -12,6 +12,7 @@ from meshplan.errors import MeshError
 
 from ._axis import Axis, MeshLayout, complement, compose, row_major_strides
 from ._frozen import FrozenMap, frozen_map, identity_first_eq
+from ._ints import as_int, int_or_same
 from ._ranks import RankMap, index_of, rank_map, short_repr, trusted_rank_map
 
 __all__ = ["Mesh", "flatten", "unflatten", "DimKey"]
@@ -57,16 +58,13 @@ def _mesh_shape(value) -> tuple[int, ...]:
     """A mesh shape as a tuple of ints >= 1 (an int, or a sequence of ints; numpy ints too)."""
     if isinstance(value, str | bytes):
         raise MeshError(f"a mesh shape is an int or a sequence of ints, got {value!r}", value=value)
-    try:  # an int, a numpy int or a 0-d array
-        items = (value,) if isinstance(value, bool) else (operator.index(value),)
-    except TypeError:
+    one = as_int(value)  # an int, a numpy int or a 0-d array
+    items = (one,) if one is not None else (value,) if isinstance(value, bool) else None
+    if items is None:
         items = _tuple(value, "a mesh shape")
     out = []
     for s in items:
-        try:
-            size = None if isinstance(s, bool) else operator.index(s)
-        except TypeError:
-            size = None
+        size = as_int(s)
         if size is None or size < 1:
             raise MeshError(
                 f"mesh shape {value!r} has size {s!r}; every size must be an int >= 1",
@@ -257,14 +255,11 @@ class Mesh:
                     value=dim,
                 )
             return self.names.index(dim)
-        try:
-            if isinstance(dim, bool):
-                raise TypeError
-            i = operator.index(dim)
-        except TypeError:
+        i = as_int(dim)
+        if i is None:
             raise MeshError(
                 f"mesh dims are names or ints, got {dim!r}; use one of {self.names!r}", value=dim
-            ) from None
+            )
         if not -self.ndim <= i < self.ndim:
             raise MeshError(
                 f"mesh dim {i} is out of range for the {self.ndim}-D mesh {self.names!r}; "
@@ -402,10 +397,7 @@ class Mesh:
                 value=(sizes, names),
             )
         axis = self.layout.axes[i]
-        sizes = tuple(
-            operator.index(s) if not isinstance(s, bool) and hasattr(s, "__index__") else s
-            for s in sizes
-        )
+        sizes = tuple(int_or_same(s) for s in sizes)
         for s in sizes:
             if isinstance(s, bool) or not isinstance(s, int) or s < 1:
                 raise MeshError(
@@ -441,13 +433,10 @@ class Mesh:
     # -- ranks, coordinates, groups ---------------------------------------------------
 
     def _index_of(self, rank: int) -> int | None:
-        try:
-            if isinstance(rank, bool):
-                raise TypeError
-            rank = operator.index(rank)
-        except TypeError:
-            raise MeshError(f"ranks are ints, got {rank!r}", value=rank) from None
-        return index_of(self.ranks, rank)
+        i = as_int(rank)
+        if i is None:
+            raise MeshError(f"ranks are ints, got {rank!r}", value=rank)
+        return index_of(self.ranks, i)
 
     def _require(self, rank: int) -> int:
         index = self._index_of(rank)
@@ -487,10 +476,7 @@ class Mesh:
         >>> m.rank_at((1, 2)), m["dp"].rank_at((1,), at=3)
         (6, 7)
         """
-        coordinate = tuple(
-            operator.index(c) if not isinstance(c, bool) and hasattr(c, "__index__") else c
-            for c in _tuple(coordinate, "a coordinate")
-        )
+        coordinate = tuple(int_or_same(c) for c in _tuple(coordinate, "a coordinate"))
         if len(coordinate) != self.ndim or any(
             isinstance(c, bool) or not isinstance(c, int) or not 0 <= c < s
             for c, s in zip(coordinate, self.shape, strict=True)

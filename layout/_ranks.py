@@ -9,11 +9,12 @@ Meshes derived by slicing or flattening share the same validated map.
 
 from __future__ import annotations
 
-import operator
 from collections.abc import Iterable, Sequence
 from typing import Any
 
 from meshplan.errors import MeshError
+
+from ._ints import as_int
 
 __all__ = ["RankMap", "RankTuple", "rank_map", "trusted_rank_map", "index_of", "short_repr"]
 
@@ -79,13 +80,12 @@ def rank_map(value: Iterable[int]) -> RankMap:
             f"a rank map is a sequence of ints, got {value!r}; pass e.g. range(8) or a list",
             value=value,
         )
-    try:
-        ranks = tuple(operator.index(r) for r in value if not isinstance(r, bool) or _no_bool(r))
-    except TypeError:
+    ranks = tuple(as_int(r) for r in value)
+    if None in ranks:
         raise MeshError(
             f"rank map {value!r} holds a value that is not an int; ranks are ints >= 0",
             value=value,
-        ) from None
+        )
     if not ranks:
         raise MeshError("rank map is empty; a mesh needs at least one rank", value=ranks)
     progression = _as_range(ranks)
@@ -151,10 +151,6 @@ def _check_range(ranks: range) -> None:
 
 
 _MAX_RANK = 2**31 - 2
-
-
-def _no_bool(value) -> bool:
-    raise TypeError(f"{value!r} is a bool")
 
 
 def index_of(ranks: RankMap, rank: int) -> int | None:

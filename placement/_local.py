@@ -15,9 +15,10 @@ from itertools import product
 import attrs
 
 from meshplan.errors import PlacementError
+from meshplan.layout._ints import int_or_same
 
 from ._spec import Spec
-from ._types import Shard, StridedShard, _as_int
+from ._types import Shard, StridedShard
 
 __all__ = [
     "Chunk",
@@ -196,7 +197,7 @@ def dim_intervals(spec: Spec, coordinate: Sequence[int], tensor_dim: int) -> Int
         raise PlacementError(
             f"a mesh coordinate is a sequence of ints, got {coordinate!r}", value=coordinate
         )
-    coordinate = tuple(_as_int(c) for c in coordinate)
+    coordinate = tuple(int_or_same(c) for c in coordinate)
     sizes = spec.mesh.shape
     if len(coordinate) != len(sizes) or not all(
         not isinstance(c, bool) and isinstance(c, int) and 0 <= c < n

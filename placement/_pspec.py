@@ -17,9 +17,10 @@ import attrs
 
 from meshplan.errors import PlacementError
 from meshplan.layout import FrozenMap, Mesh
+from meshplan.layout._ints import int_or_same
 
 from ._spec import Spec, _shape
-from ._types import REDUCE_OPS, Partial, Placement, Replicate, Shard, StridedShard, _as_int
+from ._types import REDUCE_OPS, Partial, Placement, Replicate, Shard, StridedShard
 
 __all__ = ["PartitionSpec", "from_partition_spec", "partition_spec"]
 
@@ -29,11 +30,11 @@ Entry = tuple[Any, ...] | None
 def _entry(value: Any) -> Entry:
     if value is None:
         return None
-    value = _as_int(value)
+    value = int_or_same(value)
     if isinstance(value, str | int) and not isinstance(value, bool):
         return (value,)
     if isinstance(value, Sequence) and not isinstance(value, bytes):
-        items = tuple(_as_int(v) for v in value)
+        items = tuple(int_or_same(v) for v in value)
         for item in items:
             if isinstance(item, bool) or not isinstance(item, str | int):
                 raise PlacementError(

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import operator
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
@@ -11,8 +10,9 @@ import attrs
 from meshplan.errors import PlacementError
 from meshplan.layout import FrozenMap, Mesh
 from meshplan.layout._frozen import identity_first_eq
+from meshplan.layout._ints import as_int, int_or_same
 
-from ._types import Partial, Placement, Replicate, Shard, StridedShard, _as_int, dtype_name
+from ._types import Partial, Placement, Replicate, Shard, StridedShard, dtype_name
 
 __all__ = ["Spec"]
 
@@ -22,7 +22,7 @@ def _shape(value: Iterable[int]) -> tuple[int, ...]:
         raise PlacementError(
             f"global shape {value!r} is not a sequence of sizes; write e.g. (8, 4)", value=value
         )
-    return tuple(_as_int(v) for v in value)
+    return tuple(int_or_same(v) for v in value)
 
 
 def _placements(value: Iterable[Any]) -> tuple[Any, ...]:
@@ -46,7 +46,9 @@ def _order(value: Any) -> Any:
         return {}
     try:
         return {
-            _as_int(d): tuple(_as_int(m) for m in ms) if isinstance(ms, list | tuple) else ms
+            int_or_same(d): tuple(int_or_same(m) for m in ms)
+            if isinstance(ms, list | tuple)
+            else ms
             for d, ms in dict(value).items()
         }
     except (TypeError, ValueError):
@@ -130,10 +132,7 @@ class Spec:
         Raises :class:`PlacementError` for anything else.
         """
         n = len(self.shape)
-        try:
-            i = operator.index(d) if not isinstance(d, bool) else None
-        except TypeError:
-            i = None
+        i = as_int(d)
         if i is None or not -n <= i < n:
             raise PlacementError(
                 f"{d!r} is not a tensor dim of {self}; use a dim in [{-n}, {n})", value=d

@@ -5,6 +5,7 @@ from __future__ import annotations
 import attrs
 
 from meshplan.errors import PlacementError
+from meshplan.layout._ints import int_or_same
 
 __all__ = [
     "Shard",
@@ -19,17 +20,6 @@ __all__ = [
 ]
 
 REDUCE_OPS = ("sum", "avg", "max", "min")
-
-
-def _as_int(value):
-    """attrs converter: numpy ints (anything with ``__index__`` but bool) become ints;
-    other values pass unchanged to the validator, which names them."""
-    if not isinstance(value, bool | int) and hasattr(value, "__index__"):
-        try:
-            return value.__index__()
-        except TypeError:
-            return value
-    return value
 
 
 def _check_dim(instance, attribute, value) -> None:
@@ -47,7 +37,7 @@ class Shard:
     (Shard(0), 'S(1)')
     """
 
-    dim: int = attrs.field(converter=_as_int, validator=_check_dim)
+    dim: int = attrs.field(converter=int_or_same, validator=_check_dim)
 
     def __str__(self) -> str:
         return f"S({self.dim})"
@@ -68,8 +58,8 @@ class StridedShard:
     (StridedShard(0, 2), 'SS(0,2)')
     """
 
-    dim: int = attrs.field(converter=_as_int, validator=_check_dim)
-    split_factor: int = attrs.field(converter=_as_int)
+    dim: int = attrs.field(converter=int_or_same, validator=_check_dim)
+    split_factor: int = attrs.field(converter=int_or_same)
 
     @split_factor.validator
     def _check_sf(self, attribute, value) -> None:

@@ -43,6 +43,7 @@ import math
 
 from meshplan.errors import PlanError
 from meshplan.layout import FrozenMap, Mesh
+from meshplan.layout._ints import as_int
 from meshplan.placement import Partial, Replicate, Shard, Spec, StridedShard, dtype_itemsize
 
 from ._cost import OBJECTIVES, CostModel, as_model, collective_weight
@@ -427,12 +428,13 @@ def plan(
     """
     cost_model = as_model(cost_model)
     if max_local_bytes is not None:
-        if isinstance(max_local_bytes, bool) or not hasattr(max_local_bytes, "__index__"):
+        bound = as_int(max_local_bytes)
+        if bound is None:
             raise PlanError(
                 f"max_local_bytes must be an int or None, got {max_local_bytes!r}",
                 value=max_local_bytes,
             )
-        max_local_bytes = int(max_local_bytes)
+        max_local_bytes = bound
     if not isinstance(objective, str) or objective not in OBJECTIVES:
         raise PlanError(
             f"objective must be one of {OBJECTIVES!r}, got {objective!r}", value=objective

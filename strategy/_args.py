@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import operator
 from collections.abc import Sequence
 from numbers import Real
 from typing import TYPE_CHECKING, Any
 
 from meshplan.errors import StrategyError
+from meshplan.layout._ints import as_int
 
 if TYPE_CHECKING:
     from ._rule import Meta
@@ -26,21 +26,6 @@ __all__ = [
 
 LINEAR = ("sum", "avg")  # reductions a linear op commutes with
 ALL = ("sum", "avg", "max", "min")  # reductions a pure selection/rearrangement commutes with
-
-
-def as_int(value: Any) -> int | None:
-    """``value`` as a Python int if it is an integer (numpy ints too, never a bool), else None.
-
-    >>> import numpy as np
-    >>> as_int(np.int64(3)), as_int(True), as_int(2.0)
-    (3, None, None)
-    """
-    if isinstance(value, bool) or not hasattr(value, "__index__"):
-        return None
-    try:
-        return operator.index(value)
-    except TypeError:  # numpy bools have __index__ but refuse it
-        return None
 
 
 def is_real(value: Any) -> bool:

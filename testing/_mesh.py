@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import math
-import operator
 from collections.abc import Iterable, Sequence
 
 from hypothesis import strategies as st
 from hypothesis.errors import InvalidArgument
 
 from meshplan.layout import Axis, Mesh
+from meshplan.layout._ints import as_int as _as_int
 
 __all__ = ["meshes", "mesh_dims"]
 
@@ -19,10 +19,7 @@ _MAX_WORLD = 2**31 - 1
 
 def as_int(name: str, value: object, low: int) -> int:
     """``value`` as an int >= ``low`` (numpy ints too, not bools), else InvalidArgument."""
-    try:
-        out = None if isinstance(value, bool) else operator.index(value)  # type: ignore[arg-type]
-    except TypeError:
-        out = None
+    out = _as_int(value)
     if out is None:
         raise InvalidArgument(f"{name}={value!r} must be an int")
     if out < low:

@@ -1,0 +1,32 @@
+"""Reading ints from user input: Python ints, numpy ints and 0-d int arrays, never bools."""
+
+from __future__ import annotations
+
+import operator
+from typing import Any
+
+__all__ = ["as_int", "int_or_same"]
+
+
+def as_int(value: Any) -> int | None:
+    """``value`` as a Python int if it is an integer (numpy ints too, never a bool), else None.
+
+    >>> import numpy as np
+    >>> as_int(np.int64(3)), as_int(True), as_int(2.0)
+    (3, None, None)
+    """
+    if type(value) is int:
+        return value
+    if isinstance(value, bool) or not hasattr(value, "__index__"):
+        return None
+    try:
+        return operator.index(value)
+    except TypeError:  # numpy bools and arrays of several items have __index__ but refuse it
+        return None
+
+
+def int_or_same(value: Any) -> Any:
+    """``value`` as a Python int if it is an integer, else ``value`` itself, for a check
+    that names it (an attrs converter before a validator)."""
+    i = as_int(value)
+    return value if i is None else i
