@@ -128,6 +128,7 @@ class _Context(_Bounds):
         self._coef: dict = {}
         self._overlap: dict = {}
         self._pieces: dict = {}
+        self._exacts: dict = {}  # ``_exact``'s answers
         self._goal_info: dict = {}
         self._h: dict = {}
         self._groups: dict = {}  # bit mask of mesh dims -> (dims, ranks in their group)
@@ -188,6 +189,21 @@ class _Context(_Bounds):
         # dims; a merged all_reduce moves (N-1)/N of its input, less than its dims' shares
         # summed, so those dims' reduce weights shrink to fit
         self.widest = max((len(d) for _, d in self.aliases), default=1)
+        # a lower bound on every merged step's price: its launch and its group's latency
+        # (a merged step's group has at least two ranks per dim)
+        hw = self.model.profile
+        self.merge_floor = (
+            hw.launch_s
+            + self.per_collective
+            + min(
+                (
+                    group_link(self.model, self.mesh, dims).latency_s
+                    * math.ceil(math.log2(math.prod(self.sizes[m] for m in dims)))
+                    for _, dims in self.aliases
+                ),
+                default=0.0,
+            )
+        )
         self.reduce_share = [1.0] * len(self.sizes)
         for _, dims in self.aliases:
             n = math.prod(self.sizes[m] for m in dims)
@@ -210,6 +226,7 @@ class _Context(_Bounds):
             self._floor.clear()
             self._overlap.clear()
             self._pieces.clear()
+            self._exacts.clear()
             self._goal_info.clear()
             self._h.clear()
             self._kept.clear()
@@ -378,16 +395,18 @@ class _Context(_Bounds):
         codes = state[0]
         out = []
         for _, dims in self.aliases:
+            # a merged step moves each of its dims once: from Partial (all_reduce,
+            # reduce_scatter) or from a shard (all_gather, all_to_all)
+            if all(type(codes[m]) is tuple for m in dims):
+                kinds = ("all_gather", "all_to_all")
+            elif all(type(codes[m]) is int and codes[m] != R for m in dims):
+                kinds = ("all_reduce", "reduce_scatter")
+            else:
+                continue
             for kind in MERGEABLE:
-                ends: dict = {state: ()}
-                for _ in dims:
-                    nxt: dict = {}
-                    for x, used in ends.items():
-                        for t, (m,), *_ in self._chain_moves(x, dims, kind):
-                            if m not in used:
-                                nxt.setdefault(t, used + (m,))
-                    ends = nxt
-                for end in ends:
+                if kind not in kinds:
+                    continue
+                for end in self._chain_ends(state, dims, (1 << len(dims)) - 1, kind):
                     if end == state or not self._valid_merge(state, end, dims, kind):
                         continue
                     n_send = 1
@@ -398,6 +417,45 @@ class _Context(_Bounds):
                     )
                     out.append((end, dims, kind, n_send, scaled, _tie(state, end)))
         return tuple(out)
+
+    def _chain_ends(self, state, dims: tuple, left: int, kind: str) -> tuple:
+        """Where chains of single-dim ``kind`` collectives out of ``state`` end that move
+        each of the alias dims ``dims`` picked by the bit mask ``left`` once, in any order.
+
+        Shape-free and shared (``_CHAIN_ENDS``): the states a chain passes through are the
+        same for many starts (each link changes its mesh dim's placement and no other, so
+        a state tells which dims moved), and the ends from there are found once. A start
+        with ``k`` dims left has up to ``k!`` chains to each end; each link is followed
+        once per state it leaves, not once per chain."""
+        if not left:
+            return (state,)
+        key = (self._merges_key, state, dims, left, kind)
+        ends = _CHAIN_ENDS.get(key)
+        if ends is None:
+            found: dict = {}
+            for t, m in self._chain_links(state, dims, kind):
+                bit = 1 << m
+                if left & bit:
+                    for end in self._chain_ends(t, dims, left & ~bit, kind):
+                        found[end] = None
+            if len(_CHAIN_ENDS) >= _MOVES_KEPT:
+                _CHAIN_ENDS.clear()
+            ends = _CHAIN_ENDS[key] = tuple(found)
+        return ends
+
+    def _chain_links(self, state, dims: tuple, kind: str) -> tuple:
+        """``(next_state, i)`` per :meth:`_chain_moves`: ``i`` the moved dim's position in
+        ``dims``."""
+        key = (self._merges_key, state, dims, kind)
+        links = _CHAIN_LINKS.get(key)
+        if links is None:
+            links = tuple(
+                (t, dims.index(ms[0])) for t, ms, *_ in self._chain_moves(state, dims, kind)
+            )
+            if len(_CHAIN_LINKS) >= _MOVES_KEPT:
+                _CHAIN_LINKS.clear()
+            _CHAIN_LINKS[key] = links
+        return links
 
     def _chain_moves(self, state, dims: tuple, kind: str) -> tuple:
         """The single-dim ``kind`` collectives on ``dims`` out of ``state`` (shape-free,
@@ -618,10 +676,32 @@ class _Context(_Bounds):
                     yield t, None
 
     def _exact(self, state, d, new_state, new_chain, m) -> bool:
+        """Whether mesh dim ``m`` may leave or join the middle of tensor dim ``d``'s order
+        (a tiny dim), taking ``state`` to ``new_state`` (``new_chain`` its order of ``d``):
+        the exact check on index intervals, memoized on what it reads."""
         if not self.tiny[d]:
             return False
         if self.empty:
             return True  # no rank holds or needs an element
+        chain = state[1][d]
+        if self.strided:
+            codes, new_codes = state[0], new_state[0]
+            key = (
+                d,
+                chain,
+                new_chain,
+                m,
+                tuple([codes[x][1] for x in chain]),
+                tuple([new_codes[x][1] for x in new_chain]),
+            )
+        else:
+            key = (d, chain, new_chain, m)
+        ok = self._exacts.get(key)
+        if ok is None:
+            ok = self._exacts[key] = self._exact_uncached(state, d, new_state, new_chain, m)
+        return ok
+
+    def _exact_uncached(self, state, d, new_state, new_chain, m) -> bool:
         codes, chains = state
         new_codes = new_state[0]
         src = tuple((x, self.sizes[x], codes[x][1]) for x in chains[d])
@@ -647,6 +727,8 @@ _SINGLE_MOVES: dict = {}
 _HUBS: dict = {}
 _HUB_MEMBERS: dict = {}
 _CHAIN_MOVES: dict = {}
+_CHAIN_LINKS: dict = {}
+_CHAIN_ENDS: dict = {}
 _MERGED_MOVES: dict = {}
 _MOVES_KEPT = 100000  # entries per memo before it starts over
 
@@ -768,6 +850,8 @@ def clear_contexts() -> None:
     _HUBS.clear()
     _HUB_MEMBERS.clear()
     _CHAIN_MOVES.clear()
+    _CHAIN_LINKS.clear()
+    _CHAIN_ENDS.clear()
     _MERGED_MOVES.clear()
 
 
@@ -838,6 +922,11 @@ def search(ctx: _Context, start: int, goal: int):
                 via = parent[i][1]
                 relax(i, g, key - g, ctx.hub_members(i, via[2], via[4]))
             continue
+        if type(i) is _Merges:
+            i = i.state
+            if g <= best[i]:
+                relax(i, g, memo[i], ctx.merges(i))
+            continue
         if i < 0:
             # the all_permutes of state ~i, queued when it was expanded (at a lower bound
             # of their rank), generated only now: first into their hubs
@@ -878,12 +967,24 @@ def search(ctx: _Context, start: int, goal: int):
                 succ = kept_memo[kkey] = _commute_filter(ctx, via[0], via[1], singles(i))
         relax(i, g, h, succ)
         if merges_on:
-            relax(i, g, h, ctx.merges(i))
+            # the merged steps of state i, generated only once a plan through one may
+            # still be the cheapest (each costs at least a launch and its group's latency)
+            floor = ctx.merge_floor
+            push(heap, (g + (floor if floor > h else h), neg_g, next(counter), _Merges(i)))
         floor = ctx.permute_floor(i)
         if floor < math.inf:
             # every permute leads to a state ranked at least this
             push(heap, (g + (floor if floor > h else h), neg_g, next(counter), ~i))
     return None
+
+
+class _Merges:
+    """A search queue entry: the merged steps of ``state``, generated when it is popped."""
+
+    __slots__ = ("state",)
+
+    def __init__(self, state: int):
+        self.state = state
 
 
 def _tie(a, b) -> float:
