@@ -24,7 +24,7 @@ from typing import Any
 import torch
 
 from meshplan.errors import CheckpointError
-from meshplan.layout._ints import as_int
+from meshplan.layout._ints import as_bool, as_int
 from meshplan.placement import Sharded, Spec, local_shape
 from meshplan.placement._tensor import partial_keeps
 
@@ -613,6 +613,17 @@ def _resolve_rank(targets: Mapping[str, Spec], groups: Any, rank: Any) -> int:
     )
 
 
+def _verify_flag(verify: Any) -> bool:
+    flag = as_bool(verify)
+    if flag is None:
+        raise CheckpointError(
+            f"verify must be True or False, got {verify!r}; pass verify=False to skip the "
+            "checksums",
+            value=verify,
+        )
+    return flag
+
+
 def load(
     path: str | os.PathLike[str],
     targets: Mapping[str, Spec],
@@ -640,11 +651,12 @@ def load(
     tensor([[2],
             [5]])
     """
+    verify = _verify_flag(verify)
     directory = checkpoint_path(path)
     meta = read_metadata(directory)
     _check_targets(targets, meta, directory)
     rank = _resolve_rank(targets, groups, rank)
-    reader = _Reader(directory, bool(verify))
+    reader = _Reader(directory, verify)
     try:
         out = {}
         for key, spec in targets.items():
@@ -679,10 +691,11 @@ def load_all(
     >>> got[0]["w"].local, got[1]["w"].local
     (tensor([0, 2]), tensor([1, 3]))
     """
+    verify = _verify_flag(verify)
     directory = checkpoint_path(path)
     meta = read_metadata(directory)
     _check_targets(targets, meta, directory)
-    reader = _Reader(directory, bool(verify))
+    reader = _Reader(directory, verify)
     out: dict[int, dict[str, Sharded]] = {}
     try:
         for key, spec in targets.items():

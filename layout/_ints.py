@@ -1,11 +1,12 @@
-"""Reading ints from user input: Python ints, numpy ints and 0-d int arrays, never bools."""
+"""Reading ints from user input (Python ints, numpy ints and 0-d int arrays, never bools),
+and flags (Python or numpy bools, never ints or other truthy values)."""
 
 from __future__ import annotations
 
 import operator
 from typing import Any
 
-__all__ = ["as_int", "int_or_same"]
+__all__ = ["as_int", "as_bool", "int_or_same"]
 
 
 def as_int(value: Any) -> int | None:
@@ -30,3 +31,21 @@ def int_or_same(value: Any) -> Any:
     that names it (an attrs converter before a validator)."""
     i = as_int(value)
     return value if i is None else i
+
+
+def as_bool(value: Any) -> bool | None:
+    """``value`` as a Python bool if it is one (a numpy bool or 0-d bool array too), else
+    None: a flag given as ``1``, ``"yes"`` or a list is refused, not read as truthy.
+
+    >>> import numpy as np
+    >>> as_bool(np.bool_(True)), as_bool(1), as_bool("no")
+    (True, None, None)
+    """
+    if value is True or value is False:
+        return value
+    if (
+        getattr(value, "shape", None) == ()
+        and getattr(getattr(value, "dtype", None), "kind", "") == "b"
+    ):
+        return bool(value)
+    return None

@@ -43,7 +43,7 @@ import math
 
 from meshplan.errors import PlanError
 from meshplan.layout import FrozenMap, Mesh
-from meshplan.layout._ints import as_int
+from meshplan.layout._ints import as_bool, as_int
 from meshplan.placement import Partial, Replicate, Shard, Spec, StridedShard, dtype_itemsize
 
 from ._cost import OBJECTIVES, CostModel, as_model, collective_weight
@@ -383,13 +383,9 @@ def _missed_merges(p: Plan, model: CostModel, objective: str, bound) -> tuple:
 
 def _flag(value, name: str) -> bool:
     """``value`` as a bool (True/False, or a numpy bool), or a PlanError naming it."""
-    if isinstance(value, bool):
-        return value
-    if (
-        getattr(value, "shape", None) == ()
-        and getattr(getattr(value, "dtype", None), "kind", "") == "b"
-    ):
-        return bool(value)
+    flag = as_bool(value)
+    if flag is not None:
+        return flag
     raise PlanError(f"{name} must be True or False, got {value!r}", value=value)
 
 

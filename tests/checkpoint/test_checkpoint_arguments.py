@@ -4,6 +4,7 @@ UnicodeDecodeError/OSError); numpy ints are accepted wherever ints are."""
 
 import json
 import os
+import re
 
 import numpy as np
 import pytest
@@ -218,6 +219,25 @@ def test_load_takes_numpy_int_ranks_and_refuses_others(saved):
     for rank in ("1", True, 1.0):
         with pytest.raises(CheckpointError, match=f"rank={rank!r} must be an int"):
             load(saved, {"w": SPEC}, rank=rank)
+
+
+@pytest.mark.parametrize("verify", [1, "no", None, [True]])
+def test_verify_takes_only_true_or_false(saved, verify):
+    with pytest.raises(
+        CheckpointError, match=re.escape(f"verify must be True or False, got {verify!r}")
+    ):
+        load(saved, {"w": SPEC}, rank=0, verify=verify)
+    with pytest.raises(CheckpointError, match="verify must be True or False"):
+        load_all(saved, {"w": SPEC}, verify=verify)
+
+
+def test_verify_takes_numpy_bools(saved):
+    for flag in (np.bool_(False), np.array(True)):
+        got = load(saved, {"w": SPEC}, rank=1, verify=flag)
+        assert torch.equal(got["w"].local, torch.tensor([2.0, 3.0]))
+        assert torch.equal(
+            load_all(saved, {"w": SPEC}, verify=flag)[0]["w"].local, torch.arange(2.0)
+        )
 
 
 # -- planning helpers ---------------------------------------------------------------------
