@@ -25,6 +25,7 @@ import torch
 
 from meshplan.errors import CheckpointError
 from meshplan.layout._ints import as_bool, as_int
+from meshplan.layout._mesh import first_instance
 from meshplan.placement import Sharded, Spec, local_shape
 from meshplan.placement._tensor import partial_keeps
 
@@ -700,7 +701,7 @@ def load_all(
     try:
         for key, spec in targets.items():
             mesh = spec.mesh
-            first = mesh.group_of(mesh.rank_at((0,) * mesh.ndim), None)
+            first = first_instance(mesh)
             for rank in first:
                 out.setdefault(rank, {})[key] = _load_one(reader, meta.tensors[key], spec, rank)
             reader.forget()

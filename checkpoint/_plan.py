@@ -17,6 +17,7 @@ import operator
 import attrs
 
 from meshplan.errors import CheckpointError
+from meshplan.layout._mesh import first_instance
 from meshplan.placement import Chunk, Replicate, Spec, local_intervals
 
 from ._index import TensorMeta
@@ -166,7 +167,7 @@ def writes(spec: Spec, rank: int) -> bool:
     if any(c and isinstance(p, Replicate) for c, p in zip(coord, spec.placements, strict=True)):
         return False
     if mesh.size() != mesh.world_size:  # a sliced mesh: only its first instance writes
-        return rank in mesh.group_of(mesh.rank_at((0,) * mesh.ndim), None)
+        return rank in first_instance(mesh)
     return True
 
 

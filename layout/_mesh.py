@@ -671,3 +671,16 @@ def _as_mesh(value) -> Mesh:
     if not isinstance(value, Mesh):
         raise MeshError(f"expected a Mesh, got {value!r}", value=value)
     return value
+
+
+def first_instance(mesh: Mesh) -> tuple[int, ...]:
+    """The ranks of ``mesh``'s first instance, in layout order: all its ranks, or, for a
+    sliced mesh (which stands for a family of submeshes), those of the instance holding
+    its first rank.
+
+    >>> first_instance(Mesh.create((2, 3), ("dp", "tp"))["tp"])
+    (0, 1, 2)
+    """
+    if mesh.size() == mesh.world_size:
+        return tuple(mesh.ranks)
+    return mesh.group_of(mesh.rank_at((0,) * mesh.ndim), None)

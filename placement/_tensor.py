@@ -8,6 +8,7 @@ from collections.abc import Iterable, Mapping
 import torch
 
 from meshplan.errors import PlacementError
+from meshplan.layout._mesh import first_instance
 
 from ._local import Intervals, local_intervals
 from ._spec import Spec
@@ -234,10 +235,7 @@ def _check_spec(spec) -> None:
 def _ranks(spec: Spec) -> tuple[int, ...]:
     # All ranks of the first mesh instance (a sliced mesh stands for a family: use the
     # instance containing its first rank).
-    mesh = spec.mesh
-    if mesh.size() == mesh.world_size:
-        return tuple(mesh.ranks)
-    return tuple(mesh.group_of(mesh.rank_at((0,) * mesh.ndim), None))
+    return first_instance(spec.mesh)
 
 
 def _check_tensor(tensor: torch.Tensor, spec: Spec) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from meshplan.errors import PlacementError
+from meshplan.layout._mesh import first_instance
 
 from ._local import local_intervals
 from ._spec import Spec
@@ -13,10 +14,7 @@ __all__ = ["visualize"]
 
 def _instance_ranks(spec: Spec) -> tuple[int, ...]:
     # A sliced mesh stands for a family of submeshes: picture the first instance.
-    mesh = spec.mesh
-    if mesh.size() == mesh.world_size:
-        return tuple(mesh.ranks)
-    return tuple(mesh.group_of(mesh.rank_at((0,) * mesh.ndim), None))
+    return first_instance(spec.mesh)
 
 
 def _rank_label(ranks: list[int]) -> str:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import attrs
 
 from meshplan.errors import PlanError
+from meshplan.layout._mesh import first_instance
 from meshplan.placement import dtype_itemsize, format_placements, local_numel
 
 from ._cost import Cost, CostModel, step_cost
@@ -29,9 +30,7 @@ class StepReport:
 
 
 def _ranks(mesh) -> tuple[int, ...]:
-    if mesh.size() == mesh.world_size:
-        return tuple(mesh.ranks)
-    return mesh.group_of(mesh.rank_at((0,) * mesh.ndim), None)
+    return first_instance(mesh)
 
 
 def step_report(step: Step, model: CostModel | None = None) -> StepReport:

@@ -28,6 +28,7 @@ import itertools
 import warnings
 
 from meshplan.errors import PlanError
+from meshplan.layout._mesh import first_instance
 from meshplan.placement import Partial, Replicate, is_shard_like
 
 from ._cost import CostModel, as_model, padded_local_bytes, step_cost
@@ -286,9 +287,7 @@ def _exact_valid(src, dst, dims, kind) -> bool:
 
 
 def _ranks(mesh):
-    if mesh.size() == mesh.world_size:
-        return tuple(mesh.ranks)
-    return mesh.group_of(mesh.rank_at((0,) * mesh.ndim), None)
+    return first_instance(mesh)
 
 
 # -- commuting steps so that like-kind ones meet --------------------------------------------
