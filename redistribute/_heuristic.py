@@ -44,6 +44,7 @@ class _Bounds:
         tables, goal_partial, goal_chains, goal_codes = info
         single = 0
         other = False
+        smask = omask = 0  # the mesh dims of ``single`` and ``other``, as bit masks
         lat = 0.0
         local = 0
         reduce = False
@@ -78,6 +79,7 @@ class _Bounds:
                 continue
             if kind == 1:  # a collective of its own
                 single += 1
+                smask |= 1 << m
                 lat += dlat
                 if dlocal:
                     local += 1
@@ -92,6 +94,7 @@ class _Bounds:
                     gathers = (g,) if gathers is None else gathers + (g,)
             elif kind == 2:  # some collective
                 other = True
+                omask |= 1 << m
                 lat += dlat
                 if dw > w_other:
                     w_other = dw
@@ -113,12 +116,19 @@ class _Bounds:
                     )
                 ):
                     other = True
+                    omask |= 1 << m
                     lat += dlat
                     if dw > w_other:
                         w_other = dw
         # collectives the plan needs at least (a merged step serves up to ``widest`` dims,
         # a dim to re-shard among them: gathered with the others, then sliced)
         count = -(-(single + (1 if other else 0)) // self.widest)
+        if self.aliases and count:
+            c = self._covers.get((smask, omask))
+            if c is None:
+                c = self._covers[(smask, omask)] = self._cover(smask, omask)
+            if c > count:
+                count = c
         h = count * (self.launch + self.per_collective) + lat + local * self.local_launch
         if gathers is not None:
             # dims sharded here and replicated in the goal, gathered one at a time: when a
@@ -167,6 +177,25 @@ class _Bounds:
             if missing > best:
                 best = missing
         return h + best
+
+    def _cover(self, smask: int, omask: int) -> int:
+        """Collectives a plan needs at least for the dims of ``smask`` (each must gather
+        or reduce: in a collective of its own or merged over an alias holding it) and
+        ``omask`` (re-shard: some collective on one of them, which serves none of
+        ``smask`` unless it is a merged step). The fewest aliases and single dims that
+        cover ``smask``, plus one when no alias holds a dim of ``omask``."""
+        masks = [sum(1 << m for m in dims) for _, dims in self.aliases]
+        best = bin(smask).count("1")
+        for k in range(1, len(masks) + 1):
+            for combo in itertools.combinations(masks, k):
+                covered = 0
+                for x in combo:
+                    covered |= x
+                best = min(best, k + bin(smask & ~covered).count("1"))
+        reach = 0
+        for x in masks:
+            reach |= x
+        return best + (1 if omask and not omask & reach else 0)
 
     def _goal_table(self, goal):
         goal_codes, goal_chains = goal

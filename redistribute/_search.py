@@ -131,6 +131,7 @@ class _Context(_Bounds):
         self._exacts: dict = {}  # ``_exact``'s answers
         self._goal_info: dict = {}
         self._h: dict = {}
+        self._covers: dict = {}  # the heuristic's collective counts (``_cover``)
         self._groups: dict = {}  # bit mask of mesh dims -> (dims, ranks in their group)
         self._kept: dict = {}  # (prev, step into state, state) -> successors kept by the
         # commuting-steps reduction (independent of the goal)
