@@ -29,7 +29,8 @@ class _Bounds:
         local tensor it can run on (the tensor split over every mesh dim sharded in
         ``state`` or ``goal``, and over dims replicated in both that the plan might shard
         for a while, paying a slice and a gather for each), on its own dim's link; and
-        the first rank must receive what it lacks, at the fastest link. Dims to gather
+        the first rank must receive what it lacks, at the fastest link (at the price the
+        model charges a received byte at least: ``missing_rate``). Dims to gather
         (sharded here, replicated in the goal) gather one at a time: the k-th runs on a
         tensor the dims gathered before it have grown, so they count in the cheapest
         order, slowest links first. Alias dims count less
@@ -172,7 +173,9 @@ class _Bounds:
                             bw = v
             best += bw
         if not goal_partial:
-            missing = self._missing(state, self.states[goal], reduce) * self.itemsize / self.fastest
+            missing = (
+                self._missing(state, self.states[goal], reduce) * self.itemsize * self.missing_rate
+            )
             missing += local_copy
             if missing > best:
                 best = missing
@@ -238,7 +241,14 @@ class _Bounds:
         goal_codes, goal_chains = goal
         need = have = 1
         for d in range(self.ndim):
-            key = (d, chains[d], tuple(codes[m] for m in chains[d]), goal_chains[d])
+            chain, goal_chain = chains[d], goal_chains[d]
+            key = (
+                d,
+                chain,
+                tuple([codes[m] for m in chain]),
+                goal_chain,
+                tuple([goal_codes[m] for m in goal_chain]),
+            )
             v = self._overlap.get(key)
             if v is None:
                 a = self._piece0(d, chains[d], codes)

@@ -146,6 +146,12 @@ class _Context(_Bounds):
         self.fastest = max(
             [group_link(model, mesh, (m,)).bytes_per_s for m in self.active] or [1.0]
         )
+        # what the first rank lacks, in seconds per byte at least: the model charges an
+        # all_to_all or all_permute (k-1)/k of its output, however much of it a rank
+        # receives, so a byte received may cost as little as (k-1)/k of one on the link
+        self.missing_rate = (
+            min([(self.sizes[m] - 1) / self.sizes[m] for m in self.active] or [1.0]) / self.fastest
+        )
         self.total_bytes = self.itemsize * math.prod(shape)
         # the "collectives" objective: each collective costs more than any plan's time
         self.per_collective = (
