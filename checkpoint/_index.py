@@ -91,9 +91,9 @@ class ChunkRecord:
 
     offsets: tuple[int, ...] = attrs.field(converter=_ints("offsets"))
     sizes: tuple[int, ...] = attrs.field(converter=_ints("sizes"))
-    file: str
-    name: str
-    checksum: str
+    file: str = attrs.field(validator=lambda i, a, v: _text("chunk file", v))
+    name: str = attrs.field(validator=lambda i, a, v: _text("chunk name", v))
+    checksum: str = attrs.field(validator=lambda i, a, v: _text("chunk checksum", v))
 
     @property
     def box(self) -> Chunk:
@@ -101,6 +101,24 @@ class ChunkRecord:
 
     def numel(self) -> int:
         return math.prod(self.sizes)
+
+
+def _text(what: str, value: object) -> None:
+    if not isinstance(value, str):
+        raise CheckpointError(
+            f"{what} {value!r} is no string; a record's key, dtype, file, name and checksum "
+            "are strings",
+            value=value,
+        )
+
+
+def _dtype_name(value: object) -> None:
+    _text("dtype", value)
+    if value not in DTYPES:
+        raise CheckpointError(
+            f"unknown dtype {value!r}; a saved tensor's dtype is one of {sorted(DTYPES)}",
+            value=value,
+        )
 
 
 def _chunks(value: Iterable[ChunkRecord]) -> tuple[ChunkRecord, ...]:
@@ -122,9 +140,9 @@ class TensorMeta:
     (4, 1)
     """
 
-    key: str
+    key: str = attrs.field(validator=lambda i, a, v: _text("tensor key", v))
     shape: tuple[int, ...] = attrs.field(converter=_ints("shape"))
-    dtype: str
+    dtype: str = attrs.field(validator=lambda i, a, v: _dtype_name(v))
     chunks: tuple[ChunkRecord, ...] = attrs.field(converter=_chunks)
 
     @property
@@ -340,9 +358,6 @@ def _tensor_meta(key: str, t: object) -> TensorMeta:
         ChunkRecord(c["offsets"], c["sizes"], _file(c["file"]), c["name"], c["checksum"])
         for c in t["chunks"]
     ]
-    for c in chunks:
-        if not isinstance(c.name, str) or not isinstance(c.checksum, str):
-            raise ValueError(f"chunk {c.name!r} has a name or checksum that is no string")
     return TensorMeta(key, t["shape"], t["dtype"], chunks)
 
 
@@ -364,10 +379,6 @@ def metadata_from_json(text: str | bytes, where: str = INDEX_NAME) -> Metadata:
                 f"{where} is malformed at tensor {key!r} ({kind}{e}); the index is damaged",
                 value=key,
             ) from None
-        if not isinstance(meta.dtype, str) or meta.dtype not in DTYPES:
-            raise CheckpointError(
-                f"{where}: tensor {key!r} has unknown dtype {meta.dtype!r}", value=meta.dtype
-            )
         check_tiles(meta, f" in {where}")
         tensors[key] = meta
     return Metadata(tensors)

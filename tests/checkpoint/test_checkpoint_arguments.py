@@ -180,6 +180,42 @@ def test_records_refuse_non_int_boxes_with_checkpoint_errors():
         TensorMeta("w", (4,), "float32", [None])
 
 
+@pytest.mark.parametrize(
+    ("fields", "needle"),
+    [
+        (dict(file=None), "chunk file None is no string"),
+        (dict(name=3), "chunk name 3 is no string"),
+        (dict(checksum=b"crc32:00000000"), "chunk checksum b'crc32:00000000' is no string"),
+    ],
+)
+def test_chunk_records_take_only_strings_for_file_name_and_checksum(fields, needle):
+    args = dict(offsets=(0,), sizes=(4,), file="f.safetensors", name="w#0", checksum="crc32:0")
+    with pytest.raises(CheckpointError, match=re.escape(needle)):
+        ChunkRecord(**{**args, **fields})
+
+
+@pytest.mark.parametrize(
+    ("fields", "needle"),
+    [
+        (dict(key=3), "tensor key 3 is no string"),
+        (dict(dtype=torch.float32), "dtype torch.float32 is no string"),
+        (dict(dtype="float99"), "unknown dtype 'float99'"),
+    ],
+)
+def test_tensor_metas_take_a_string_key_and_a_known_dtype_name(fields, needle):
+    with pytest.raises(CheckpointError, match=re.escape(needle)):
+        TensorMeta(**{**dict(key="w", shape=(4,), dtype="float32", chunks=()), **fields})
+
+
+def test_an_index_with_an_unknown_dtype_is_refused_naming_it(saved):
+    index = os.path.join(saved, INDEX_NAME)
+    with open(index) as f:
+        doc = json.load(f)
+    doc["tensors"]["w"]["dtype"] = "float99"
+    with pytest.raises(CheckpointError, match="malformed at tensor 'w' .*unknown dtype 'float99'"):
+        metadata_from_json(json.dumps(doc))
+
+
 def test_numpy_ints_are_plain_ints_in_records():
     meta = TensorMeta("w", (np.int64(4),), "float32", ())
     assert meta == TensorMeta("w", (4,), "float32", ())
