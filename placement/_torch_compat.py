@@ -114,6 +114,31 @@ def _describe(spec: Spec, coord: tuple[int, ...], tensor_dim: int) -> str:
     return f"{list(dim_intervals(spec, coord, tensor_dim))}"
 
 
+def _placements_and_orders(value: Any, shard_order: Any) -> tuple[Spec | None, list, dict]:
+    """``(spec or None, placements, shard orders)`` of a Spec, or of bare meshplan
+    placements with an optional ``shard_order``; a PlacementError for anything else."""
+    if isinstance(value, Spec):
+        if shard_order is not None:
+            raise PlacementError(
+                f"{value} carries its own shard order; pass shard_order only with bare placements",
+                value=shard_order,
+            )
+        return value, list(value.placements), dict(value.shard_order)
+    if isinstance(value, str) or not isinstance(value, Iterable):
+        raise PlacementError(
+            f"expected a Spec or a sequence of meshplan placements, got {value!r}", value=value
+        )
+    placements = list(value)
+    for p in placements:
+        if not isinstance(p, Shard | StridedShard | Replicate | Partial):
+            raise PlacementError(
+                f"{p!r} in {value!r} is not a meshplan placement (Shard, StridedShard, "
+                "Replicate or Partial)",
+                value=p,
+            )
+    return None, placements, _order_of(placements, shard_order)
+
+
 def to_torch(
     value: Spec | Sequence[Placement],
     shard_order: Mapping[int, Sequence[int]] | None = None,
@@ -139,30 +164,7 @@ def to_torch(
     """
     if order not in _ORDER_MODES:
         raise PlacementError(f"order must be one of {_ORDER_MODES!r}, got {order!r}", value=order)
-    if not isinstance(value, Spec) and (isinstance(value, str) or not isinstance(value, Iterable)):
-        raise PlacementError(
-            f"expected a Spec or a sequence of meshplan placements, got {value!r}", value=value
-        )
-    if isinstance(value, Spec):
-        if shard_order is not None:
-            raise PlacementError(
-                f"{value} carries its own shard order; pass shard_order only with bare placements",
-                value=shard_order,
-            )
-        spec: Spec | None = value
-        placements = list(value.placements)
-        orders = dict(value.shard_order)
-    else:
-        spec = None
-        placements = list(value)
-        for p in placements:
-            if not isinstance(p, Shard | StridedShard | Replicate | Partial):
-                raise PlacementError(
-                    f"{p!r} in {value!r} is not a meshplan placement; to_torch converts "
-                    "Shard, StridedShard, Replicate and Partial",
-                    value=p,
-                )
-        orders = _order_of(placements, shard_order)
+    spec, placements, orders = _placements_and_orders(value, shard_order)
     reordered = sorted(d for d, ms in orders.items() if not _is_default(ms))
     if reordered and order == "strided":
         if spec is None:
@@ -220,26 +222,7 @@ def to_torch_shard_order(
     """
     from torch.distributed.tensor._dtensor_spec import ShardOrderEntry
 
-    if not isinstance(value, Spec) and (isinstance(value, str) or not isinstance(value, Iterable)):
-        raise PlacementError(
-            f"expected a Spec or a sequence of meshplan placements, got {value!r}", value=value
-        )
-    if isinstance(value, Spec):
-        if shard_order is not None:
-            raise PlacementError(
-                f"{value} carries its own shard order; pass shard_order only with bare placements",
-                value=shard_order,
-            )
-        orders = dict(value.shard_order)
-    else:
-        for p in value:
-            if not isinstance(p, Shard | StridedShard | Replicate | Partial):
-                raise PlacementError(
-                    f"{p!r} in {value!r} is not a meshplan placement (Shard, StridedShard, "
-                    "Replicate or Partial)",
-                    value=p,
-                )
-        orders = _order_of(list(value), shard_order)
+    orders = _placements_and_orders(value, shard_order)[2]
     return tuple(ShardOrderEntry(tensor_dim=d, mesh_dims=tuple(orders[d])) for d in sorted(orders))
 
 

@@ -151,3 +151,14 @@ def test_from_torch_takes_a_device_mesh():
     dm = torch_mesh((2, 2), ("dp", "tp"), [0, 2, 1, 3])
     spec = from_torch([TShard(0), TReplicate()], dm, (4,))
     assert spec.mesh == Mesh.create((2, 2), ("dp", "tp"), ranks=[0, 2, 1, 3])
+
+
+def test_bare_placements_may_come_from_a_generator():
+    # the placements are read once: a generator is not exhausted before its order is found
+    order = {0: (1, 0)}
+    got = to_torch_shard_order((p for p in (Shard(0), Shard(0))), shard_order=order)
+    assert got == (ShardOrderEntry(tensor_dim=0, mesh_dims=(1, 0)),)
+    assert to_torch((p for p in (Shard(0), Replicate())), order="separate") == (
+        TShard(0),
+        TReplicate(),
+    )
