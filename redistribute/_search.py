@@ -440,8 +440,8 @@ class _Context(_Bounds):
         ends = _CHAIN_ENDS.get(key)
         if ends is None:
             found: dict = {}
-            for t, m in self._chain_links(state, dims, kind):
-                bit = 1 << m
+            for t, (m,), *_ in self._chain_moves(state, dims, kind):
+                bit = 1 << dims.index(m)
                 if left & bit:
                     for end in self._chain_ends(t, dims, left & ~bit, kind):
                         found[end] = None
@@ -449,20 +449,6 @@ class _Context(_Bounds):
                 _CHAIN_ENDS.clear()
             ends = _CHAIN_ENDS[key] = tuple(found)
         return ends
-
-    def _chain_links(self, state, dims: tuple, kind: str) -> tuple:
-        """``(next_state, i)`` per :meth:`_chain_moves`: ``i`` the moved dim's position in
-        ``dims``."""
-        key = (self._merges_key, state, dims, kind)
-        links = _CHAIN_LINKS.get(key)
-        if links is None:
-            links = tuple(
-                (t, dims.index(ms[0])) for t, ms, *_ in self._chain_moves(state, dims, kind)
-            )
-            if len(_CHAIN_LINKS) >= _MOVES_KEPT:
-                _CHAIN_LINKS.clear()
-            _CHAIN_LINKS[key] = links
-        return links
 
     def _chain_moves(self, state, dims: tuple, kind: str) -> tuple:
         """The single-dim ``kind`` collectives on ``dims`` out of ``state`` (shape-free,
@@ -734,7 +720,6 @@ _SINGLE_MOVES: dict = {}
 _HUBS: dict = {}
 _HUB_MEMBERS: dict = {}
 _CHAIN_MOVES: dict = {}
-_CHAIN_LINKS: dict = {}
 _CHAIN_ENDS: dict = {}
 _MERGED_MOVES: dict = {}
 _MOVES_KEPT = 100000  # entries per memo before it starts over
@@ -857,7 +842,6 @@ def clear_contexts() -> None:
     _HUBS.clear()
     _HUB_MEMBERS.clear()
     _CHAIN_MOVES.clear()
-    _CHAIN_LINKS.clear()
     _CHAIN_ENDS.clear()
     _MERGED_MOVES.clear()
 
