@@ -7,6 +7,7 @@ per-mesh-dim weights, latencies and launch prices set up there, and its memo tab
 from __future__ import annotations
 
 import itertools
+import math
 
 from meshplan.placement import Shard, StridedShard, shard_intervals
 
@@ -33,11 +34,16 @@ class _Bounds:
         model charges a received byte at least: ``missing_rate``). Dims to gather
         (sharded here, replicated in the goal) gather one at a time: the k-th runs on a
         tensor the dims gathered before it have grown, so they count in the cheapest
-        order, slowest links first. Alias dims count less
+        order, slowest links first; a dim sharded for a while gathers among them.
+        Partial dims to reduce-scatter likewise, counted from the last. Gathers leave a
+        shard order at its end and reduce-scatters join it there, so an order that keeps
+        the shard orders may cost more; breaking one takes a collective the count leaves
+        out (or a local step and an all_reduce's gather half). Alias dims count less
         (``_search._Context._set_aliases``): a merged all_reduce moves (N-1)/N of its
         input, less than its dims' shares summed; a gather to undo a detour, or to
         re-shard by gather and slice, may ride in a merged step.
         """
+        sid = state
         codes, chains = state = self.states[state]
         info = self._goal_info.get(goal)
         if info is None:
@@ -56,7 +62,8 @@ class _Bounds:
         spare = None
         w_single = 0.0
         w_other = 0.0
-        gathers = None  # (weight, size) of the dims to gather one by one (see below)
+        gathers = None  # (weight, size, tensor dim, order position) of the dims to gather
+        scatters = None  # the same of the Partial dims to reduce-scatter (see below)
         for m, table in tables:
             a = codes[m]
             e = table.get(a)
@@ -69,13 +76,18 @@ class _Bounds:
                 # the cheapest way to shard it for a while: R -> S -> P takes one more local
                 # step; P -> S -> P' (P' not sum/avg of P) none; any other needs a collective
                 b = goal_codes[m]
+                # (and one that ends in a gather counts it in the gather sequence)
                 if a == R:
-                    extra = self.local_launch
+                    e = (m, self.local_launch, ())
                 elif (kind == 1 and b != R) or m in self.merge_dims:
-                    extra = 0.0
+                    e = (m, 0.0, ())
                 else:
-                    extra = self.launch + self.per_collective + self.alpha_log[m]
-                loose = ((m, extra),) if loose is None else loose + ((m, extra),)
+                    e = (
+                        m,
+                        self.launch + self.per_collective + self.alpha_log[m],
+                        self.detour_items[m],
+                    )
+                loose = (e,) if loose is None else loose + (e,)
             if kind == 0:
                 continue
             if kind == 1:  # a collective of its own
@@ -87,11 +99,19 @@ class _Bounds:
                     lw += self.sizes[m]  # its local step writes a tensor unsplit on m
                 if type(a) is int:
                     reduce = True
-                    w_single += dw
+                    b = goal_codes[m]
+                    if type(b) is tuple and m not in self.merge_dims:
+                        # reduce-scattered: the later it runs, the smaller its input
+                        d = b[0]
+                        g = (dw, self.sizes[m], -1 if self.tiny[d] else d, goal_chains[d].index(m))
+                        scatters = (g,) if scatters is None else scatters + (g,)
+                    else:
+                        w_single += dw
                 elif m in self.merge_dims:
                     w_single += dw
                 else:
-                    g = (dw, self.sizes[m])
+                    d = a[0]
+                    g = (dw, self.sizes[m], -1 if self.tiny[d] else d, chains[d].index(m))
                     gathers = (g,) if gathers is None else gathers + (g,)
             elif kind == 2:  # some collective
                 other = True
@@ -131,54 +151,105 @@ class _Bounds:
             if c > count:
                 count = c
         h = count * (self.launch + self.per_collective) + lat + local * self.local_launch
-        if gathers is not None:
-            # dims sharded here and replicated in the goal, gathered one at a time: when a
-            # dim's last gather runs, every dim whose last gather ran before is replicated
-            # (sharding it again would need another), so the k-th gather's input is at
-            # least the sizes of the dims gathered before it times the smallest local
-            # tensor; the cheapest order takes the slowest links first (by weight / (n-1),
-            # an exchange argument)
-            prefix = 1
-            for dw, n in sorted(gathers, key=_by_link, reverse=True):
-                w_single += dw * prefix
-                prefix *= n
-        w = w_single + w_other
+        # dims sharded here and replicated in the goal, gathered one at a time: when a
+        # dim's last gather runs, every dim whose last gather ran before is replicated
+        # (sharding it again would need another), so the k-th gather's input is at least
+        # the sizes of the dims gathered before it times the smallest local tensor.
+        # Likewise a Partial dim to reduce-scatter: when it first reduces, every such dim
+        # reducing after it is still Partial (unsharded), so counted from the last one
+        # back, the k-th's input grows by the sizes of those after it. ``_orders`` gives
+        # the cheapest order's weights, and the cheapest that keeps each tensor dim's
+        # shard order (gathers leave it from its end; reduce-scatters join it at its end)
+        w_rest = w_single + w_other
         full = self.total_bytes / split
         n_spare = 1
         for x in spare or ():
             n_spare *= self.sizes[x]
         # each local step writes at least the smallest local tensor it can run on
         local_copy = lw * self.copy * full / (unsplit * n_spare)
-        best = local_copy
-        if w:
-            bw = w * full
+        memo = self._order_memo
+        if gathers is None and scatters is None:
+            bw_free = bw_kept = w_rest
+        else:
+            key = (gathers, scatters)
+            v = memo.get(key)
+            if v is None:
+                v = memo[key] = _sequences(gathers, scatters, ())
+            bw_free, bw_kept = w_rest + v[0], w_rest + v[1]
+        w_free, w_kept = bw_free, bw_kept
+        if bw_free:
+            bw_free *= full
+            bw_kept *= full
             if spare:
-                detour = self.detour
-                spare_all = tuple((x, detour[x]) for x in spare)
+                detour, items = self.detour, self.detour_items
+                spare_all = tuple((x, detour[x], items[x]) for x in spare)
                 if loose:
                     spare_all += loose
             else:
                 spare_all = loose
-            if spare_all and (bw > self.detour_floor or loose):
+            if spare_all and (bw_free > self.detour_floor or loose):
+                # sharding dims replicated in both (``spare``) or Partial (``loose``) for
+                # a while shrinks every collective's input; a spare dim then gathers once
+                # more (unless that may ride a merged step), in the gather sequence
                 sizes = self.sizes
                 for k in range(1, len(spare_all) + 1):
                     for combo in itertools.combinations(spare_all, k):
                         n = 1
                         extra = 0.0
-                        for x, e in combo:
+                        more = ()
+                        for x, e, item in combo:
                             n *= sizes[x]
                             extra += e
-                        v = extra + w * full / n
-                        if v < bw:
-                            bw = v
-            best += bw
+                            more += item
+                        if more:
+                            key = (gathers, scatters, more)
+                            v = memo.get(key)
+                            if v is None:
+                                v = memo[key] = _sequences(gathers, scatters, more)
+                            wf, wk = w_rest + v[0], w_rest + v[1]
+                        else:
+                            wf, wk = w_free, w_kept
+                        v = extra + wf * full / n
+                        if v < bw_free:
+                            bw_free = v
+                        if wk != wf:
+                            v = extra + wk * full / n
+                            if v < bw_kept:
+                                bw_kept = v
+                        elif v < bw_kept:
+                            bw_kept = v
+        missing = 0.0
         if not goal_partial:
-            missing = (
-                self._missing(state, self.states[goal], reduce) * self.itemsize * self.missing_rate
-            )
+            missing = self._missing(sid, goal, reduce) * self.itemsize * self.missing_rate
+        best = bw_free + local_copy
+        if bw_kept > bw_free and not other:
+            # a plan either keeps the shard orders or breaks one: by a collective the
+            # count above leaves out (an all_permute, or an all_to_all of a dim it must
+            # still gather or reduce), at least a launch, its latency and (k-1)/k of the
+            # smallest tensor any collective runs on; or, with Partial targets, by a
+            # shard made Partial (a local step) to reduce later; or by a Partial dim
+            # all-reduced and sliced later (a local step and the all_reduce's gather half)
+            least = full / (unsplit * n_spare)
+            pen_lat = self.launch + self.per_collective + self.alpha_floor
+            pen_bw = self.missing_rate * least
+            if self.ptargets and gathers is not None:
+                pen_lat, pen_bw = self.local_launch, 0.0
+            if scatters is not None:
+                lat_ar = self.local_launch
+                bw_ar = least * min(self.weights[m][0] for m in self.active)
+                if lat_ar + bw_ar < pen_lat + pen_bw:
+                    pen_lat, pen_bw = lat_ar, bw_ar
+            kept = bw_kept + local_copy
+            broken = best + pen_bw
             missing += local_copy
-            if missing > best:
-                best = missing
+            if missing > kept:
+                kept = missing
+            if missing > broken:
+                broken = missing
+            return h + min(kept, pen_lat + broken)
+        missing += local_copy
+        if missing > best:
+            best = missing
         return h + best
 
     def _cover(self, smask: int, omask: int) -> int:
@@ -235,35 +306,37 @@ class _Bounds:
         wt = self.weights[m]
         return wt[2] - self.copy if m in self.merge_dims else wt[2]
 
-    def _missing(self, state, goal, reduce: bool) -> int:
-        """Elements the first rank (mesh coordinate 0) needs in ``goal`` and lacks in ``state``."""
-        codes, chains = state
-        goal_codes, goal_chains = goal
+    def _missing(self, state: int, goal: int, reduce: bool) -> int:
+        """Elements the first rank (mesh coordinate 0) needs in ``goal`` and lacks in
+        ``state`` (ids)."""
+        a, b = self._pieces_of(state), self._pieces_of(goal)
+        overlap = self._overlap
         need = have = 1
-        for d in range(self.ndim):
-            chain, goal_chain = chains[d], goal_chains[d]
-            key = (
-                d,
-                chain,
-                tuple([codes[m] for m in chain]),
-                goal_chain,
-                tuple([goal_codes[m] for m in goal_chain]),
-            )
-            v = self._overlap.get(key)
+        for x, y in zip(a, b, strict=True):
+            v = overlap.get((x, y))
             if v is None:
-                a = self._piece0(d, chains[d], codes)
-                b = self._piece0(d, goal_chains[d], goal_codes)
-                v = self._overlap[key] = (_length(b), _common(a, b))
+                ivs, goal_ivs = self._piece_list[x], self._piece_list[y]
+                v = overlap[(x, y)] = (_length(goal_ivs), _common(ivs, goal_ivs))
             need *= v[0]
             have *= v[1]
         return need if reduce else need - have
 
-    def _piece0(self, d, chain, codes):
-        key = (d, chain, tuple(codes[m] for m in chain))
-        ivs = self._pieces.get(key)
-        if ivs is None:
-            ivs = self._pieces[key] = self._piece0_uncached(d, chain, codes)
-        return ivs
+    def _pieces_of(self, i: int) -> tuple:
+        """Per tensor dim, the id of the first rank's piece (index intervals) in state
+        ``i``: the same ids for the same shard order and placements along it."""
+        ids = self._state_pieces.get(i)
+        if ids is None:
+            codes, chains = self.states[i]
+            out = []
+            for d, chain in enumerate(chains):
+                key = (d, chain, tuple([codes[m] for m in chain]))
+                pid = self._pieces.get(key)
+                if pid is None:
+                    pid = self._pieces[key] = len(self._piece_list)
+                    self._piece_list.append(self._piece0_uncached(d, chain, codes))
+                out.append(pid)
+            ids = self._state_pieces[i] = tuple(out)
+        return ids
 
     def _piece0_uncached(self, d, chain, codes):
         length = self.shape[d]
@@ -276,9 +349,63 @@ class _Bounds:
         return ivs
 
 
-def _by_link(gather) -> float:
-    dw, n = gather
-    return dw / (n - 1)
+def _sequences(gathers, scatters, more) -> tuple[float, float]:
+    """The least bandwidth weight of the gather sequence (``gathers`` and the detour dims
+    ``more``) and the reduce-scatter sequence (``scatters``, counted from the last), in
+    any order and in one that keeps the shard orders (:func:`_orders`)."""
+    free = kept = 0.0
+    if gathers is not None or more:
+        f, k = _orders(gathers + more if gathers is not None else more)
+        free += f
+        kept += k
+    if scatters is not None:
+        f, k = _orders(scatters)
+        free += f
+        kept += k
+    return free, kept
+
+
+def _orders(items: tuple) -> tuple[float, float]:
+    """The least bandwidth weight of a sequence of gathers (or reduce-scatters counted
+    from the last) ``items`` = ``(weight, size, tensor dim, order position)``: in any
+    order, and in an order that keeps each tensor dim's shard order (a higher position
+    first; tensor dim -1: free). The k-th item's weight is multiplied by the sizes of
+    the items before it."""
+    prefix = 1
+    free = 0.0
+    # the cheapest order takes the slowest links first (by weight / (n-1), an exchange
+    # argument)
+    for dw, n, _, _ in sorted(items, key=_by_link, reverse=True):
+        free += dw * prefix
+        prefix *= n
+    kept = free
+    if not _keeps(sorted(items, key=_by_link, reverse=True)):
+        kept = math.inf
+        for order in itertools.permutations(items):
+            if _keeps(order):
+                prefix = 1
+                total = 0.0
+                for dw, n, _, _ in order:
+                    total += dw * prefix
+                    prefix *= n
+                kept = min(kept, total)
+    return free, kept
+
+
+def _by_link(item) -> float:
+    return item[0] / (item[1] - 1)
+
+
+def _keeps(order) -> bool:
+    """Whether ``order`` (``_Bounds._orders`` items) takes each tensor dim's items from
+    the highest order position down."""
+    last: dict = {}
+    for _, _, d, pos in order:
+        if d >= 0:
+            if last.get(d, math.inf) < pos:
+                return False
+            last[d] = pos
+    return True
 
 
 def _length(ivs) -> int:

@@ -127,11 +127,14 @@ class _Context(_Bounds):
         self._floor: dict = {}  # state -> lower bound of their prices
         self._coef: dict = {}
         self._overlap: dict = {}
-        self._pieces: dict = {}
+        self._pieces: dict = {}  # (tensor dim, order, placements) -> piece id
+        self._piece_list: list = []  # piece id -> the first rank's index intervals
+        self._state_pieces: dict = {}  # state -> its piece ids (``_pieces_of``)
         self._exacts: dict = {}  # ``_exact``'s answers
         self._goal_info: dict = {}
         self._h: dict = {}
         self._covers: dict = {}  # the heuristic's collective counts (``_cover``)
+        self._order_memo: dict = {}  # the heuristic's gather and scatter orders (``_orders``)
         self._groups: dict = {}  # bit mask of mesh dims -> (dims, ranks in their group)
         self._kept: dict = {}  # (prev, step into state, state) -> successors kept by the
         # commuting-steps reduction (independent of the goal)
@@ -143,6 +146,8 @@ class _Context(_Bounds):
             group_link(model, mesh, (m,)).latency_s * math.log2(n) if n > 1 else 0.0
             for m, n in enumerate(mesh.shape)
         )
+        # the least latency of any collective (one on a single mesh dim, at least)
+        self.alpha_floor = min([self.alpha_log[m] for m in self.active] or [0.0])
         self.fastest = max(
             [group_link(model, mesh, (m,)).bytes_per_s for m in self.active] or [1.0]
         )
@@ -177,6 +182,12 @@ class _Context(_Bounds):
             for m in range(mesh.ndim)
         ]
         self.detour_floor = min(self.detour) if self.detour else 0.0
+        # the gather that ends a detour, as an item of the heuristic's gather sequence
+        # (``_Bounds._orders``); none on an alias dim (it may ride a merged step)
+        self.detour_items = [
+            () if m in self.merge_dims else ((self.weights[m][0], n, -1, 0),)
+            for m, n in enumerate(mesh.shape)
+        ]
 
     def _set_aliases(self, merge: bool) -> None:
         """The mesh's aliases a merged step can run on (none unless ``merge``), and what
@@ -233,8 +244,11 @@ class _Context(_Bounds):
             self._floor.clear()
             self._overlap.clear()
             self._pieces.clear()
+            self._piece_list.clear()
+            self._state_pieces.clear()
             self._exacts.clear()
             self._goal_info.clear()
+            self._order_memo.clear()
             self._h.clear()
             self._kept.clear()
             self._merges.clear()
