@@ -167,14 +167,10 @@ class _Bounds:
             n_spare *= self.sizes[x]
         # each local step writes at least the smallest local tensor it can run on
         local_copy = lw * self.copy * full / (unsplit * n_spare)
-        memo = self._order_memo
         if gathers is None and scatters is None:
             bw_free = bw_kept = w_rest
         else:
-            key = (gathers, scatters)
-            v = memo.get(key)
-            if v is None:
-                v = memo[key] = _sequences(gathers, scatters, ())
+            v = self._sequences(gathers, scatters, ())
             bw_free, bw_kept = w_rest + v[0], w_rest + v[1]
         w_free, w_kept = bw_free, bw_kept
         if bw_free:
@@ -202,10 +198,7 @@ class _Bounds:
                             extra += e
                             more += item
                         if more:
-                            key = (gathers, scatters, more)
-                            v = memo.get(key)
-                            if v is None:
-                                v = memo[key] = _sequences(gathers, scatters, more)
+                            v = self._sequences(gathers, scatters, more)
                             wf, wk = w_rest + v[0], w_rest + v[1]
                         else:
                             wf, wk = w_free, w_kept
@@ -214,9 +207,7 @@ class _Bounds:
                             bw_free = v
                         if wk != wf:
                             v = extra + wk * full / n
-                            if v < bw_kept:
-                                bw_kept = v
-                        elif v < bw_kept:
+                        if v < bw_kept:
                             bw_kept = v
         missing = 0.0
         if not goal_partial:
@@ -251,6 +242,16 @@ class _Bounds:
         if missing > best:
             best = missing
         return h + best
+
+    def _sequences(self, gathers, scatters, more) -> tuple[float, float]:
+        """The least bandwidth weight of the gather sequence (``gathers`` and the detour
+        dims ``more``) and the reduce-scatter sequence (``scatters``, counted from the
+        last), in any order and in one that keeps the shard orders (:func:`_orders`)."""
+        key = (gathers, scatters, more)
+        v = self._order_memo.get(key)
+        if v is None:
+            v = self._order_memo[key] = _sequences_uncached(gathers, scatters, more)
+        return v
 
     def _cover(self, smask: int, omask: int) -> int:
         """Collectives a plan needs at least for the dims of ``smask`` (each must gather
@@ -349,10 +350,7 @@ class _Bounds:
         return ivs
 
 
-def _sequences(gathers, scatters, more) -> tuple[float, float]:
-    """The least bandwidth weight of the gather sequence (``gathers`` and the detour dims
-    ``more``) and the reduce-scatter sequence (``scatters``, counted from the last), in
-    any order and in one that keeps the shard orders (:func:`_orders`)."""
+def _sequences_uncached(gathers, scatters, more) -> tuple[float, float]:
     free = kept = 0.0
     if gathers is not None or more:
         f, k = _orders(gathers + more if gathers is not None else more)
@@ -371,25 +369,23 @@ def _orders(items: tuple) -> tuple[float, float]:
     order, and in an order that keeps each tensor dim's shard order (a higher position
     first; tensor dim -1: free). The k-th item's weight is multiplied by the sizes of
     the items before it."""
-    prefix = 1
-    free = 0.0
     # the cheapest order takes the slowest links first (by weight / (n-1), an exchange
     # argument)
-    for dw, n, _, _ in sorted(items, key=_by_link, reverse=True):
-        free += dw * prefix
+    best = sorted(items, key=_by_link, reverse=True)
+    free = _weight(best)
+    if _keeps(best):
+        return free, free
+    return free, min(_weight(order) for order in itertools.permutations(items) if _keeps(order))
+
+
+def _weight(order) -> float:
+    """The weight of a sequence of ``_orders`` items taken in ``order``."""
+    prefix = 1
+    total = 0.0
+    for dw, n, _, _ in order:
+        total += dw * prefix
         prefix *= n
-    kept = free
-    if not _keeps(sorted(items, key=_by_link, reverse=True)):
-        kept = math.inf
-        for order in itertools.permutations(items):
-            if _keeps(order):
-                prefix = 1
-                total = 0.0
-                for dw, n, _, _ in order:
-                    total += dw * prefix
-                    prefix *= n
-                kept = min(kept, total)
-    return free, kept
+    return total
 
 
 def _by_link(item) -> float:

@@ -4,6 +4,7 @@ on meshes too big for the brute force of test_plan_optimal), with and without al
 
 from __future__ import annotations
 
+import itertools
 import math
 
 import pytest
@@ -14,6 +15,7 @@ from hypothesis import strategies as st
 from meshplan.layout import Mesh
 from meshplan.placement import Partial, Replicate, Shard, Spec, StridedShard
 from meshplan.redistribute import CostModel, HardwareProfile
+from meshplan.redistribute._heuristic import _orders
 from meshplan.redistribute._planner import _state, _universe
 from meshplan.redistribute._search import _Context, search
 
@@ -206,8 +208,6 @@ def test_gather_and_reduce_scatter_orders_tighten_the_bound(src, dst, least):
 def test_orders_keep_each_tensor_dims_shard_order():
     # items (weight, size, tensor dim, position): the free order takes the slowest link
     # (weight / (size - 1)) first; the kept order must take dim 0's position 1 first
-    from meshplan.redistribute._heuristic import _orders
-
     items = ((4.0, 2, 0, 0), (1.0, 2, 0, 1))
     free, kept = _orders(items)
     assert free == 4.0 + 1.0 * 2
@@ -215,8 +215,6 @@ def test_orders_keep_each_tensor_dims_shard_order():
     # tensor dim -1 (a tiny dim, or a detour) keeps no order
     assert _orders(((4.0, 2, -1, 0), (1.0, 2, -1, 1))) == (free, free)
     # brute force over every order
-    import itertools
-
     items = ((3.0, 2, 0, 2), (5.0, 4, 0, 0), (1.0, 2, 1, 0), (2.0, 3, 0, 1))
 
     def weight(order):
