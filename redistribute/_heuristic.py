@@ -40,8 +40,11 @@ class _Bounds:
         the shard orders may cost more; breaking one takes a collective the count leaves
         out (or a local step and an all_reduce's gather half). Alias dims count less
         (``_search._Context._set_aliases``): a merged all_reduce moves (N-1)/N of its
-        input, less than its dims' shares summed; a gather to undo a detour, or to
-        re-shard by gather and slice, may ride in a merged step.
+        input, less than its dims' shares summed, but on an input none of the alias's
+        dims splits (:meth:`_reduce_weight`); a merged all_gather moves no fewer bytes
+        than its dims' gathers in sequence, so it counts among them; a gather to undo a
+        detour, or to re-shard by gather and slice, may ride in a merged step (no launch
+        of its own).
         """
         sid = state
         codes, chains = state = self.states[state]
@@ -64,6 +67,8 @@ class _Bounds:
         w_other = 0.0
         gathers = None  # (weight, size, tensor dim, order position) of the dims to gather
         scatters = None  # the same of the Partial dims to reduce-scatter (see below)
+        red = None  # (mesh dim, weight) of the other Partial dims to reduce
+        shard_mask = 0  # the mesh dims sharded here or in the goal
         for m, table in tables:
             a = codes[m]
             e = table.get(a)
@@ -71,7 +76,9 @@ class _Bounds:
                 e = table[a] = self._entry(m, a, goal_codes[m])
             kind, n_split, dlat, dlocal, dw = e
             split *= n_split
-            if n_split == 1 and kind != 4:
+            if n_split > 1:
+                shard_mask |= 1 << m
+            elif kind != 4:
                 unsplit *= self.sizes[m]
                 # the cheapest way to shard it for a while: R -> S -> P takes one more local
                 # step; P -> S -> P' (P' not sum/avg of P) none; any other needs a collective
@@ -79,8 +86,10 @@ class _Bounds:
                 # (and one that ends in a gather counts it in the gather sequence)
                 if a == R:
                     e = (m, self.local_launch, ())
-                elif (kind == 1 and b != R) or m in self.merge_dims:
+                elif kind == 1 and b != R:
                     e = (m, 0.0, ())
+                elif m in self.merge_dims:
+                    e = (m, 0.0, self.detour_items[m] if kind == 1 else ())
                 else:
                     e = (
                         m,
@@ -100,18 +109,23 @@ class _Bounds:
                 if type(a) is int:
                     reduce = True
                     b = goal_codes[m]
-                    if type(b) is tuple and m not in self.merge_dims:
+                    if type(b) is not tuple:
+                        red = ((m, dw),) if red is None else red + ((m, dw),)
+                    elif m not in self.merge_dims:
                         # reduce-scattered: the later it runs, the smaller its input
                         d = b[0]
                         g = (dw, self.sizes[m], -1 if self.tiny[d] else d, goal_chains[d].index(m))
                         scatters = (g,) if scatters is None else scatters + (g,)
                     else:
                         w_single += dw
-                elif m in self.merge_dims:
-                    w_single += dw
                 else:
                     d = a[0]
-                    g = (dw, self.sizes[m], -1 if self.tiny[d] else d, chains[d].index(m))
+                    g = (
+                        dw * self.gather_share[m],
+                        self.sizes[m],
+                        -1 if self.tiny[d] else d,
+                        chains[d].index(m),
+                    )
                     gathers = (g,) if gathers is None else gathers + (g,)
             elif kind == 2:  # some collective
                 other = True
@@ -160,7 +174,8 @@ class _Bounds:
         # back, the k-th's input grows by the sizes of those after it. ``_orders`` gives
         # the cheapest order's weights, and the cheapest that keeps each tensor dim's
         # shard order (gathers leave it from its end; reduce-scatters join it at its end)
-        w_rest = w_single + w_other
+        w_base = w_single + w_other
+        w_rest = w_base if red is None else w_base + self._reduce_weight(red, shard_mask)
         full = self.total_bytes / split
         n_spare = 1
         for x in spare or ():
@@ -168,11 +183,10 @@ class _Bounds:
         # each local step writes at least the smallest local tensor it can run on
         local_copy = lw * self.copy * full / (unsplit * n_spare)
         if gathers is None and scatters is None:
-            bw_free = bw_kept = w_rest
+            seq = (0.0, 0.0)
         else:
-            v = self._sequences(gathers, scatters, ())
-            bw_free, bw_kept = w_rest + v[0], w_rest + v[1]
-        w_free, w_kept = bw_free, bw_kept
+            seq = self._sequences(gathers, scatters, ())
+        bw_free, bw_kept = w_rest + seq[0], w_rest + seq[1]
         if bw_free:
             bw_free *= full
             bw_kept *= full
@@ -193,15 +207,16 @@ class _Bounds:
                         n = 1
                         extra = 0.0
                         more = ()
+                        mask = shard_mask
                         for x, e, item in combo:
                             n *= sizes[x]
                             extra += e
                             more += item
-                        if more:
-                            v = self._sequences(gathers, scatters, more)
-                            wf, wk = w_rest + v[0], w_rest + v[1]
-                        else:
-                            wf, wk = w_free, w_kept
+                            mask |= 1 << x
+                        # (a Partial dim reduces unsharded: ``_reduce_weight``)
+                        w = w_rest if red is None else w_base + self._reduce_weight(red, mask)
+                        v = self._sequences(gathers, scatters, more) if more else seq
+                        wf, wk = w + v[0], w + v[1]
                         v = extra + wf * full / n
                         if v < bw_free:
                             bw_free = v
@@ -242,6 +257,34 @@ class _Bounds:
         if missing > best:
             best = missing
         return h + best
+
+    def _reduce_weight(self, red, mask: int) -> float:
+        """The least bandwidth weight of reducing the Partial dims ``red`` ((mesh dim,
+        weight) each) when the mesh dims of the bit ``mask`` may shard the tensor. A
+        single-dim reduction runs with its own dim unsharded; a merged one over an alias
+        (``alias_shares``) moves ``r`` of its dims' share, but with all of them Partial,
+        so on an input as many times bigger as they could otherwise split it."""
+        key = (red, mask)
+        w = self._red_memo.get(key)
+        if w is None:
+            sizes, shares = self.sizes, self.alias_shares
+            w = 0.0
+            for m, dw in red:
+                best = sizes[m] if mask >> m & 1 else 1
+                for amask, r in shares[m]:
+                    grow = 1
+                    both = amask & mask
+                    x = 0
+                    while both:
+                        if both & 1:
+                            grow *= sizes[x]
+                        both >>= 1
+                        x += 1
+                    if r * grow < best:
+                        best = r * grow
+                w += dw * best
+            self._red_memo[key] = w
+        return w
 
     def _sequences(self, gathers, scatters, more) -> tuple[float, float]:
         """The least bandwidth weight of the gather sequence (``gathers`` and the detour
@@ -294,7 +337,7 @@ class _Bounds:
             if type(b) is int and b != R and a in _SUMAVG and b in _SUMAVG:
                 return (3, n, 0.0, 1, 0.0)
             local = 1 if (type(b) is int and b != R) else 0
-            w = wt[1] * (self.sizes[m] if type(b) is tuple else self.reduce_share[m])
+            w = wt[1] * self.sizes[m] if type(b) is tuple else wt[1]
             return (1, n, self.alpha_log[m], local, w)
         if b == R:
             return (1, n, self.alpha_log[m], 0, wt[0])

@@ -135,6 +135,7 @@ class _Context(_Bounds):
         self._h: dict = {}
         self._covers: dict = {}  # the heuristic's collective counts (``_cover``)
         self._order_memo: dict = {}  # the heuristic's gather and scatter orders (``_orders``)
+        self._red_memo: dict = {}  # the heuristic's reduction weights (``_reduce_weight``)
         self._groups: dict = {}  # bit mask of mesh dims -> (dims, ranks in their group)
         self._kept: dict = {}  # (prev, step into state, state) -> successors kept by the
         # commuting-steps reduction (independent of the goal)
@@ -183,9 +184,10 @@ class _Context(_Bounds):
         ]
         self.detour_floor = min(self.detour) if self.detour else 0.0
         # the gather that ends a detour, as an item of the heuristic's gather sequence
-        # (``_Bounds._orders``); none on an alias dim (it may ride a merged step)
+        # (``_Bounds._orders``); on an alias dim it may ride a merged step, which moves no
+        # fewer bytes than the dims' gathers one after another (``gather_share``)
         self.detour_items = [
-            () if m in self.merge_dims else ((self.weights[m][0], n, -1, 0),)
+            ((self.weights[m][0] * self.gather_share[m], n, -1, 0),)
             for m, n in enumerate(mesh.shape)
         ]
 
@@ -222,13 +224,24 @@ class _Context(_Bounds):
                 default=0.0,
             )
         )
-        self.reduce_share = [1.0] * len(self.sizes)
+        # a merged reduction over an alias's N ranks moves (N-1)/N of its input, ``r`` of
+        # what its dims' single-dim reductions would move on that input; but it runs with
+        # every dim of the alias Partial, so on an input none of them splits (the
+        # heuristic's ``_reduce_weight``). Per mesh dim: (bit mask of the alias, r) of
+        # each alias holding it
+        self.alias_shares: list = [() for _ in self.sizes]
+        # a gather on an alias dim: a merged all_gather moves no fewer bytes than its dims'
+        # gathers one after another; a shard made Partial and all-reduced in a merged
+        # step moves at least 2r of what its gather would
+        self.gather_share = [1.0] * len(self.sizes)
         for _, dims in self.aliases:
             n = math.prod(self.sizes[m] for m in dims)
             shares = sum((self.sizes[m] - 1) / self.sizes[m] for m in dims)
             r = min(1.0, ((n - 1) / n) / shares)
+            mask = sum(1 << m for m in dims)
             for m in dims:
-                self.reduce_share[m] = min(self.reduce_share[m], r)
+                self.alias_shares[m] += ((mask, r),)
+                self.gather_share[m] = min(self.gather_share[m], 2.0 * r)
 
     def _trim(self) -> None:
         # bound the memo tables (a long-lived process plans many pairs on one context);
@@ -249,6 +262,7 @@ class _Context(_Bounds):
             self._exacts.clear()
             self._goal_info.clear()
             self._order_memo.clear()
+            self._red_memo.clear()
             self._h.clear()
             self._kept.clear()
             self._merges.clear()
