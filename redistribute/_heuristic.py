@@ -35,7 +35,9 @@ class _Bounds:
         (sharded here, replicated in the goal) gather one at a time: the k-th runs on a
         tensor the dims gathered before it have grown, so they count in the cheapest
         order, slowest links first; a dim sharded for a while gathers among them.
-        Partial dims to reduce-scatter likewise, counted from the last. Gathers leave a
+        Partial dims to reduce-scatter likewise, counted from the last. A Partial dim
+        reduces on an input its own dim does not split; one that is never sharded reduces
+        by an all_reduce (twice a reduce-scatter's latency and bytes). Gathers leave a
         shard order at its end and reduce-scatters join it there, so an order that keeps
         the shard orders may cost more; breaking one takes a collective the count leaves
         out (or a local step and an all_reduce's gather half). Alias dims count less
@@ -44,7 +46,7 @@ class _Bounds:
         dims splits (:meth:`_reduce_weight`); a merged all_gather moves no fewer bytes
         than its dims' gathers in sequence, so it counts among them; a gather to undo a
         detour, or to re-shard by gather and slice, may ride in a merged step (no launch
-        of its own).
+        of its own, unless no collective the count holds shares an alias with it).
         """
         sid = state
         codes, chains = state = self.states[state]
@@ -175,7 +177,11 @@ class _Bounds:
         # the cheapest order's weights, and the cheapest that keeps each tensor dim's
         # shard order (gathers leave it from its end; reduce-scatters join it at its end)
         w_base = w_single + w_other
-        w_rest = w_base if red is None else w_base + self._reduce_weight(red, shard_mask)
+        if red is None:
+            w_rest, red_lat = w_base, 0.0
+        else:
+            w_red, red_lat = self._reduce_weight(red, shard_mask)
+            w_rest = w_base + w_red
         full = self.total_bytes / split
         n_spare = 1
         for x in spare or ():
@@ -188,8 +194,8 @@ class _Bounds:
             seq = self._sequences(gathers, scatters, ())
         bw_free, bw_kept = w_rest + seq[0], w_rest + seq[1]
         if bw_free:
-            bw_free *= full
-            bw_kept *= full
+            bw_free = bw_free * full + red_lat
+            bw_kept = bw_kept * full + red_lat
             if spare:
                 detour, items = self.detour, self.detour_items
                 spare_all = tuple((x, detour[x], items[x]) for x in spare)
@@ -201,20 +207,36 @@ class _Bounds:
                 # sharding dims replicated in both (``spare``) or Partial (``loose``) for
                 # a while shrinks every collective's input; a spare dim then gathers once
                 # more (unless that may ride a merged step), in the gather sequence
-                sizes = self.sizes
+                sizes, reach = self.sizes, self.alias_reach
+                ride_launch = self.launch + self.per_collective + self.alpha_floor
                 for k in range(1, len(spare_all) + 1):
                     for combo in itertools.combinations(spare_all, k):
                         n = 1
                         extra = 0.0
                         more = ()
-                        mask = shard_mask
+                        dmask = ride = 0
                         for x, e, item in combo:
                             n *= sizes[x]
                             extra += e
                             more += item
-                            mask |= 1 << x
+                            dmask |= 1 << x
+                            if item:
+                                ride |= reach[x]
+                        mask = shard_mask | dmask
+                        if ride and not ride & ((smask & ~dmask) | omask):
+                            # alias dims' detours end in gathers that ride a merged step
+                            # (no launch counted). That step serves none of the counted
+                            # collectives unless one of their dims shares an alias with
+                            # them (a detoured Partial dim's counted collective is its
+                            # reduce-scatter, before): else it is one more
+                            extra += ride_launch
                         # (a Partial dim reduces unsharded: ``_reduce_weight``)
-                        w = w_rest if red is None else w_base + self._reduce_weight(red, mask)
+                        if red is None:
+                            w = w_rest
+                        else:
+                            w, lat_red = self._reduce_weight(red, mask)
+                            w += w_base
+                            extra += lat_red
                         v = self._sequences(gathers, scatters, more) if more else seq
                         wf, wk = w + v[0], w + v[1]
                         v = extra + wf * full / n
@@ -258,19 +280,26 @@ class _Bounds:
             best = missing
         return h + best
 
-    def _reduce_weight(self, red, mask: int) -> float:
+    def _reduce_weight(self, red, mask: int) -> tuple[float, float]:
         """The least bandwidth weight of reducing the Partial dims ``red`` ((mesh dim,
-        weight) each) when the mesh dims of the bit ``mask`` may shard the tensor. A
-        single-dim reduction runs with its own dim unsharded; a merged one over an alias
+        reduce-scatter weight) each) when the mesh dims of the bit ``mask`` may shard the
+        tensor, and the latency it adds. A dim outside ``mask`` is never sharded, so it
+        reduces by an all_reduce: twice the latency and the bytes of a reduce-scatter.
+        A reduction runs with its own dim unsharded; a merged one over an alias
         (``alias_shares``) moves ``r`` of its dims' share, but with all of them Partial,
         so on an input as many times bigger as they could otherwise split it."""
         key = (red, mask)
-        w = self._red_memo.get(key)
-        if w is None:
-            sizes, shares = self.sizes, self.alias_shares
-            w = 0.0
+        v = self._red_memo.get(key)
+        if v is None:
+            sizes, shares, weights = self.sizes, self.alias_shares, self.weights
+            w = lat = 0.0
             for m, dw in red:
-                best = sizes[m] if mask >> m & 1 else 1
+                if mask >> m & 1:
+                    best = sizes[m]
+                else:
+                    best = 1
+                    dw = weights[m][3]
+                    lat += self.alpha_log[m]
                 for amask, r in shares[m]:
                     grow = 1
                     both = amask & mask
@@ -283,8 +312,8 @@ class _Bounds:
                     if r * grow < best:
                         best = r * grow
                 w += dw * best
-            self._red_memo[key] = w
-        return w
+            v = self._red_memo[key] = (w, lat)
+        return v
 
     def _sequences(self, gathers, scatters, more) -> tuple[float, float]:
         """The least bandwidth weight of the gather sequence (``gathers`` and the detour

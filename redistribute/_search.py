@@ -165,14 +165,20 @@ class _Context(_Bounds):
         )
         # per mesh dim, seconds per byte of the smallest local tensor a collective on it
         # can run on: (gather: (n-1) x its input; reduce: (n-1)/n x its input, plus the
-        # reduction; other shard change: (n-1)/n x, plus a copy)
+        # reduction; other shard change: (n-1)/n x, plus a copy; all_reduce: 2 (n-1)/n x,
+        # plus the reduction)
         self.weights = []
         for m, n in enumerate(mesh.shape):
             link = group_link(model, mesh, (m,))
             bw = link.bytes_per_s
             f = (n - 1) / n if n > 1 else 0.0
             self.weights.append(
-                ((n - 1) / bw, f / bw + f / hw.reduce_bytes_per_s, f / bw + self.copy)
+                (
+                    (n - 1) / bw,
+                    f / bw + f / hw.reduce_bytes_per_s,
+                    f / bw + self.copy,
+                    2 * f / bw + f / hw.reduce_bytes_per_s,
+                )
             )
         self._set_aliases(merge)
         # temporarily sharding a dim replicated in source and target: a slice and a gather
@@ -234,6 +240,8 @@ class _Context(_Bounds):
         # gathers one after another; a shard made Partial and all-reduced in a merged
         # step moves at least 2r of what its gather would
         self.gather_share = [1.0] * len(self.sizes)
+        # per mesh dim, the bit mask of the dims it shares an alias with (itself included)
+        self.alias_reach = [0] * len(self.sizes)
         for _, dims in self.aliases:
             n = math.prod(self.sizes[m] for m in dims)
             shares = sum((self.sizes[m] - 1) / self.sizes[m] for m in dims)
@@ -241,6 +249,7 @@ class _Context(_Bounds):
             mask = sum(1 << m for m in dims)
             for m in dims:
                 self.alias_shares[m] += ((mask, r),)
+                self.alias_reach[m] |= mask
                 self.gather_share[m] = min(self.gather_share[m], 2.0 * r)
 
     def _trim(self) -> None:

@@ -251,3 +251,20 @@ def test_a_merged_reduction_is_priced_on_the_input_it_runs_on():
     start, goal = ctx.intern(_state(src)), ctx.intern(_state(dst))
     total, _ = search(ctx, start, goal)
     assert ctx.heuristic(start, goal) >= 0.6 * total
+
+
+def test_a_partial_dim_never_sharded_reduces_by_an_all_reduce():
+    # a Partial dim that ends replicated reduces either by an all_reduce (twice the
+    # latency and bytes of a reduce-scatter) or by a reduce-scatter with its own dim
+    # unsharded, after which it is sharded for a while and gathers: the bound takes the
+    # lesser, not a reduce-scatter on the smallest tensor (it was 0.78 of the cheapest cost)
+    mesh = Mesh.create((2, 2, 2, 2), ("dp", "pp", "cp", "tp"))
+    src = Spec(mesh, [Partial("sum"), Partial("avg"), Replicate(), Shard(0)], (1024, 1024))
+    dst = Spec(mesh, [Replicate(), Replicate(), Replicate(), Shard(1)], (1024, 1024))
+    model = CostModel()
+    _check_bounds(src, dst, model, "time")
+    shards, ptargets = _universe(src, dst, src.ndim)
+    ctx = _fresh(src, model, shards, ptargets, "time")
+    start, goal = ctx.intern(_state(src)), ctx.intern(_state(dst))
+    total, _ = search(ctx, start, goal)
+    assert ctx.heuristic(start, goal) >= 0.9 * total
