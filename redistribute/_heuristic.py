@@ -22,7 +22,9 @@ class _Bounds:
 
         Launches: every mesh dim that must reduce, or go from a shard to Replicate, needs
         a collective; any other mesh dim in the wrong shard placement or order position
-        needs at least one more collective between them; a step merged onto an alias
+        needs at least one more collective between them (one over all of them moves
+        its whole group's share, (k-1)/k on the slowest link; more cost a launch each,
+        unless an alias lets them ride the others: ``_group``); a step merged onto an alias
         serves up to ``widest`` of those needs at once; alpha * log2(size) per such dim;
         one local launch per dim that must become a shard or Partial from Replicate, or
         change Partial kind. The "collectives" objective's weight rides on every launch.
@@ -166,6 +168,18 @@ class _Bounds:
                 c = self._covers[(smask, omask)] = self._cover(smask, omask)
             if c > count:
                 count = c
+        o_gap = o_pen = 0.0
+        if other:
+            # the dims to re-shard take one collective over all of them (an all_to_all or
+            # all_permute, or a merged gather and slices: its group's share, at least), or
+            # more; those are apart from the collectives of ``smask`` unless an alias holds
+            # dims of both
+            alone, o_count, w_group = self._group(smask, omask)
+            if alone:
+                if o_count > count:
+                    count = o_count
+                if w_group > w_other:
+                    o_gap, o_pen = w_group - w_other, self.launch + self.per_collective
         h = count * (self.launch + self.per_collective) + lat + local * self.local_launch
         # dims sharded here and replicated in the goal, gathered one at a time: when a
         # dim's last gather runs, every dim whose last gather ran before is replicated
@@ -194,6 +208,7 @@ class _Bounds:
             seq = self._sequences(gathers, scatters, ())
         bw_free, bw_kept = w_rest + seq[0], w_rest + seq[1]
         if bw_free:
+            red_lat += min(o_gap * full, o_pen)
             bw_free = bw_free * full + red_lat
             bw_kept = bw_kept * full + red_lat
             if spare:
@@ -237,6 +252,9 @@ class _Bounds:
                             w, lat_red = self._reduce_weight(red, mask)
                             w += w_base
                             extra += lat_red
+                        if o_gap:
+                            v = o_gap * full / n
+                            extra += v if v < o_pen else o_pen
                         v = self._sequences(gathers, scatters, more) if more else seq
                         wf, wk = w + v[0], w + v[1]
                         v = extra + wf * full / n
@@ -313,6 +331,30 @@ class _Bounds:
                         best = r * grow
                 w += dw * best
             v = self._red_memo[key] = (w, lat)
+        return v
+
+    def _group(self, smask: int, omask: int) -> tuple[bool, int, float]:
+        """For the dims to re-shard (bit mask ``omask``) and to gather or reduce
+        (``smask``): whether no alias holds dims of both (so no collective serves both),
+        then the collectives the plan needs at least (those covering ``smask``, and one
+        more), and the bandwidth weight of one collective re-sharding every dim of
+        ``omask`` (0.0 for a single dim: its own weight counts)."""
+        key = (smask, omask)
+        v = self._group_memo.get(key)
+        if v is None:
+            dims = [m for m in range(len(self.sizes)) if omask >> m & 1]
+            reach = 0
+            for m in dims:
+                reach |= self.alias_reach[m]
+            alone = not reach & smask
+            count = 1 + (self._cover(smask, 0) if self.aliases else bin(smask).count("1"))
+            w = 0.0
+            if len(dims) > 1:
+                k = math.prod(self.sizes[m] for m in dims)
+                w = (k - 1) / k / min(self.dim_bw[m] for m in dims)
+                if not reach:
+                    w += self.copy  # an all_to_all or all_permute: it copies its output
+            v = self._group_memo[key] = (alone, count, w)
         return v
 
     def _sequences(self, gathers, scatters, more) -> tuple[float, float]:

@@ -136,6 +136,7 @@ class _Context(_Bounds):
         self._covers: dict = {}  # the heuristic's collective counts (``_cover``)
         self._order_memo: dict = {}  # the heuristic's gather and scatter orders (``_orders``)
         self._red_memo: dict = {}  # the heuristic's reduction weights (``_reduce_weight``)
+        self._group_memo: dict = {}  # the heuristic's re-shard groups (``_group``)
         self._groups: dict = {}  # bit mask of mesh dims -> (dims, ranks in their group)
         self._kept: dict = {}  # (prev, step into state, state) -> successors kept by the
         # commuting-steps reduction (independent of the goal)
@@ -149,9 +150,8 @@ class _Context(_Bounds):
         )
         # the least latency of any collective (one on a single mesh dim, at least)
         self.alpha_floor = min([self.alpha_log[m] for m in self.active] or [0.0])
-        self.fastest = max(
-            [group_link(model, mesh, (m,)).bytes_per_s for m in self.active] or [1.0]
-        )
+        self.dim_bw = tuple(group_link(model, mesh, (m,)).bytes_per_s for m in range(mesh.ndim))
+        self.fastest = max([self.dim_bw[m] for m in self.active] or [1.0])
         # what the first rank lacks, in seconds per byte at least: the model charges an
         # all_to_all or all_permute (k-1)/k of its output, however much of it a rank
         # receives, so a byte received may cost as little as (k-1)/k of one on the link
@@ -272,6 +272,7 @@ class _Context(_Bounds):
             self._goal_info.clear()
             self._order_memo.clear()
             self._red_memo.clear()
+            self._group_memo.clear()
             self._h.clear()
             self._kept.clear()
             self._merges.clear()

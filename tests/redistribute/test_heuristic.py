@@ -268,3 +268,18 @@ def test_a_partial_dim_never_sharded_reduces_by_an_all_reduce():
     start, goal = ctx.intern(_state(src)), ctx.intern(_state(dst))
     total, _ = search(ctx, start, goal)
     assert ctx.heuristic(start, goal) >= 0.9 * total
+
+
+def test_dims_to_reshard_take_one_collective_over_all_of_them_or_more():
+    # three dims move from tensor dim 0 to 1: one all_permute over all of them moves 7/8
+    # of the tensor over the slow link (more than any one dim's all_to_all), or more
+    # collectives do it, each a launch more (the bound was 0.56 of the cheapest cost)
+    mesh, model = _two_nodes()
+    src = Spec(mesh, [Shard(0)] * 4, (1024, 1024))
+    dst = Spec(mesh, [Shard(1)] * 3 + [Partial()], (1024, 1024))
+    _check_bounds(src, dst, model, "time")
+    shards, ptargets = _universe(src, dst, src.ndim)
+    ctx = _fresh(src, model, shards, ptargets, "time")
+    start, goal = ctx.intern(_state(src)), ctx.intern(_state(dst))
+    total, _ = search(ctx, start, goal)
+    assert ctx.heuristic(start, goal) >= 0.62 * total
