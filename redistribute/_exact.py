@@ -6,6 +6,7 @@ dims leaves a piece empty) and StridedShards.
 
 from __future__ import annotations
 
+import bisect
 import functools
 import itertools
 
@@ -39,12 +40,37 @@ def _placement(sf: int):
 
 
 @functools.lru_cache(maxsize=1 << 16)
-def _piece(length: int, chain: tuple, coords: tuple) -> frozenset:
-    """The indices of a dim of ``length`` held at ``coords`` (one per link of ``chain``)."""
+def _piece(length: int, chain: tuple, coords: tuple) -> tuple:
+    """The indices of a dim of ``length`` held at ``coords`` (one per link of ``chain``),
+    as sorted, disjoint, non-adjacent intervals."""
     ivs = ((0, length),) if length else ()
     for (_, n, sf), c in zip(chain, coords, strict=True):
         ivs = shard_intervals(ivs, _placement(sf), n, c)
-    return frozenset(i for a, b in ivs for i in range(a, b))
+    return _merged(ivs)
+
+
+def _merged(ivs) -> tuple:
+    """The union of half-open intervals, as sorted, disjoint, non-adjacent intervals."""
+    out: list = []
+    for a, b in sorted(ivs):
+        if a >= b:
+            continue
+        if out and a <= out[-1][1]:
+            if b > out[-1][1]:
+                out[-1] = (out[-1][0], b)
+        else:
+            out.append((a, b))
+    return tuple(out)
+
+
+def _inside(piece: tuple, have: tuple) -> bool:
+    """Whether every interval of ``piece`` lies in the union ``have`` (``_merged``)."""
+    starts = [a for a, _ in have]
+    for a, b in piece:
+        k = bisect.bisect_right(starts, a) - 1
+        if k < 0 or have[k][1] < b:
+            return False
+    return True
 
 
 @functools.lru_cache(maxsize=1 << 18)
@@ -93,12 +119,13 @@ def _covers(length: int, src: tuple, dst: tuple, group: tuple) -> bool:
 
     for combo in itertools.product(*(range(size[x]) for x in others)):
         coord = dict(zip(others, combo, strict=True))
-        have: set[int] = set()
+        held: list = []
         for cs in itertools.product(*(range(size[x]) for x in read)):
             coord.update(zip(read, cs, strict=True))
-            have |= piece(src, coord)
+            held.extend(piece(src, coord))
+        have = _merged(held)
         for cs in itertools.product(*(range(size[x]) for x in written)):
             coord.update(zip(written, cs, strict=True))
-            if not piece(dst, coord) <= have:
+            if not _inside(piece(dst, coord), have):
                 return False
     return True

@@ -594,20 +594,20 @@ class _Context(_Bounds):
         after the prefix that does not start with the hub's entry there."""
         base, prefixes, nexts = hub
         free = [m for m, c in enumerate(base) if c == -1]
+        orders: dict = {}  # tensor dims of the free mesh dims -> their orders (below)
         out = []
         for assign in itertools.product(self.shards, repeat=len(free)):
             codes = list(base)
             for m, c in zip(free, assign, strict=True):
                 codes[m] = c
             codes = tuple(codes)
+            key = tuple([c[0] for c in assign])
+            per = orders.get(key)
+            if per is None:
+                per = orders[key] = _hub_orders(free, key, prefixes, nexts)
             options = []
-            for d, (prefix, nxt) in enumerate(zip(prefixes, nexts, strict=True)):
-                members = [m for m in free if codes[m][0] == d]
-                opts = [
-                    prefix + order
-                    for order in itertools.permutations(members)
-                    if not order or nxt == -1 or (order[0], codes[order[0]]) != nxt
-                ]
+            for every, others, m0, c0 in per:
+                opts = others if m0 >= 0 and codes[m0] == c0 else every
                 if not opts:
                     break
                 options.append(opts)
@@ -761,6 +761,25 @@ _CHAIN_MOVES: dict = {}
 _CHAIN_ENDS: dict = {}
 _MERGED_MOVES: dict = {}
 _MOVES_KEPT = 100000  # entries per memo before it starts over
+
+
+def _hub_orders(free: list, dims: tuple, prefixes: tuple, nexts: tuple) -> list:
+    """Per tensor dim ``d``, the orders a permute hub's targets may take when its free
+    mesh dims ``free`` shard the tensor dims ``dims``: ``(every order, those not
+    starting with the mesh dim m0, m0, c0)``, the latter for a target whose ``m0`` has
+    the placement ``c0`` (the hub's entry after the prefix, ``nexts[d]``: else its
+    common prefix with the source would be longer); ``m0 = -1`` when no order can start
+    with it."""
+    per = []
+    for d, (prefix, nxt) in enumerate(zip(prefixes, nexts, strict=True)):
+        members = [m for m, x in zip(free, dims, strict=True) if x == d]
+        every = [prefix + order for order in itertools.permutations(members)]
+        if nxt != -1 and nxt[0] in members:
+            others = [chain for chain in every if chain[len(prefix)] != nxt[0]]
+            per.append((every, others, nxt[0], nxt[1]))
+        else:
+            per.append((every, every, -1, None))
+    return per
 
 
 def _moves(memo: dict, prefix: tuple, state, generate) -> tuple:
