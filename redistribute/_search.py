@@ -606,8 +606,16 @@ class _Context(_Bounds):
             if per is None:
                 per = orders[key] = _hub_orders(free, key, prefixes, nexts)
             options = []
-            for every, others, m0, c0 in per:
-                opts = others if m0 >= 0 and codes[m0] == c0 else every
+            for entry in per:
+                m0 = entry[2]
+                if m0 >= 0 and codes[m0] == entry[3]:
+                    opts = entry[1]
+                    if opts is None:
+                        # the orders not starting with m0 (after the prefix)
+                        k = entry[4]
+                        opts = entry[1] = [chain for chain in entry[0] if chain[k] != m0]
+                else:
+                    opts = entry[0]
                 if not opts:
                     break
                 options.append(opts)
@@ -765,20 +773,19 @@ _MOVES_KEPT = 100000  # entries per memo before it starts over
 
 def _hub_orders(free: list, dims: tuple, prefixes: tuple, nexts: tuple) -> list:
     """Per tensor dim ``d``, the orders a permute hub's targets may take when its free
-    mesh dims ``free`` shard the tensor dims ``dims``: ``(every order, those not
-    starting with the mesh dim m0, m0, c0)``, the latter for a target whose ``m0`` has
-    the placement ``c0`` (the hub's entry after the prefix, ``nexts[d]``: else its
-    common prefix with the source would be longer); ``m0 = -1`` when no order can start
-    with it."""
+    mesh dims ``free`` shard the tensor dims ``dims``: ``[every order, those not starting
+    with the mesh dim m0 (None until asked for), m0, c0, prefix length]``, the latter for
+    a target whose ``m0`` has the placement ``c0`` (the hub's entry after the prefix,
+    ``nexts[d]``: else its common prefix with the source would be longer); ``m0 = -1``
+    when no order can start with it."""
     per = []
     for d, (prefix, nxt) in enumerate(zip(prefixes, nexts, strict=True)):
         members = [m for m, x in zip(free, dims, strict=True) if x == d]
         every = [prefix + order for order in itertools.permutations(members)]
         if nxt != -1 and nxt[0] in members:
-            others = [chain for chain in every if chain[len(prefix)] != nxt[0]]
-            per.append((every, others, nxt[0], nxt[1]))
+            per.append([every, None, nxt[0], nxt[1], len(prefix)])
         else:
-            per.append((every, every, -1, None))
+            per.append([every, every, -1, None, 0])
     return per
 
 
