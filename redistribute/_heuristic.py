@@ -48,7 +48,9 @@ class _Bounds:
         dims splits (:meth:`_reduce_weight`); a merged all_gather moves no fewer bytes
         than its dims' gathers in sequence, so it counts among them; a gather to undo a
         detour, or to re-shard by gather and slice, may ride in a merged step (no launch
-        of its own, unless no collective the count holds shares an alias with it).
+        of its own, unless no collective the count holds shares an alias with it); but
+        no step serves two dims no alias holds together, nor one dim twice
+        (:meth:`_apart`).
         """
         sid = state
         codes, chains = state = self.states[state]
@@ -88,17 +90,20 @@ class _Bounds:
                 # step; P -> S -> P' (P' not sum/avg of P) none; any other needs a collective
                 b = goal_codes[m]
                 # (and one that ends in a gather counts it in the gather sequence)
+                # (with the collectives it adds, and of those the ones charged here)
                 if a == R:
-                    e = (m, self.local_launch, ())
+                    e = (m, self.local_launch, (), 0, 0)
                 elif kind == 1 and b != R:
-                    e = (m, 0.0, ())
+                    e = (m, 0.0, (), 0, 0)
                 elif m in self.merge_dims:
-                    e = (m, 0.0, self.detour_items[m] if kind == 1 else ())
+                    e = (m, 0.0, self.detour_items[m] if kind == 1 else (), 1, 0)
                 else:
                     e = (
                         m,
                         self.launch + self.per_collective + self.alpha_log[m],
                         self.detour_items[m],
+                        1,
+                        1,
                     )
                 loose = (e,) if loose is None else loose + (e,)
             if kind == 0:
@@ -213,7 +218,10 @@ class _Bounds:
             bw_kept = bw_kept * full + red_lat
             if spare:
                 detour, items = self.detour, self.detour_items
-                spare_all = tuple((x, detour[x], items[x]) for x in spare)
+                merge_dims = self.merge_dims
+                spare_all = tuple(
+                    (x, detour[x], items[x], 1, 0 if x in merge_dims else 1) for x in spare
+                )
                 if loose:
                     spare_all += loose
             else:
@@ -230,13 +238,17 @@ class _Bounds:
                         extra = 0.0
                         more = ()
                         dmask = ride = 0
-                        for x, e, item in combo:
+                        adds = charged = 0
+                        for x, e, item, add, paid in combo:
                             n *= sizes[x]
                             extra += e
                             more += item
                             dmask |= 1 << x
                             if item:
                                 ride |= reach[x]
+                            if add:
+                                adds |= 1 << x
+                                charged += paid
                         mask = shard_mask | dmask
                         if ride and not ride & ((smask & ~dmask) | omask):
                             # alias dims' detours end in gathers that ride a merged step
@@ -245,6 +257,14 @@ class _Bounds:
                             # them (a detoured Partial dim's counted collective is its
                             # reduce-scatter, before): else it is one more
                             extra += ride_launch
+                            charged += 1
+                        if adds and self.aliases:
+                            # collectives apart: no step serves two dims no alias holds
+                            # both of, nor one dim twice (a detoured Partial dim reduces,
+                            # then gathers)
+                            apart = self._apart(smask, adds, omask) - count - charged
+                            if apart > 0:
+                                extra += apart * (self.launch + self.per_collective)
                         # (a Partial dim reduces unsharded: ``_reduce_weight``)
                         if red is None:
                             w = w_rest
@@ -331,6 +351,41 @@ class _Bounds:
                         best = r * grow
                 w += dw * best
             v = self._red_memo[key] = (w, lat)
+        return v
+
+    def _apart(self, smask: int, adds: int, omask: int) -> int:
+        """Collectives a plan needs at least when each dim of ``smask`` needs one (a
+        gather or reduction), each of ``adds`` one more (a detour's gather, or a Partial
+        dim's reduce-scatter) and the dims of ``omask`` one among them (a re-shard): the
+        heaviest set of those needs no step can serve two of (dims no alias holds
+        together; a permute serves re-shards only)."""
+        key = (smask, adds, omask)
+        v = self._apart_memo.get(key)
+        if v is None:
+            nodes = [
+                (1 << m, (smask >> m & 1) + (adds >> m & 1), self.alias_reach[m] | 1 << m)
+                for m in range(len(self.sizes))
+                if (smask | adds) >> m & 1
+            ]
+            if omask:
+                reach = omask
+                for m in range(len(self.sizes)):
+                    if omask >> m & 1:
+                        reach |= self.alias_reach[m]
+                nodes.append((0, 1, reach))
+            v = 0
+            for k in range(1, len(nodes) + 1):
+                for combo in itertools.combinations(nodes, k):
+                    chosen = blocked = weight = 0
+                    for bit, w, reach in combo:
+                        if (bit & blocked) if bit else (reach & chosen):
+                            break
+                        chosen |= bit
+                        blocked |= reach
+                        weight += w
+                    else:
+                        v = max(v, weight)
+            self._apart_memo[key] = v
         return v
 
     def _group(self, smask: int, omask: int) -> tuple[bool, int, float]:

@@ -137,6 +137,7 @@ class _Context(_Bounds):
         self._order_memo: dict = {}  # the heuristic's gather and scatter orders (``_orders``)
         self._red_memo: dict = {}  # the heuristic's reduction weights (``_reduce_weight``)
         self._group_memo: dict = {}  # the heuristic's re-shard groups (``_group``)
+        self._apart_memo: dict = {}  # the heuristic's collectives apart (``_apart``)
         self._groups: dict = {}  # bit mask of mesh dims -> (dims, ranks in their group)
         self._kept: dict = {}  # (prev, step into state, state) -> successors kept by the
         # commuting-steps reduction (independent of the goal)
@@ -273,6 +274,7 @@ class _Context(_Bounds):
             self._order_memo.clear()
             self._red_memo.clear()
             self._group_memo.clear()
+            self._apart_memo.clear()
             self._h.clear()
             self._kept.clear()
             self._merges.clear()
