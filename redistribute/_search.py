@@ -125,6 +125,7 @@ class _Context(_Bounds):
         self._hubs: dict = {}  # state -> its transitions into permute hubs
         self._members: dict = {}  # permute hub node -> its transitions out
         self._floor: dict = {}  # state -> lower bound of their prices
+        self._merge_floors: dict = {}  # state -> lower bound of its merged steps' prices
         self._coef: dict = {}
         self._overlap: dict = {}
         self._pieces: dict = {}  # (tensor dim, order, placements) -> piece id
@@ -216,21 +217,6 @@ class _Context(_Bounds):
         # dims; a merged all_reduce moves (N-1)/N of its input, less than its dims' shares
         # summed, so those dims' reduce weights shrink to fit
         self.widest = max((len(d) for _, d in self.aliases), default=1)
-        # a lower bound on every merged step's price: its launch and its group's latency
-        # (a merged step's group has at least two ranks per dim)
-        hw = self.model.profile
-        self.merge_floor = (
-            hw.launch_s
-            + self.per_collective
-            + min(
-                (
-                    group_link(self.model, self.mesh, dims).latency_s
-                    * math.ceil(math.log2(math.prod(self.sizes[m] for m in dims)))
-                    for _, dims in self.aliases
-                ),
-                default=0.0,
-            )
-        )
         # a merged reduction over an alias's N ranks moves (N-1)/N of its input, ``r`` of
         # what its dims' single-dim reductions would move on that input; but it runs with
         # every dim of the alias Partial, so on an input none of them splits (the
@@ -265,6 +251,7 @@ class _Context(_Bounds):
             self._hubs.clear()
             self._members.clear()
             self._floor.clear()
+            self._merge_floors.clear()
             self._overlap.clear()
             self._pieces.clear()
             self._piece_list.clear()
@@ -545,6 +532,35 @@ class _Context(_Bounds):
             if not exact_covers(self.shape[d], src, dst, group):
                 return False
         return True
+
+    def merges_floor(self, i: int) -> float:
+        """A lower bound on the price of every merged step from state ``i`` (inf: none):
+        over the aliases whose dims are all sharded (a merged all_gather or all_to_all) or
+        all Partial (all_reduce, reduce_scatter), the step's price on this input and the
+        least output any step can have (the tensor split over every dim sharded here and
+        the alias's)."""
+        f = self._merge_floors.get(i)
+        if f is None:
+            codes = self.states[i][0]
+            b_in = self._nbytes[i]
+            split = math.prod(self.sizes[m] for m in self.active if type(codes[m]) is tuple)
+            f = math.inf
+            for _, dims in self.aliases:
+                if all(type(codes[m]) is tuple for m in dims):
+                    n = math.prod(self.sizes[m] for m in dims)
+                    kinds = (("all_gather", n), ("all_to_all", n))
+                elif all(type(codes[m]) is int and codes[m] != R for m in dims):
+                    kinds = (("all_reduce", 1), ("reduce_scatter", 1))
+                else:
+                    continue
+                least = self.total_bytes / (split * math.prod(self.sizes[m] for m in dims))
+                for kind, n_send in kinds:
+                    c = self._coefs(dims, kind, n_send)
+                    v = c[0] + c[1] * b_in + c[2] * least
+                    if v < f:
+                        f = v
+            self._merge_floors[i] = f
+        return f
 
     def permute_floor(self, i: int) -> float:
         """A lower bound on the price of every all_permute from state ``i`` (inf: none)."""
@@ -1025,9 +1041,10 @@ def search(ctx: _Context, start: int, goal: int):
         relax(i, g, h, succ)
         if merges_on:
             # the merged steps of state i, generated only once a plan through one may
-            # still be the cheapest (each costs at least a launch and its group's latency)
-            floor = ctx.merge_floor
-            push(heap, (g + (floor if floor > h else h), neg_g, next(counter), _Merges(i)))
+            # still be the cheapest (``merges_floor``)
+            floor = ctx.merges_floor(i)
+            if floor < math.inf:
+                push(heap, (g + (floor if floor > h else h), neg_g, next(counter), _Merges(i)))
         floor = ctx.permute_floor(i)
         if floor < math.inf:
             # every permute leads to a state ranked at least this
