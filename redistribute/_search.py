@@ -214,8 +214,7 @@ class _Context(_Bounds):
         # the shape-free merged moves (``_MERGED_MOVES``) depend on the aliases' dims too
         self._merges_key = (self._moves_key, tuple(dims for _, dims in self.aliases))
         # the heuristic's allowances for merged steps: one collective may serve ``widest``
-        # dims; a merged all_reduce moves (N-1)/N of its input, less than its dims' shares
-        # summed, so those dims' reduce weights shrink to fit
+        # dims
         self.widest = max((len(d) for _, d in self.aliases), default=1)
         # a merged reduction over an alias's N ranks moves (N-1)/N of its input, ``r`` of
         # what its dims' single-dim reductions would move on that input; but it runs with
