@@ -104,7 +104,7 @@ def shard(tensor: torch.Tensor, spec: Spec) -> dict[int, torch.Tensor]:
     {0: tensor([0, 1]), 1: tensor([2])}
     """
     _check_tensor(tensor, spec)
-    return {rank: _local(tensor, spec, rank) for rank in _ranks(spec)}
+    return {rank: _local(tensor, spec, rank) for rank in first_instance(spec.mesh)}
 
 
 def unshard(locals_: dict[int, torch.Tensor], spec: Spec) -> torch.Tensor:
@@ -122,7 +122,7 @@ def unshard(locals_: dict[int, torch.Tensor], spec: Spec) -> torch.Tensor:
             f"unshard takes a mapping rank -> local tensor, got {type(locals_).__name__}",
             value=locals_,
         )
-    ranks = _ranks(spec)
+    ranks = first_instance(spec.mesh)
     missing = [r for r in ranks if r not in locals_]
     if missing:
         raise PlacementError(
@@ -230,12 +230,6 @@ def _place(target: torch.Tensor, per_dim: tuple[Intervals, ...], local: torch.Te
 def _check_spec(spec) -> None:
     if not isinstance(spec, Spec):
         raise PlacementError(f"expected a Spec, got {spec!r}", value=spec)
-
-
-def _ranks(spec: Spec) -> tuple[int, ...]:
-    # All ranks of the first mesh instance (a sliced mesh stands for a family: use the
-    # instance containing its first rank).
-    return first_instance(spec.mesh)
 
 
 def _check_tensor(tensor: torch.Tensor, spec: Spec) -> None:

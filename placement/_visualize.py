@@ -12,11 +12,6 @@ from ._types import Partial
 __all__ = ["visualize"]
 
 
-def _instance_ranks(spec: Spec) -> tuple[int, ...]:
-    # A sliced mesh stands for a family of submeshes: picture the first instance.
-    return first_instance(spec.mesh)
-
-
 def _rank_label(ranks: list[int]) -> str:
     """``0,1,4`` with runs of three or more written ``a-b``."""
     if not ranks:
@@ -123,7 +118,7 @@ def visualize(spec: Spec) -> str:
             "2-D view of it (e.g. merge or drop dims in a spec of your own)",
             value=spec,
         )
-    ranks = _instance_ranks(spec)
+    ranks = first_instance(spec.mesh)
     held = {r: local_intervals(spec, r) for r in ranks}
     empty = [r for r in ranks if any(not ivs for ivs in held[r])]
     lines = [f"{spec} on {spec.mesh}"]

@@ -29,10 +29,6 @@ class StepReport:
     cost: Cost
 
 
-def _ranks(mesh) -> tuple[int, ...]:
-    return first_instance(mesh)
-
-
 def step_report(step: Step, model: CostModel | None = None) -> StepReport:
     """Groups, bytes sent/received and peak memory per rank, and the price of one step.
 
@@ -51,7 +47,7 @@ def step_report(step: Step, model: CostModel | None = None) -> StepReport:
     src, dst = step.src, step.dst
     mesh = src.mesh
     item = dtype_itemsize(src.dtype)
-    ranks = _ranks(mesh)
+    ranks = first_instance(mesh)
     first = ranks[0]
     group = mesh.group_of(first, step.mesh_dims)
     names = ",".join(mesh.names[m] for m in step.mesh_dims)

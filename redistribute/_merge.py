@@ -276,7 +276,7 @@ def _exact_valid(src, dst, dims, kind) -> bool:
 
     step = Step(dims, src, dst, kind)
     try:
-        for r in _ranks(src.mesh):
+        for r in first_instance(src.mesh):
             if kind == "reduce_scatter":
                 reduce_blocks(step, r)
             else:
@@ -284,10 +284,6 @@ def _exact_valid(src, dst, dims, kind) -> bool:
     except PlanError:
         return False
     return True
-
-
-def _ranks(mesh):
-    return first_instance(mesh)
 
 
 # -- commuting steps so that like-kind ones meet --------------------------------------------
