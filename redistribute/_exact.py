@@ -63,9 +63,9 @@ def _merged(ivs) -> tuple:
     return tuple(out)
 
 
-def _inside(piece: tuple, have: tuple) -> bool:
-    """Whether every interval of ``piece`` lies in the union ``have`` (``_merged``)."""
-    starts = [a for a, _ in have]
+def _inside(piece: tuple, have: tuple, starts: list) -> bool:
+    """Whether every interval of ``piece`` lies in the union ``have`` (``_merged``; its
+    intervals' starts ``starts``)."""
     for a, b in piece:
         k = bisect.bisect_right(starts, a) - 1
         if k < 0 or have[k][1] < b:
@@ -124,8 +124,9 @@ def _covers(length: int, src: tuple, dst: tuple, group: tuple) -> bool:
             coord.update(zip(read, cs, strict=True))
             held.extend(piece(src, coord))
         have = _merged(held)
+        starts = [a for a, _ in have]
         for cs in itertools.product(*(range(size[x]) for x in written)):
             coord.update(zip(written, cs, strict=True))
-            if not _inside(piece(dst, coord), have):
+            if not _inside(piece(dst, coord), have, starts):
                 return False
     return True

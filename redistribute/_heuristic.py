@@ -368,11 +368,7 @@ class _Bounds:
                 if (smask | adds) >> m & 1
             ]
             if omask:
-                reach = omask
-                for m in range(len(self.sizes)):
-                    if omask >> m & 1:
-                        reach |= self.alias_reach[m]
-                nodes.append((0, 1, reach))
+                nodes.append((0, 1, omask | self._reach(omask)))
             v = 0
             for k in range(1, len(nodes) + 1):
                 for combo in itertools.combinations(nodes, k):
@@ -388,6 +384,14 @@ class _Bounds:
             self._apart_memo[key] = v
         return v
 
+    def _reach(self, mask: int) -> int:
+        """The mesh dims (a bit mask) some alias holds together with a dim of ``mask``."""
+        reach = 0
+        for m, r in enumerate(self.alias_reach):
+            if mask >> m & 1:
+                reach |= r
+        return reach
+
     def _group(self, smask: int, omask: int) -> tuple[bool, int, float]:
         """For the dims to re-shard (bit mask ``omask``) and to gather or reduce
         (``smask``): whether no alias holds dims of both (so no collective serves both),
@@ -398,9 +402,7 @@ class _Bounds:
         v = self._group_memo.get(key)
         if v is None:
             dims = [m for m in range(len(self.sizes)) if omask >> m & 1]
-            reach = 0
-            for m in dims:
-                reach |= self.alias_reach[m]
+            reach = self._reach(omask)
             alone = not reach & smask
             count = 1 + (self._cover(smask, 0) if self.aliases else bin(smask).count("1"))
             w = 0.0
