@@ -9,6 +9,7 @@ from __future__ import annotations
 import bisect
 import functools
 import itertools
+import math
 
 from meshplan.placement import Shard, StridedShard, shard_intervals
 
@@ -40,13 +41,15 @@ def _placement(sf: int):
 
 
 @functools.lru_cache(maxsize=1 << 16)
-def _piece(length: int, chain: tuple, coords: tuple) -> tuple:
-    """The indices of a dim of ``length`` held at ``coords`` (one per link of ``chain``),
-    as sorted, disjoint, non-adjacent intervals."""
-    ivs = ((0, length),) if length else ()
-    for (_, n, sf), c in zip(chain, coords, strict=True):
-        ivs = shard_intervals(ivs, _placement(sf), n, c)
-    return _merged(ivs)
+def _piece(length: int, links: tuple, coords: tuple) -> tuple:
+    """The indices of a dim of ``length`` held at ``coords`` (one per link of ``links``,
+    each ``(size, split_factor)``), as sorted, disjoint, non-adjacent intervals; built on
+    the piece of the links before the last (memoized too: checks share prefixes)."""
+    if not links:
+        return ((0, length),) if length else ()
+    n, sf = links[-1]
+    ivs = _piece(length, links[:-1], coords[:-1])
+    return _merged(shard_intervals(ivs, _placement(sf), n, coords[-1]))
 
 
 def _merged(ivs) -> tuple:
@@ -77,9 +80,15 @@ def _inside(piece: tuple, have: tuple, starts: list) -> bool:
 def exact_covers(length: int, src: tuple, dst: tuple, m) -> bool:
     """Exact check along one tensor dim of a step (see :func:`_covers`), on the check's
     canonical form: mesh dims renamed in order of appearance (the answer depends on their
-    sizes, split factors and order positions, not their names). An empty dim is covered."""
+    sizes, split factors and order positions, not their names), and a length every link
+    divides evenly taken down to the least such length. An empty dim is covered."""
     if not length:
         return True
+    # when every link of both orders divides evenly, each piece at ``k * base`` is the
+    # piece at ``base`` scaled by ``k``, and so is every union: the answer is the same
+    base = math.lcm(math.prod(n * sf for _, n, sf in src), math.prod(n * sf for _, n, sf in dst))
+    if length % base == 0:
+        length = base
     names: dict = {}
     for x, _, _ in src + dst:
         if x not in names:
@@ -114,19 +123,22 @@ def _covers(length: int, src: tuple, dst: tuple, group: tuple) -> bool:
     read = [x for x in group if any(y == x for y, _, _ in src)]
     written = [x for x in group if any(y == x for y, _, _ in dst)]
 
-    def piece(chain, coord):
-        return _piece(length, chain, tuple(coord[x] for x, _, _ in chain))
+    src_links = tuple((n, sf) for _, n, sf in src)
+    dst_links = tuple((n, sf) for _, n, sf in dst)
+
+    def piece(chain, links, coord):
+        return _piece(length, links, tuple([coord[x] for x, _, _ in chain]))
 
     for combo in itertools.product(*(range(size[x]) for x in others)):
         coord = dict(zip(others, combo, strict=True))
         held: list = []
         for cs in itertools.product(*(range(size[x]) for x in read)):
             coord.update(zip(read, cs, strict=True))
-            held.extend(piece(src, coord))
+            held.extend(piece(src, src_links, coord))
         have = _merged(held)
         starts = [a for a, _ in have]
         for cs in itertools.product(*(range(size[x]) for x in written)):
             coord.update(zip(written, cs, strict=True))
-            if not _inside(piece(dst, coord), have, starts):
+            if not _inside(piece(dst, dst_links, coord), have, starts):
                 return False
     return True

@@ -179,10 +179,13 @@ def test_the_exact_checks_canonical_form_keeps_its_answer(length, data):
     group = tuple(
         sorted(data.draw(st.sets(st.sampled_from(names), min_size=1, max_size=3), "group"))
     )
-    direct = E._covers.__wrapped__(length, src, dst, group)
-    assert E.exact_covers(length, src, dst, group) == direct
-    if len(group) == 1:
-        assert E.exact_covers(length, src, dst, group[0]) == direct
+    # also a length every link of both orders divides evenly (taken down to the least one)
+    base = math.lcm(math.prod(n * sf for _, n, sf in src), math.prod(n * sf for _, n, sf in dst))
+    for n in (length, base * data.draw(st.integers(1, 3), label="multiple of the even length")):
+        direct = E._covers.__wrapped__(n, src, dst, group)
+        assert E.exact_covers(n, src, dst, group) == direct
+        if len(group) == 1:
+            assert E.exact_covers(n, src, dst, group[0]) == direct
 
 
 @settings(SLOW, max_examples=min(settings.default.max_examples, 100))
