@@ -89,6 +89,8 @@ def exact_covers(length: int, src: tuple, dst: tuple, m) -> bool:
     base = math.lcm(math.prod(n * sf for _, n, sf in src), math.prod(n * sf for _, n, sf in dst))
     if length % base == 0:
         length = base
+        if not base & (base - 1):
+            return _bits_cover(base.bit_length() - 1, src, dst, (m,) if type(m) is int else m)
     names: dict = {}
     for x, _, _ in src + dst:
         if x not in names:
@@ -100,6 +102,34 @@ def exact_covers(length: int, src: tuple, dst: tuple, m) -> bool:
         tuple((names[x], n, sf) for x, n, sf in dst),
         tuple(sorted(names[x] for x in group if x in names)),
     )
+
+
+def _bit_owners(bits: int, chain: tuple) -> dict:
+    """Per mesh dim of ``chain`` (a shard order whose links are all powers of two and
+    divide a length of ``2**bits`` evenly), the bits of a global index its coordinate is,
+    most significant first (bit 0 is the index's most significant). A link of size
+    ``2**a`` and split factor ``2**s`` reads the ``a`` bits after the first ``s`` of those
+    no earlier link read: it splits each of ``2**s`` equal blocks of the current piece
+    into ``2**a`` runs, and the rank keeps its run of each."""
+    free = list(range(bits))
+    owners = {}
+    for x, n, sf in chain:
+        a, s = n.bit_length() - 1, sf.bit_length() - 1
+        owners[x] = tuple(free[s : s + a])
+        del free[s : s + a]
+    return owners
+
+
+def _bits_cover(bits: int, src: tuple, dst: tuple, group: tuple) -> bool:
+    """:func:`_covers` when every link of both orders is a power of two dividing the
+    length ``2**bits`` evenly. A rank's piece is the indices whose bits owned by each
+    link (:func:`_bit_owners`) spell that mesh dim's coordinate; what its group holds
+    under ``src`` fixes only the bits of the mesh dims outside the group, to the rank's
+    own coordinates. So every rank's piece under ``dst`` lies in it exactly when each such
+    mesh dim owns the very same bits, in the same order, under ``dst`` (any other bits,
+    or another order, let some coordinate disagree)."""
+    before, after = _bit_owners(bits, src), _bit_owners(bits, dst)
+    return all(x in group or n == 1 or after.get(x) == before[x] for x, n, _ in src)
 
 
 @functools.lru_cache(maxsize=1 << 18)

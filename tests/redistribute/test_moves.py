@@ -188,6 +188,27 @@ def test_the_exact_checks_canonical_form_keeps_its_answer(length, data):
             assert E.exact_covers(n, src, dst, group[0]) == direct
 
 
+@given(data=st.data())
+def test_the_exact_check_on_powers_of_two_reads_index_bits(data):
+    # sizes and split factors that are powers of two, on a length they all divide: the
+    # check compares which index bits each mesh dim's coordinate is (``_bits_cover``);
+    # the interval check must agree
+    sizes = data.draw(st.lists(st.sampled_from([1, 2, 4, 8]), min_size=1, max_size=5), "sizes")
+
+    def chain(label):
+        dims = data.draw(st.lists(st.sampled_from(range(len(sizes))), unique=True), label)
+        return tuple((m, sizes[m], data.draw(st.sampled_from([1, 1, 2, 4]))) for m in dims)
+
+    src, dst = chain("src"), chain("dst")
+    group = tuple(sorted(data.draw(st.sets(st.sampled_from(range(len(sizes))), min_size=1))))
+    base = math.lcm(math.prod(n * sf for _, n, sf in src), math.prod(n * sf for _, n, sf in dst))
+    length = base * data.draw(st.sampled_from([1, 2, 3]), label="multiple")
+    direct = E._covers.__wrapped__(length, src, dst, group)
+    event("covered" if direct else "not covered")
+    assert E._bits_cover(base.bit_length() - 1, src, dst, group) == direct
+    assert E.exact_covers(length, src, dst, group) == direct
+
+
 @settings(SLOW, max_examples=min(settings.default.max_examples, 100))
 @given(
     pair=spec_pairs(max_ranks=8, max_dims=3, max_aliases=2),
