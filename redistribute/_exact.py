@@ -41,14 +41,14 @@ def _placement(sf: int):
 
 
 @functools.lru_cache(maxsize=1 << 16)
-def _piece(length: int, links: tuple, coords: tuple) -> tuple:
+def piece(length: int, links: tuple, coords: tuple) -> tuple:
     """The indices of a dim of ``length`` held at ``coords`` (one per link of ``links``,
     each ``(size, split_factor)``), as sorted, disjoint, non-adjacent intervals; built on
     the piece of the links before the last (memoized too: checks share prefixes)."""
     if not links:
         return ((0, length),) if length else ()
     n, sf = links[-1]
-    ivs = _piece(length, links[:-1], coords[:-1])
+    ivs = piece(length, links[:-1], coords[:-1])
     return _merged(shard_intervals(ivs, _placement(sf), n, coords[-1]))
 
 
@@ -156,19 +156,19 @@ def _covers(length: int, src: tuple, dst: tuple, group: tuple) -> bool:
     src_links = tuple((n, sf) for _, n, sf in src)
     dst_links = tuple((n, sf) for _, n, sf in dst)
 
-    def piece(chain, links, coord):
-        return _piece(length, links, tuple([coord[x] for x, _, _ in chain]))
+    def at(chain, links, coord):
+        return piece(length, links, tuple([coord[x] for x, _, _ in chain]))
 
     for combo in itertools.product(*(range(size[x]) for x in others)):
         coord = dict(zip(others, combo, strict=True))
         held: list = []
         for cs in itertools.product(*(range(size[x]) for x in read)):
             coord.update(zip(read, cs, strict=True))
-            held.extend(piece(src, src_links, coord))
+            held.extend(at(src, src_links, coord))
         have = _merged(held)
         starts = [a for a, _ in have]
         for cs in itertools.product(*(range(size[x]) for x in written)):
             coord.update(zip(written, cs, strict=True))
-            if not _inside(piece(dst, dst_links, coord), have, starts):
+            if not _inside(at(dst, dst_links, coord), have, starts):
                 return False
     return True

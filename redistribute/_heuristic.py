@@ -9,7 +9,7 @@ from __future__ import annotations
 import itertools
 import math
 
-from meshplan.placement import Shard, StridedShard, shard_intervals
+from ._exact import piece
 
 R = 0  # the code of Replicate; Partial sum/avg/max/min are 1..4 (see ``_search``)
 SUMAVG = (1, 2)  # the Partial codes that mix
@@ -511,14 +511,8 @@ class _Bounds:
         return ids
 
     def _piece0_uncached(self, d, chain, codes):
-        length = self.shape[d]
-        ivs = ((0, length),) if length else ()
-        for m in chain:
-            sf = codes[m][1]
-            ivs = shard_intervals(
-                ivs, Shard(d) if sf == 1 else StridedShard(d, sf), self.sizes[m], 0
-            )
-        return ivs
+        links = tuple([(self.sizes[m], codes[m][1]) for m in chain])
+        return piece(self.shape[d], links, (0,) * len(chain))
 
 
 def _sequences_uncached(gathers, scatters, more) -> tuple[float, float]:
