@@ -22,6 +22,7 @@ from ._local import (
     local_intervals,
     local_numel,
     local_shape,
+    same_layout,
     shard_intervals,
 )
 from ._pspec import PartitionSpec, from_partition_spec, partition_spec
@@ -85,6 +86,7 @@ __all__ = [
     "local_shape",
     "parse_placements",
     "partition_spec",
+    "same_layout",
     "partial_keeps",
     "gather_index",
     "shard",

@@ -18,7 +18,7 @@ from meshplan.errors import PlacementError
 from meshplan.layout._ints import int_or_same
 
 from ._spec import Spec
-from ._types import Shard, StridedShard
+from ._types import Partial, Shard, StridedShard, is_shard_like
 
 __all__ = [
     "Chunk",
@@ -30,6 +30,7 @@ __all__ = [
     "local_shape",
     "global_offset",
     "local_numel",
+    "same_layout",
 ]
 
 Intervals = tuple[tuple[int, int], ...]  # ((start, stop), ...) in local storage order
@@ -295,3 +296,68 @@ def local_chunks(spec: Spec, rank: int) -> tuple[Chunk, ...]:
     return tuple(
         Chunk(tuple(a for a, _ in box), tuple(b - a for a, b in box)) for box in product(*per_dim)
     )
+
+
+def same_layout(a: Spec, b: Spec) -> bool:
+    """Whether ``a`` and ``b`` give every rank the same local tensor: the same mesh, shape
+    and dtype, the same placement on each Partial mesh dim, and on every rank the same
+    global indices in the same local order along every tensor dim. Such specs may still
+    differ as values (a StridedShard against a shard order that chunks alike, say), but
+    taking a tensor from one to the other moves and changes nothing.
+
+    >>> from meshplan.layout import Mesh
+    >>> mesh = Mesh.create((2, 2), ("dp", "tp"))
+    >>> fsdp_tp = Spec(mesh, (StridedShard(0, 2), Shard(0)), (8, 4))
+    >>> ordered = Spec(mesh, (Shard(0), Shard(0)), (8, 4), shard_order={0: ("tp", "dp")})
+    >>> fsdp_tp == ordered, same_layout(fsdp_tp, ordered)
+    (False, True)
+    >>> mesh = Mesh.create((4, 2), ("dp", "tp"))
+    >>> [same_layout(Spec(mesh, (StridedShard(0, 2), Shard(0)), (n, 4)),
+    ...              Spec(mesh, (Shard(0), Shard(0)), (n, 4), shard_order={0: (1, 0)}))
+    ...  for n in (8, 9)]
+    [True, False]
+    """
+    _need_spec(a)
+    _need_spec(b)
+    # (identity, not ``==``, first: torch.compile traces the planner, and ``==`` of
+    # hash-caching values breaks its graph; equal specs pass the checks below anyway)
+    if a is b:
+        return True
+    if (a.mesh is not b.mesh and a.mesh != b.mesh) or a.shape != b.shape or a.dtype != b.dtype:
+        return False
+    empty = 0 in a.shape
+    for x, y in zip(a.placements, b.placements, strict=True):
+        if isinstance(x, Partial) or isinstance(y, Partial):
+            if x != y:
+                return False
+        elif not empty and (
+            is_shard_like(x) != is_shard_like(y) or (is_shard_like(x) and x.dim != y.dim)
+        ):
+            # a mesh dim sharding a tensor dim that is not empty splits it into pieces
+            # that are not all alike; one sharding another dim (or none) does not
+            return False
+    sizes = a.mesh.shape
+    for d in range(a.ndim):
+        dims = sorted(set(a.order(d)) | set(b.order(d)))
+        coord = [0] * len(sizes)
+        for combo in product(*(range(sizes[m]) for m in dims)):
+            for m, c in zip(dims, combo, strict=True):
+                coord[m] = c
+            here = tuple(coord)
+            if _joined(_dim_intervals(a, here, d)) != _joined(_dim_intervals(b, here, d)):
+                return False
+    return True
+
+
+def _joined(ivs: Intervals) -> Intervals:
+    """``ivs`` with each interval that starts where the one before stops joined to it
+    (the same indices in the same order, written one way), empty ones dropped."""
+    out: list[tuple[int, int]] = []
+    for lo, hi in ivs:
+        if lo >= hi:
+            continue
+        if out and out[-1][1] == lo:
+            out[-1] = (out[-1][0], hi)
+        else:
+            out.append((lo, hi))
+    return tuple(out)

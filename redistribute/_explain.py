@@ -110,7 +110,8 @@ def explain(plan: Plan, model: CostModel | None = None) -> str:
     plan = as_plan(plan, "explain")
     head = f"Plan {plan.src} -> {plan.dst} on {plan.src.mesh}"
     if not plan.steps:
-        return head + ": nothing to do (the specs are equal)"
+        same = "the specs are equal" if plan.src == plan.dst else "every rank holds its target"
+        return f"{head}: nothing to do ({same})"
     rows = [
         (
             "#",

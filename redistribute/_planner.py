@@ -44,7 +44,15 @@ import math
 from meshplan.errors import PlanError
 from meshplan.layout import FrozenMap, Mesh
 from meshplan.layout._ints import as_bool, as_int
-from meshplan.placement import Partial, Replicate, Shard, Spec, StridedShard, dtype_itemsize
+from meshplan.placement import (
+    Partial,
+    Replicate,
+    Shard,
+    Spec,
+    StridedShard,
+    dtype_itemsize,
+    same_layout,
+)
 
 from ._cost import OBJECTIVES, CostModel, as_model, collective_weight
 from ._exact import exact_covers
@@ -281,7 +289,8 @@ def _min_cost_plan(
     """The cheapest plan of single-dim steps, permutes and (with ``merge``) steps merged
     onto the mesh's aliases, and its steps' prices."""
     start_state, goal_state = _state(src), _state(dst)
-    if start_state == goal_state:
+    if start_state == goal_state or same_layout(src, dst):
+        # every rank holds its target already (the specs may say so in two ways)
         return _plan_value(src, dst, ()), ()
     shards, ptargets = _universe_of(start_state[0], goal_state[0], src.ndim)
     # a plan shared across the tensor sizes of a family (no context needed), else the

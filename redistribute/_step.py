@@ -7,7 +7,7 @@ from collections.abc import Sequence
 import attrs
 
 from meshplan.errors import PlanError
-from meshplan.placement import Spec
+from meshplan.placement import Spec, same_layout
 
 __all__ = ["Step", "Plan", "COLLECTIVES", "reduce_op"]
 
@@ -191,7 +191,8 @@ def _orders_for(spec: Spec, dims: tuple[int, ...]) -> dict[int, tuple[int, ...]]
 
 @attrs.frozen(repr=False, cache_hash=True)
 class Plan:
-    """A sequence of steps turning ``src`` into ``dst`` (each step's dst is the next's src).
+    """A sequence of steps turning ``src`` into ``dst`` (each step's dst is the next's src;
+    the last one's holds ``dst``'s layout: :func:`~meshplan.placement.same_layout`).
 
     >>> from meshplan.layout import Mesh
     >>> from meshplan.placement import Replicate, Shard
@@ -220,8 +221,12 @@ class Plan:
                     value=self,
                 )
             cur = step.dst
-        if cur != self.dst:
-            raise PlanError(f"plan ends at {cur}, not at its target {self.dst}", value=self)
+        if cur != self.dst and not same_layout(cur, self.dst):
+            raise PlanError(
+                f"plan ends at {cur}, which is not its target {self.dst} and gives some rank "
+                "another local tensor",
+                value=self,
+            )
 
     def __len__(self) -> int:
         return len(self.steps)

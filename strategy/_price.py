@@ -143,12 +143,17 @@ def _dim_bound(src: Spec, m: int, q: Placement, model) -> tuple[float, bool]:
     p = src.placements[m]
     if p == q or src.mesh.shape[m] == 1:
         return 0.0, False
+    kp, kq = _kind(p), _kind(q)
+    if "P" not in (kp, kq) and (0 in src.shape or (kp == kq == "S" and p.dim == q.dim)):
+        # the target may hold the source's layout already (``same_layout``: a
+        # StridedShard written as a shard order, any unreduced placements of an empty
+        # tensor), and then the plan has no step
+        return 0.0, False
     local, gather, a2a, permute, allreduce, scatter = _dim_steps(
         model, src.mesh, m, min_local_bytes(src)
     )
     reduce = min(allreduce, scatter)
     leave_shard = min(gather, a2a, permute, reduce)
-    kp, kq = _kind(p), _kind(q)
     bound = min(local, leave_shard)  # every change takes at least one step over m
     if kp == "P" and (kq != "P" or {p.op, q.op} != {"sum", "avg"}):
         bound = max(bound, reduce)  # a Partial only leaves by reducing

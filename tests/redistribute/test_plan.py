@@ -20,6 +20,7 @@ from meshplan.placement import (
     StridedShard,
     local_numel,
     parse_placements,
+    same_layout,
 )
 from meshplan.redistribute import (
     CostModel,
@@ -437,3 +438,37 @@ def test_concurrent_plans_share_search_tables_safely():
     clear_plan_cache()
     alone = [plan(a, b) for a, b in pairs]
     assert together == alone
+
+
+@given(
+    sizes=st.sampled_from([(2, 2), (4, 2), (3, 2), (2, 4), (3, 4)]),
+    length=st.integers(1, 24),
+)
+def test_a_spec_holding_the_targets_layout_already_plans_no_steps(sizes, length):
+    # torch 2.13 writes the shard order "tp, then dp" as (StridedShard(0, tp), Shard(0))
+    # (FSDP2 x TP weights); where every chunk is even, both put the same rows on every
+    # rank, so going from one to the other moves nothing. Where they differ, a plan moves
+    # data and delivers.
+    mesh = Mesh.create(sizes, ("dp", "tp"))
+    shape = (length, 3)
+    strided = Spec(mesh, (StridedShard(0, sizes[1]), Shard(0)), shape, "float64")
+    ordered = Spec(mesh, (Shard(0), Shard(0)), shape, "float64", shard_order={0: (1, 0)})
+    same = same_layout(strided, ordered)
+    if length % (sizes[0] * sizes[1]) == 0:
+        assert same
+    for a, b in ((strided, ordered), (ordered, strided)):
+        p = plan(a, b)
+        assert (p.steps == ()) == same
+        assert delivers(p, values(shape))
+        if same:
+            assert cost(p).total == 0.0
+            assert "nothing to do (every rank holds its target)" in p.explain()
+
+
+def test_a_plan_may_end_at_a_spec_of_the_targets_layout():
+    mesh = Mesh.create((2, 2), ("dp", "tp"))
+    strided = Spec(mesh, (StridedShard(0, 2), Shard(0)), (8, 4))
+    ordered = Spec(mesh, (Shard(0), Shard(0)), (8, 4), shard_order={0: (1, 0)})
+    assert Plan(strided, ordered, ()).steps == ()
+    with pytest.raises(PlanError, match="gives some rank another local tensor"):
+        Plan(strided, Spec(mesh, (Shard(0), Shard(0)), (8, 4)), ())

@@ -35,6 +35,7 @@ from meshplan.placement import (
     Spec,
     StridedShard,
     is_shard_like,
+    same_layout,
     shard,
     unshard,
 )
@@ -143,7 +144,12 @@ def brute_force(
 
     On a mesh with aliases, a step may also run one collective over every dim of an alias:
     from any spec, wherever a chain of like-kind single-dim steps over those dims leads
-    (each dim once, any order), if the exchange bookkeeping accepts it as one step."""
+    (each dim once, any order), if the exchange bookkeeping accepts it as one step.
+
+    A source that holds the target's layout already (``same_layout``) needs no step."""
+    zero = (0, 0.0) if fewest_collectives else 0.0
+    if same_layout(src, dst):
+        return zero, []
     specs = _all_specs(src, dst)
     assert src in specs and dst in specs
     mesh = src.mesh
@@ -199,7 +205,6 @@ def brute_force(
                 if kind is not False and _only_moves(s, t, m):
                     yield Step((m,), s, t, kind)
 
-    zero = (0, 0.0) if fewest_collectives else 0.0
     best = {src: zero}
     parent: dict = {src: None}
     heap = [(zero, 0, src)]
