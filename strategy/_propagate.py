@@ -14,7 +14,7 @@ from typing import Any
 import torch
 
 from meshplan.errors import StrategyError
-from meshplan.placement import Spec, local_shape
+from meshplan.placement import Spec, local_shape, same_layout
 
 from ._expand import check_inputs, check_op
 from ._reference import run_local
@@ -174,7 +174,7 @@ def propagate(
     choice = select(op, [x.spec for x in inputs], ruleset, cost_model, "search", **args)
     locals_ = []
     for i, (x, dst) in enumerate(zip(inputs, choice.input_specs, strict=True)):
-        if x.spec == dst:
+        if same_layout(x.spec, dst):  # nothing moves (the specs may still differ)
             locals_.append(x.local)
             continue
         from meshplan.redistribute import ProcessGroups
