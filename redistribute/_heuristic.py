@@ -9,7 +9,7 @@ from __future__ import annotations
 import itertools
 import math
 
-from ._exact import piece
+from ._exact import _bit_owners, piece
 
 R = 0  # the code of Replicate; Partial sum/avg/max/min are 1..4 (see ``_search``)
 SUMAVG = (1, 2)  # the Partial codes that mix
@@ -75,6 +75,8 @@ class _Bounds:
         scatters = None  # the same of the Partial dims to reduce-scatter (see below)
         red = None  # (mesh dim, weight) of the other Partial dims to reduce
         shard_mask = 0  # the mesh dims sharded here or in the goal
+        relabel = 0  # dims to take another shard placement of the same tiny tensor dim
+        rel_lat = rel_w = 0.0  # their latencies and heaviest weight, by a collective
         for m, table in tables:
             a = codes[m]
             e = table.get(a)
@@ -147,6 +149,18 @@ class _Bounds:
                 lw += self.sizes[m] if type(goal_codes[m]) is int else 1
             elif kind == 4:  # replicated in both
                 spare = (m,) if spare is None else spare + (m,)
+            elif kind == 6 and self._may_relabel(m, a[0], state, goal):
+                # a local step or a collective (see below)
+                relabel += 1
+                rel_lat += dlat
+                if dw > rel_w:
+                    rel_w = dw
+            elif kind == 6:  # its coordinate picks other indices: some collective
+                other = True
+                omask |= 1 << m
+                lat += dlat
+                if dw > w_other:
+                    w_other = dw
             else:  # same shard placement: is its order position right?
                 d = a[0]
                 chain, gchain = chains[d], goal_chains[d]
@@ -207,6 +221,17 @@ class _Bounds:
             n_spare *= self.sizes[x]
         # each local step writes at least the smallest local tensor it can run on
         local_copy = lw * self.copy * full / (unsplit * n_spare)
+        if relabel and not other:
+            # dims to take another shard placement of a tiny dim: each by a local step
+            # of its own (said another way: it writes a local tensor), or together in a
+            # collective the count leaves out (one that re-shards them, or a merged
+            # gather and then a slice each); with dims to re-shard, they may ride its
+            # collective
+            least = full / (unsplit * n_spare)
+            h += min(
+                relabel * (self.local_launch + self.copy * least),
+                self.launch + self.per_collective + rel_lat + rel_w * least,
+            )
         if gathers is None and scatters is None:
             seq = (0.0, 0.0)
         else:
@@ -471,7 +496,39 @@ class _Bounds:
             return (1, n, self.alpha_log[m], 0, wt[0])
         if type(b) is int:
             return (3, n, 0.0, 1, 0.0)
+        if a[0] == b[0] and self.tiny[a[0]]:
+            # another shard placement of the same tiny tensor dim: a local step that
+            # moves nothing may do it (``_search._Context._relabels``), or a collective
+            return (6, n, self.alpha_log[m], 0, self._reshard_weight(m))
         return (2, n, self.alpha_log[m], 0, self._reshard_weight(m))
+
+    def _may_relabel(self, m: int, d: int, state, goal: int) -> bool:
+        """Whether mesh dim ``m`` may reach its goal placement on tensor dim ``d`` by
+        local steps that move nothing. Not when every link of both orders of ``d`` is a
+        power of two dividing its length and ``m``'s coordinate reads other bits of an
+        index in the goal (``_exact._bit_owners``): no step but a collective over ``m``
+        changes which indices its coordinate picks. Otherwise, it may (an empty tensor's
+        ranks hold nothing: always)."""
+        if self.empty:
+            return True
+        codes, chains = state
+        goal_codes, goal_chains = self.states[goal]
+        chain, gchain = chains[d], goal_chains[d]
+        key = (m, d, chain, tuple([codes[x] for x in chain]), gchain, goal)
+        ok = self._relabel_memo.get(key)
+        if ok is None:
+            src = tuple((x, self.sizes[x], codes[x][1]) for x in chain)
+            dst = tuple((x, self.sizes[x], goal_codes[x][1]) for x in gchain)
+            base = math.lcm(
+                math.prod(n * sf for _, n, sf in src), math.prod(n * sf for _, n, sf in dst)
+            )
+            if self.shape[d] % base or base & (base - 1):
+                ok = True
+            else:
+                bits = base.bit_length() - 1
+                ok = _bit_owners(bits, src)[m] == _bit_owners(bits, dst).get(m)
+            self._relabel_memo[key] = ok
+        return ok
 
     def _reshard_weight(self, m: int) -> float:
         # a dim of an alias may re-shard by a merged gather and a slice: no copy counted

@@ -102,7 +102,8 @@ def empty_target(step: Step, rank: int, like: torch.Tensor) -> torch.Tensor:
 
 
 def apply_local(step: Step, rank: int, local: torch.Tensor) -> torch.Tensor:
-    """Run a local step (slice, Replicate/Shard -> Partial, sum <-> avg) on one rank."""
+    """Run a local step (slice, Replicate/Shard -> Partial, sum <-> avg, or a shard
+    placement said another way) on one rank."""
     segments = local_transform(step, rank)
     action, factor = partial_actions(step, rank)
     op = target_partial_op(step.dst)

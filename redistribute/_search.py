@@ -132,6 +132,7 @@ class _Context(_Bounds):
         self._piece_list: list = []  # piece id -> the first rank's index intervals
         self._state_pieces: dict = {}  # state -> its piece ids (``_pieces_of``)
         self._exacts: dict = {}  # ``_exact``'s answers
+        self._relabel_memo: dict = {}  # the heuristic's ``_may_relabel`` answers
         self._goal_info: dict = {}
         self._h: dict = {}
         self._covers: dict = {}  # the heuristic's collective counts (``_cover``)
@@ -256,6 +257,7 @@ class _Context(_Bounds):
             self._piece_list.clear()
             self._state_pieces.clear()
             self._exacts.clear()
+            self._relabel_memo.clear()
             self._goal_info.clear()
             self._order_memo.clear()
             self._red_memo.clear()
@@ -708,7 +710,54 @@ class _Context(_Bounds):
                         if touch is not None and code[0] != d:
                             touch = (d, code[0]) if last else None
                         add(dims, "all_to_all", t, touch, n)
+                if kind is None and self.tiny[d]:
+                    for t in self._relabels(state, m, d):
+                        add(dims, None, t, None)
         return tuple(out)
+
+    def _relabels(self, state, m: int, d: int) -> list:
+        """The states where mesh dim ``m`` shards tensor dim ``d`` with another shard
+        placement (anywhere in its order) and every rank keeps the very same piece: a
+        StridedShard and a shard order that chunk alike, say. Such a change is a local
+        step that moves nothing (an all_to_all would pay a launch to send nothing).
+        Tiny dims only: elsewhere two shard orders never hold the same pieces. The
+        answer depends on ``d``'s order and its placements alone (memoized on them)."""
+        codes, chains = state
+        chain = chains[d]
+        key = ("relabels", d, m, chain, tuple([codes[x] for x in chain]))
+        found = self._exacts.get(key)
+        if found is None:
+            rest = tuple([x for x in chain if x != m])
+            found = []
+            for code in self.shards:
+                if code[0] != d or code == codes[m]:
+                    continue
+                new_codes = _put(codes, m, code)
+                for i in range(len(rest) + 1):
+                    new_chain = rest[:i] + (m,) + rest[i:]
+                    t = (new_codes, _put(chains, d, new_chain))
+                    if self._same_pieces(state, d, t, new_chain):
+                        found.append((code, new_chain))
+            self._exacts[key] = found
+        return [(_put(codes, m, code), _put(chains, d, c)) for code, c in found]
+
+    def _same_pieces(self, state, d: int, new_state, new_chain) -> bool:
+        """Whether every rank holds the same piece of tensor dim ``d`` in ``state`` and
+        in ``new_state`` (whose order of ``d`` is ``new_chain``): the exact check, with no
+        group to read from, both ways."""
+        if self.empty:
+            return True
+        codes, new_codes = state[0], new_state[0]
+        chain = state[1][d]
+        src = tuple((x, self.sizes[x], codes[x][1]) for x in chain)
+        dst = tuple((x, self.sizes[x], new_codes[x][1]) for x in new_chain)
+        key = ("same", d, src, dst)
+        ok = self._exacts.get(key)
+        if ok is None:
+            length = self.shape[d]
+            ok = exact_covers(length, src, dst, ()) and exact_covers(length, dst, src, ())
+            self._exacts[key] = ok
+        return ok
 
     def _inserted(self, state, codes, chains, m, code, last=True):
         """``(state, touch)`` where mesh dim ``m`` takes shard ``code``, joining its tensor

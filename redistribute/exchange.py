@@ -234,6 +234,7 @@ def partial_actions(step: Step, rank: int) -> tuple[str, float]:
     * ``Replicate -> Partial(sum)``: only coordinate 0 keeps the value; others hold 0.
     * ``Shard -> Partial(op)``: own data kept, the rest neutral; avg scales by ``n``.
     * ``Partial(sum) <-> Partial(avg)``: scale by ``n`` (or ``1/n``).
+    * a shard placement to another that leaves every rank its piece: keep.
     """
     mesh = step.src.mesh
     coord = mesh.coordinate(rank)
@@ -259,6 +260,8 @@ def partial_actions(step: Step, rank: int) -> tuple[str, float]:
                 factor /= n
             case (Replicate(), _) if is_shard_like(b):
                 pass
+            case _ if is_shard_like(a) and is_shard_like(b):
+                pass  # another way to say the same pieces (``local_transform`` checks)
             case _:
                 raise PlanError(
                     f"local step {step} cannot turn {a} into {b} on mesh dim "
