@@ -86,7 +86,7 @@ def exact_covers(length: int, src: tuple, dst: tuple, m) -> bool:
         return True
     # when every link of both orders divides evenly, each piece at ``k * base`` is the
     # piece at ``base`` scaled by ``k``, and so is every union: the answer is the same
-    base = math.lcm(math.prod(n * sf for _, n, sf in src), math.prod(n * sf for _, n, sf in dst))
+    base = even_base(src, dst)
     if length % base == 0:
         length = base
         if not base & (base - 1):
@@ -102,6 +102,12 @@ def exact_covers(length: int, src: tuple, dst: tuple, m) -> bool:
         tuple((names[x], n, sf) for x, n, sf in dst),
         tuple(sorted(names[x] for x in group if x in names)),
     )
+
+
+def even_base(src: tuple, dst: tuple) -> int:
+    """The least length every link of both orders ``((mesh dim, size, split factor),
+    ...)`` divides evenly (the lengths that do are its multiples)."""
+    return math.lcm(math.prod(n * sf for _, n, sf in src), math.prod(n * sf for _, n, sf in dst))
 
 
 def _bit_owners(bits: int, chain: tuple) -> dict:

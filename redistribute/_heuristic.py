@@ -9,7 +9,7 @@ from __future__ import annotations
 import itertools
 import math
 
-from ._exact import _bit_owners, piece
+from ._exact import _bit_owners, even_base, piece
 
 R = 0  # the code of Replicate; Partial sum/avg/max/min are 1..4 (see ``_search``)
 SUMAVG = (1, 2)  # the Partial codes that mix
@@ -519,9 +519,7 @@ class _Bounds:
         if ok is None:
             src = tuple((x, self.sizes[x], codes[x][1]) for x in chain)
             dst = tuple((x, self.sizes[x], goal_codes[x][1]) for x in gchain)
-            base = math.lcm(
-                math.prod(n * sf for _, n, sf in src), math.prod(n * sf for _, n, sf in dst)
-            )
+            base = even_base(src, dst)
             if self.shape[d] % base or base & (base - 1):
                 ok = True
             else:
