@@ -104,6 +104,13 @@ def exact_covers(length: int, src: tuple, dst: tuple, m) -> bool:
     )
 
 
+def links(sizes, codes, chain) -> tuple:
+    """A shard order as the exact check reads it: ``(mesh dim, size, split factor)`` per
+    mesh dim of ``chain`` (``codes``: each mesh dim's shard code ``(tensor dim, split
+    factor)``, ``sizes``: the mesh's)."""
+    return tuple([(x, sizes[x], codes[x][1]) for x in chain])
+
+
 def even_base(src: tuple, dst: tuple) -> int:
     """The least length every link of both orders ``((mesh dim, size, split factor),
     ...)`` divides evenly (the lengths that do are its multiples)."""

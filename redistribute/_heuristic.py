@@ -9,7 +9,7 @@ from __future__ import annotations
 import itertools
 import math
 
-from ._exact import _bit_owners, even_base, piece
+from ._exact import _bit_owners, even_base, links, piece
 
 R = 0  # the code of Replicate; Partial sum/avg/max/min are 1..4 (see ``_search``)
 SUMAVG = (1, 2)  # the Partial codes that mix
@@ -517,8 +517,8 @@ class _Bounds:
         key = (m, d, chain, tuple([codes[x] for x in chain]), gchain, goal)
         ok = self._relabel_memo.get(key)
         if ok is None:
-            src = tuple((x, self.sizes[x], codes[x][1]) for x in chain)
-            dst = tuple((x, self.sizes[x], goal_codes[x][1]) for x in gchain)
+            src = links(self.sizes, codes, chain)
+            dst = links(self.sizes, goal_codes, gchain)
             base = even_base(src, dst)
             if self.shape[d] % base or base & (base - 1):
                 ok = True

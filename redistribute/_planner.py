@@ -7,9 +7,10 @@ The steps a plan may take (each a valid :class:`Step`):
   ``P(sum) <-> P(avg)`` (local scale), ``S -> R`` (all_gather), ``S(d) -> S(d')``
   (all_to_all; ``m`` moves to the end of ``d'``'s order), ``P -> R`` (all_reduce),
   ``P -> S`` (reduce_scatter); on a tiny dim, ``S(d) -> S'(d)`` as a local step where
-  every rank keeps its piece (a StridedShard and a shard order that chunk alike). A mesh dim leaves an order from its end (its group then
-  holds the parent piece); elsewhere, and joins it elsewhere, only where an exact check
-  on index intervals allows (tiny dims, StridedShards);
+  every rank keeps its piece (a StridedShard and a shard order that chunk alike). A
+  mesh dim leaves an order from its end (its group then holds the parent piece);
+  elsewhere, and joins it elsewhere, only where an exact check on index intervals
+  allows (tiny dims, StridedShards);
 * ``all_permute`` over several mesh dims sharded in both specs: a change of shard order,
   or of which dims shard which tensor dims, valid when per tensor dim the old and new
   orders share a prefix and differ only in the step's dims. Every such permute is a move;

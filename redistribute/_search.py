@@ -48,7 +48,7 @@ import threading
 from meshplan.placement import dtype_itemsize
 
 from ._cost import chain_extent, coefficients, collective_weight, group_link
-from ._exact import _may_empty, _smallest_piece, exact_covers
+from ._exact import _may_empty, _smallest_piece, exact_covers, links
 from ._heuristic import SUMAVG, R, _Bounds
 
 __all__ = [
@@ -528,8 +528,8 @@ class _Context(_Bounds):
                 continue
             if shape_free and not self.tiny[d]:
                 return False
-            src = tuple((m, sizes[m], codes[m][1]) for m in x)
-            dst = tuple((m, sizes[m], new_codes[m][1]) for m in y)
+            src = links(sizes, codes, x)
+            dst = links(sizes, new_codes, y)
             if not exact_covers(self.shape[d], src, dst, group):
                 return False
         return True
@@ -749,8 +749,8 @@ class _Context(_Bounds):
             return True
         codes, new_codes = state[0], new_state[0]
         chain = state[1][d]
-        src = tuple((x, self.sizes[x], codes[x][1]) for x in chain)
-        dst = tuple((x, self.sizes[x], new_codes[x][1]) for x in new_chain)
+        src = links(self.sizes, codes, chain)
+        dst = links(self.sizes, new_codes, new_chain)
         key = ("same", d, src, dst)
         ok = self._exacts.get(key)
         if ok is None:
@@ -809,8 +809,8 @@ class _Context(_Bounds):
     def _exact_uncached(self, state, d, new_state, new_chain, m) -> bool:
         codes, chains = state
         new_codes = new_state[0]
-        src = tuple((x, self.sizes[x], codes[x][1]) for x in chains[d])
-        dst = tuple((x, self.sizes[x], new_codes[x][1]) for x in new_chain)
+        src = links(self.sizes, codes, chains[d])
+        dst = links(self.sizes, new_codes, new_chain)
         length = self.shape[d]
         if all(sf == 1 for _, _, sf in src + dst) and (
             _smallest_piece(length, tuple(n for _, n, _ in src)) > 0
