@@ -117,6 +117,26 @@ def even_base(src: tuple, dst: tuple) -> int:
     return math.lcm(math.prod(n * sf for _, n, sf in src), math.prod(n * sf for _, n, sf in dst))
 
 
+def even_steps(sizes: tuple[int, ...], ndim: int, shards: tuple) -> tuple[int, ...]:
+    """Per tensor dim, a length that every shard order of a placement universe (``shards``:
+    its shard codes ``(tensor dim, split factor)``) chunks evenly, link by link, and so
+    does every multiple of it (``_family``'s sizes): the product ``n`` of the active mesh
+    dim sizes ``sizes`` times the least common multiple ``f`` of the dim's StridedShard
+    split factors. A link of size ``k`` and split factor ``s`` after links of sizes
+    ``k1..kj`` (distinct active mesh dims) chunks a piece of ``L / (k1 ... kj)`` into ``s``
+    blocks of ``k`` runs: even when ``k1 ... kj * k * s`` divides ``L``, and it divides
+    ``n * f``. Then each piece at ``c * L`` is the piece at ``L`` with every index scaled
+    by ``c``, so every exact check answers alike at each multiple.
+
+    >>> even_steps((2, 4), 2, ((0, 1), (1, 1))), even_steps((2, 1, 4), 2, ((0, 1), (1, 1), (0, 2)))
+    ((8, 8), (16, 8))
+    """
+    n = math.prod(k for k in sizes if k > 1)
+    return tuple(
+        n * math.lcm(*[c[1] for c in shards if c[0] == d and c[1] > 1] or [1]) for d in range(ndim)
+    )
+
+
 def _bit_owners(bits: int, chain: tuple) -> dict:
     """Per mesh dim of ``chain`` (a shard order whose links are all powers of two and
     divide a length of ``2**bits`` evenly), the bits of a global index its coordinate is,

@@ -1,11 +1,16 @@
 """Plans shared by every tensor size of a family of search contexts (no torch).
 
-When every tensor dim's length is a positive multiple of the product of the mesh's
-active dim sizes (and the placements hold no StridedShard), each state's padded local
-size is exactly ``T / split`` (``T``: the tensor's bytes, ``split``: the product of the
-mesh dims sharding it), so every transition's price is ``(a + b * T) * tie``, linear in
-``T``, and the contexts of one mesh, tensor rank, cost model, placement universe and
-merging (objective "time", no memory bound) differ only in ``T``: a *family*.
+When every tensor dim's length is a positive multiple of its *step*
+(``_exact.even_steps``: the product of the mesh's active dim sizes, times the least
+common multiple of the split factors of its StridedShards, if any), every shard order of
+the placement universe chunks it evenly: each state's padded local size is exactly
+``T / split`` (``T``: the tensor's bytes, ``split``: the product of the mesh dims sharding
+it), so every transition's price is ``(a + b * T) * tie``, linear in ``T``; and every
+piece is the piece at the step with its indices scaled, so every exact check on index
+intervals (tiny dims, StridedShards) answers alike and every size has the same
+transitions. The contexts of one mesh, tensor rank, cost model, placement
+universe and merging (objective "time", no memory bound) then differ only in ``T``: a
+*family*.
 
 A plan's price is then a line in ``T`` too, and the cheapest price over all plans, their
 lower envelope, is concave. So when one plan is the cheapest at two sizes ``T1 < T2`` of
@@ -26,6 +31,7 @@ import bisect
 import math
 import threading
 
+from ._exact import even_steps
 from ._search import _tie, permute_price, price_coefficients, step_price
 
 __all__ = ["family_of", "shared", "record", "extremes", "clear_families", "LARGEST", "SIZES_FIRST"]
@@ -40,12 +46,10 @@ _count = 0
 def family_of(mesh, shape, model, shards, ptargets, bound, objective, merge):
     """The family of a search context's arguments, or None when its prices are not all
     linear in the tensor's bytes (see the module doc)."""
-    # (the universe lists Shard(d) of every tensor dim first, then any StridedShards)
-    if objective != "time" or bound is not None or len(shards) > len(shape):
+    if objective != "time" or bound is not None:
         return None
-    n = math.prod(mesh.shape)
-    for length in shape:
-        if length <= 0 or length % n:
+    for length, step in zip(shape, even_steps(mesh.shape, len(shape), shards), strict=True):
+        if length <= 0 or length % step:
             return None
     return (mesh, len(shape), model, shards, ptargets, bool(merge))
 
@@ -141,9 +145,8 @@ def extremes(fam, ctx, start_state, goal_state) -> list[tuple[int, ...]]:
     lies beyond those."""
     if not ctx.ndim:
         return []  # a 0-D tensor's sizes are its dtypes': a few, each planned once
-    n = math.prod(s for s in ctx.sizes if s > 1)
-    smallest = (n,) * ctx.ndim
-    largest = (n << LARGEST,) + smallest[1:]
+    smallest = even_steps(ctx.sizes, ctx.ndim, ctx.shards)
+    largest = (smallest[0] << LARGEST,) + smallest[1:]
     with _LOCK:
         entry = _FAMILIES.get(fam, {}).get((start_state, goal_state))
         if entry is None or len(entry[0]) < SIZES_FIRST:

@@ -48,7 +48,7 @@ import threading
 from meshplan.placement import dtype_itemsize
 
 from ._cost import chain_extent, coefficients, collective_weight, group_link
-from ._exact import _may_empty, _smallest_piece, exact_covers, links
+from ._exact import _may_empty, _smallest_piece, even_steps, exact_covers, links
 from ._heuristic import SUMAVG, R, _Bounds
 
 __all__ = [
@@ -105,11 +105,17 @@ class _Context(_Bounds):
             for d, length in enumerate(shape)
         )
         # keys of the shape-free moves (``_SINGLE_MOVES``, ``_HUBS``, ``_HUB_MEMBERS``)
-        # this context shares with others on the mesh: a tiny dim's moves depend on its length
+        # this context shares with others on the mesh: a tiny dim's moves depend on its
+        # length, unless every shard order chunks it evenly (-2: a multiple of its
+        # ``even_steps``, where every exact check answers alike)
         self._permutes_key = (self.sizes, self.active, shards, self.ndim)
+        even = even_steps(self.sizes, self.ndim, shards)
         self._moves_key = self._permutes_key + (
             ptargets,
-            tuple(length if t else -1 for length, t in zip(shape, self.tiny, strict=True)),
+            tuple(
+                -1 if not t else -2 if length and length % step == 0 else length
+                for length, t, step in zip(shape, self.tiny, even, strict=True)
+            ),
         )
         # the memo tables below are shared by every search on this context: one at a time
         self.lock = threading.Lock()

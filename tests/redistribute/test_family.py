@@ -3,7 +3,6 @@ that plan without a search, and it is exactly the plan a search returns (``_fami
 
 from __future__ import annotations
 
-import math
 import warnings
 
 import pytest
@@ -16,6 +15,7 @@ from meshplan.placement import Shard, Spec, StridedShard, parse_placements
 from meshplan.redistribute import CostModel, HardwareProfile, MergeWarning, clear_plan_cache, plan
 from meshplan.redistribute import _family as F
 from meshplan.redistribute import _planner as P
+from meshplan.redistribute._exact import even_steps
 
 MODELS = [
     CostModel.default(),
@@ -57,8 +57,12 @@ def test_a_plan_shared_across_sizes_is_the_search_plan(pair, model, base, scales
         src, dst = _plain(src), _plain(dst)
         if src == dst:
             return
-    n = math.prod(s for s in src.mesh.shape if s > 1)
-    sizes = [(n * base[0] * k, n * base[1], n * base[2])[: src.ndim] for k in scales]
+    # multiples of the family's steps (with StridedShards: every shard order chunks evenly)
+    shards, _ = P._universe(src, dst, src.ndim)
+    step = even_steps(src.mesh.shape, src.ndim, shards) + (1, 1, 1)
+    sizes = [
+        (step[0] * base[0] * k, step[1] * base[1], step[2] * base[2])[: src.ndim] for k in scales
+    ]
     pairs = [(_resized(src, s), _resized(dst, s)) for s in sizes]
     hits: list = []
     lookup = P.shared
@@ -79,7 +83,7 @@ def test_a_plan_shared_across_sizes_is_the_search_plan(pair, model, base, scales
     finally:
         P.shared = lookup
     has = any(isinstance(p, StridedShard) for p in src.placements + dst.placements)
-    event("StridedShard: no family" if has else f"family, a plan shared: {any(hits)}")
+    event(f"{'StridedShard ' if has else ''}family, a plan shared: {any(hits)}")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", MergeWarning)
         for (a, b), p, price in zip(pairs, shared, prices, strict=True):
@@ -160,7 +164,10 @@ def test_sizes_where_the_plans_differ_are_searched(monkeypatch):
         ("S(0) R", (8, 8), None, "time", None),
         ("S(0) R", (8, 6), None, "time", "a side not a multiple of 4"),
         ("S(0) R", (0, 8), None, "time", "an empty side"),
-        ("SS(0,2) S(0)", (8, 8), None, "time", "a StridedShard"),
+        ("SS(0,2) S(0)", (8, 8), None, "time", None),
+        ("SS(0,2) S(0)", (12, 8), None, "time", "a StridedShard dim not a multiple of 4 * 2"),
+        ("SS(0,2) SS(0,3)", (48, 4), None, "time", None),
+        ("SS(0,2) SS(0,3)", (36, 4), None, "time", "not a multiple of 4 * lcm(2, 3)"),
         ("S(0) R", (8, 8), 1 << 20, "time", "a memory bound"),
         ("S(0) R", (8, 8), None, "collectives", "the collectives objective"),
     ],
@@ -173,6 +180,49 @@ def test_only_contexts_whose_prices_scale_with_bytes_form_a_family(
     shards, ptargets = P._universe(src, src, src.ndim)
     fam = F.family_of(mesh, shape, CostModel.default(), shards, ptargets, bound, objective, True)
     assert (fam is None) == (why is not None), why
+
+
+def _moves_from(src: Spec, dst: Spec, shape, model, limit: int = 60) -> dict:
+    """The transitions (without prices) of the states a context of ``shape`` reaches from
+    ``src``'s, breadth first, generated on a clean start (no moves shared)."""
+    from meshplan.redistribute import _search as S
+
+    S.clear_contexts()
+    shards, ptargets = P._universe(src, dst, src.ndim)
+    ctx = S.context(src.mesh, shape, src.dtype, model, shards, ptargets, None)
+    start = ctx.intern(P._state(src))
+    seen = {start: None}
+    queue = [start]
+    out = {}
+    while queue and len(out) < limit:
+        i = queue.pop(0)
+        moves = sorted(
+            ((ctx.states[t[1]], t[2], t[3]) for t in ctx.successors(i) if t[1] != i), key=repr
+        )
+        out[ctx.states[i]] = moves
+        for t in ctx.successors(i):
+            if t[1] not in seen:
+                seen[t[1]] = None
+                queue.append(t[1])
+    return out
+
+
+@settings(deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
+@given(
+    pair=spec_pairs(max_ranks=8, max_dims=3, max_side=4, max_aliases=1),
+    k=st.sampled_from([2, 3, 5]),
+)
+def test_a_family_has_the_same_moves_at_every_size(pair, k):
+    # with StridedShards, a step's validity is an exact check on index intervals; at every
+    # multiple of the family's steps it must answer alike, or plans could not be shared
+    # (and contexts of the family share their moves: generated apart, they agree)
+    src, dst = pair
+    shards, _ = P._universe(src, dst, src.ndim)
+    step = even_steps(src.mesh.shape, src.ndim, shards)
+    model = CostModel.default()
+    small = _moves_from(src, dst, step, model)
+    large = _moves_from(src, dst, (step[0] * k,) + step[1:], model)
+    assert small == large
 
 
 def test_sizes_beyond_those_planned_are_bracketed_by_the_family_extremes(monkeypatch):
