@@ -34,7 +34,8 @@ memo a pair's first plan fills, count. So each pair is timed once per row, for t
 * model weights: the weight shapes of five transformer sizes with the pairs FSDP/TP-style
   training plans for each (:func:`model_cases`), in order from a clean start, for meshplan
   and torch greedy: many tensor sizes, few pairs (meshplan shares a plan across the sizes
-  of a family, ``meshplan.redistribute._family``).
+  of a family, ``meshplan.redistribute._family``); on meshes of 2+ dims also FSDP2 x TP
+  weights as torch writes them, with ``_StridedShard`` (:func:`model_cases` ``strided``).
 
 Quality, per plan: steps, collectives, bytes received per rank and peak local memory
 per rank (the largest step's padded input plus output; the planner's memory measure).
@@ -103,14 +104,24 @@ MODEL_DIMS = [
 ]
 
 
-def model_cases(ndim: int):
+def model_cases(ndim: int, strided: bool = False):
     """The weight shapes of :data:`MODEL_DIMS` (attention, fused QKV, MLP in and out,
     embedding), each with the pairs FSDP/TP-style training plans for it: gather the
     sharded weight, reduce-scatter its Partial gradient, shard a replicated tensor and
-    (on meshes of 2+ dims) gather the FSDP dim of an FSDP x TP weight; shape by shape."""
-    pairs = [(("S0",) * ndim, ("R",) * ndim), (("P",) * ndim, ("S0",) * ndim)]
-    pairs.append((("R",) * ndim, ("S0",) * ndim))
-    if ndim >= 2:
+    (on meshes of 2+ dims) gather the FSDP dim of an FSDP x TP weight; shape by shape.
+
+    ``strided`` (meshes of 2+ dims): the pairs of FSDP2 over the first mesh dim with a
+    column-parallel TP weight (``Shard(0)``) on the last, as torch 2.13 writes them (the
+    FSDP dim a ``_StridedShard(0, split_factor=tp)``): gather the FSDP dim,
+    reduce-scatter the gradient onto it, shard a TP weight over it."""
+    if strided:
+        mid = ("R",) * (ndim - 2)
+        fsdp, tp = ("SS0",) + mid + ("S0",), ("R",) + mid + ("S0",)
+        pairs = [(fsdp, tp), (("P",) + mid + ("S0",), fsdp), (tp, fsdp)]
+    else:
+        pairs = [(("S0",) * ndim, ("R",) * ndim), (("P",) * ndim, ("S0",) * ndim)]
+        pairs.append((("R",) * ndim, ("S0",) * ndim))
+    if ndim >= 2 and not strided:
         pairs.append((("S0",) + ("S1",) * (ndim - 1), ("R",) + ("S1",) * (ndim - 1)))
     shapes: list = []
     for h, f, v in MODEL_DIMS:
@@ -121,9 +132,10 @@ def model_cases(ndim: int):
 
 
 def mp_spec(mesh, kinds, shape):
-    from meshplan.placement import Partial, Replicate, Shard, Spec
+    from meshplan.placement import Partial, Replicate, Shard, Spec, StridedShard
 
     table = {"R": Replicate(), "P": Partial(), "S0": Shard(0), "S1": Shard(1)}
+    table["SS0"] = StridedShard(0, mesh.shape[-1])  # split by the last (TP) mesh dim
     return Spec(mesh, [table[k] for k in kinds], shape, "float32")
 
 
@@ -131,8 +143,10 @@ def torch_spec(mesh, kinds, shape):
     import torch
     from torch.distributed.tensor import Partial, Replicate, Shard
     from torch.distributed.tensor._dtensor_spec import DTensorSpec, TensorMeta
+    from torch.distributed.tensor.placement_types import _StridedShard
 
     table = {"R": Replicate(), "P": Partial(), "S0": Shard(0), "S1": Shard(1)}
+    table["SS0"] = _StridedShard(0, split_factor=mesh.size(mesh.ndim - 1))
     stride = (shape[1], 1)
     meta = TensorMeta(torch.Size(shape), stride, torch.float32)
     return DTensorSpec(mesh, tuple(table[k] for k in kinds), tensor_meta=meta)
@@ -384,6 +398,7 @@ def run(cases_per_mesh: int, graph_cases: int, seed: int, gpus_per_node: int = 8
             infos = R._gen_transform_infos_non_cached(tsrc, tdst, True)
             _add_torch(row, "graph", infos, src, dst, model, cost)
         model_run = run_model_cases(mesh, tmesh, model, R)
+        strided_run = run_model_cases(mesh, tmesh, model, R, True) if len(shape_mesh) > 1 else None
         report["meshes"].append(
             {
                 "mesh": list(shape_mesh),
@@ -391,20 +406,23 @@ def run(cases_per_mesh: int, graph_cases: int, seed: int, gpus_per_node: int = 8
                 "cases": rows,
                 "table_builds_s": builds,
                 "model_shapes": model_run,
+                "model_shapes_strided": strided_run,
             }
         )
         print_mesh(shape_mesh, rows, builds)
         print_model(model_run)
+        if strided_run is not None:
+            print_model(strided_run, "FSDP2 x TP weights (StridedShard)")
     dist.destroy_process_group()
     return report
 
 
-def run_model_cases(mesh, tmesh, model, R) -> dict:
+def run_model_cases(mesh, tmesh, model, R, strided: bool = False) -> dict:
     """:func:`model_cases` planned in order from a clean start by meshplan and by torch's
     greedy planner (each pair's first call, every one-time cost included)."""
     from meshplan.redistribute import _planner, clear_plan_cache, plan
 
-    cases = model_cases(mesh.ndim)
+    cases = model_cases(mesh.ndim, strided)
     searched = []
     search = _planner.search
 
@@ -439,10 +457,10 @@ def run_model_cases(mesh, tmesh, model, R) -> dict:
     }
 
 
-def print_model(run) -> None:
+def print_model(run, what: str = "model weights") -> None:
     mp, greedy = statistics.fmean(run["mp_s"]) * 1e6, statistics.fmean(run["greedy_s"]) * 1e6
     print(
-        f"  model weights, in order from a clean start ({run['shapes']} shapes, "
+        f"  {what}, in order from a clean start ({run['shapes']} shapes, "
         f"{run['plans']} plans; meshplan searched {run['searched']}, the others shared "
         f"across sizes or tabled): meshplan {mp:.1f} us/plan, greedy {greedy:.1f} "
         f"(mp/greedy {mp / greedy:.2f})"
