@@ -117,6 +117,7 @@ def even_base(src: tuple, dst: tuple) -> int:
     return math.lcm(math.prod(n * sf for _, n, sf in src), math.prod(n * sf for _, n, sf in dst))
 
 
+@functools.lru_cache(maxsize=1024)
 def even_steps(sizes: tuple[int, ...], ndim: int, shards: tuple) -> tuple[int, ...]:
     """Per tensor dim, a length that every shard order of a placement universe (``shards``:
     its shard codes ``(tensor dim, split factor)``) chunks evenly, link by link, and so
