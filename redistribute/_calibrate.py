@@ -8,7 +8,8 @@ is folded into the latency, so the profile's ``launch_s`` is 0). Every rank of t
 calls it at the same time: it runs collectives, and ranks outside the mesh take part in
 creating the groups (they measure nothing and get None). Every rank of the mesh returns
 the *same* profile -- each number the slowest rank's -- so plans chosen with it agree
-everywhere.
+everywhere. On gloo the profile prices a reduce_scatter as gloo runs it: an all_reduce
+of the whole input (``HardwareProfile.reduce_scatter_via_all_reduce``).
 """
 
 from __future__ import annotations
@@ -36,7 +37,8 @@ def measure(
     device: torch.device | str | None = None,
 ) -> dict[str, Any]:
     """The raw measurements ``calibrate`` fits: per mesh dim ``(latency_s, bytes_per_s)``,
-    plus local ``copy_bytes_per_s``, ``reduce_bytes_per_s`` and ``local_launch_s``.
+    plus local ``copy_bytes_per_s``, ``reduce_bytes_per_s`` and ``local_launch_s``, and
+    whether the backend runs a reduce_scatter as an all_reduce (gloo).
 
     The same dict on every rank of the mesh (each value the slowest rank's).
 
@@ -96,6 +98,8 @@ def measure(
         "copy_bytes_per_s": 1.0 / copy_per_byte,
         "reduce_bytes_per_s": 1.0 / add_per_byte,
         "local_launch_s": launch,
+        # gloo runs a reduce_scatter as an all_reduce of the whole input (torch 2.13)
+        "reduce_scatter_via_all_reduce": _backend(groups) == "gloo",
     }
 
 
@@ -130,7 +134,15 @@ def calibrate(
         local_launch_s=found["local_launch_s"],
         copy_bytes_per_s=copy_bw,
         reduce_bytes_per_s=found["reduce_bytes_per_s"],
+        reduce_scatter_via_all_reduce=found["reduce_scatter_via_all_reduce"],
     )
+
+
+def _backend(groups: ProcessGroups) -> str:
+    """The backend of the mesh's whole group, lower case (the same on every rank)."""
+    import torch.distributed as dist
+
+    return str(dist.get_backend(groups.get(tuple(groups.mesh.names)).pg)).lower()
 
 
 def _time(fn: Any, repeats: int, rounds: int = 3) -> float:

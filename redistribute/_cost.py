@@ -18,7 +18,8 @@ all_permute      the dims sharded in the source)             + recv/bw + b_out/c
 ===============  ==========================================  ===========================
 
 ``L = ceil(log2 n)`` (latency of a tree / recursive-doubling schedule; bandwidth terms of
-a ring). ``a``/``bw`` are the latency and bandwidth of the group's link: the slowest of
+a ring). On a profile with ``reduce_scatter_via_all_reduce`` (gloo) a reduce_scatter is
+priced as the all_reduce of its input plus a copy of its output. ``a``/``bw`` are the latency and bandwidth of the group's link: the slowest of
 its mesh dims (a dim spanning nodes is inter-node). No torch here.
 """
 
@@ -62,6 +63,14 @@ def _positive(instance, attribute, value) -> None:
     if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
         raise PlanError(
             f"{type(instance).__name__}.{attribute.name} must be a number > 0, got {value!r}",
+            value=value,
+        )
+
+
+def _boolean(instance, attribute, value) -> None:
+    if not isinstance(value, bool):
+        raise PlanError(
+            f"{type(instance).__name__}.{attribute.name} must be True or False, got {value!r}",
             value=value,
         )
 
@@ -119,7 +128,10 @@ class HardwareProfile:
     Either per-node links (``intra`` within a node of ``ranks_per_node`` consecutive
     global ranks, ``inter`` across nodes; ``ranks_per_node=None`` means one node), or
     explicit per-mesh-dim links ``dims`` (what ``calibrate`` measures; they win when
-    given). Plus per-kernel launch overheads and local memory / reduction throughput.
+    given). Plus per-kernel launch overheads and local memory / reduction throughput,
+    and ``reduce_scatter_via_all_reduce``: the backend runs a reduce_scatter as an
+    all_reduce of its whole input, then keeps its own chunk (gloo does, in torch 2.13),
+    so it costs that much.
 
     >>> hw = HardwareProfile.nvlink_ib(gpus_per_node=8)
     >>> hw.ranks_per_node, hw.inter.bytes_per_s < hw.intra.bytes_per_s
@@ -136,6 +148,7 @@ class HardwareProfile:
     local_launch_s: float = attrs.field(default=2e-6, validator=_non_negative, converter=_number)
     copy_bytes_per_s: float = attrs.field(default=1e12, validator=_positive, converter=_number)
     reduce_bytes_per_s: float = attrs.field(default=5e11, validator=_positive, converter=_number)
+    reduce_scatter_via_all_reduce: bool = attrs.field(default=False, validator=_boolean)
 
     def __attrs_post_init__(self) -> None:
         rpn = self.ranks_per_node
@@ -166,6 +179,7 @@ class HardwareProfile:
             local_launch_s=5e-6,
             copy_bytes_per_s=8e9,
             reduce_bytes_per_s=4e9,
+            reduce_scatter_via_all_reduce=True,
         )
 
     @classmethod
@@ -363,6 +377,12 @@ def coefficients(
     if collective == "all_gather":
         k = n_send
         return (hw.launch_s + lat * steps, (k - 1) / bw, 0.0, 0.0, 0.0, 0.0, float(k - 1))
+    if collective == "reduce_scatter" and hw.reduce_scatter_via_all_reduce:
+        # an all_reduce of the input (n times the output), then a copy of the own chunk
+        f = (n - 1) / n
+        copy = 1.0 / hw.copy_bytes_per_s
+        red = f / hw.reduce_bytes_per_s
+        return (hw.launch_s + 2 * lat * steps, 2 * f / bw, 0.0, 0.0, red, copy, 2.0 * (n - 1))
     if collective == "reduce_scatter":
         red = (n - 1) / hw.reduce_bytes_per_s
         return (hw.launch_s + lat * steps, 0.0, (n - 1) / bw, 0.0, 0.0, red, float(n - 1))

@@ -416,6 +416,8 @@ def test_calibrate_measures_one_link_per_mesh_dim_and_agrees_across_ranks(pool8)
     assert one.latency_s == 0.0  # a dim of size 1 never communicates
     assert first.launch_s == 0.0 and first.local_launch_s > 0
     assert first.copy_bytes_per_s > 0 and first.reduce_bytes_per_s > 0
+    # gloo runs a reduce_scatter as an all_reduce of its input: the profile prices it so
+    assert first.reduce_scatter_via_all_reduce is True
     CostModel(first)  # usable by the planner
 
 

@@ -45,6 +45,40 @@ def test_presets_separate_intra_and_inter_node_links():
     assert cpu.launch_s > hw.launch_s and cpu.ranks_per_node is None
 
 
+def test_a_gloo_reduce_scatter_costs_the_all_reduce_it_runs():
+    # gloo (torch 2.13) runs reduce_scatter as an all_reduce of the whole input, then keeps
+    # the rank's chunk: the gloo profile prices it so, and a plan stops paying a
+    # reduce_scatter and a gather where one all_reduce does the same work
+    assert HardwareProfile.gloo_cpu().reduce_scatter_via_all_reduce
+    assert not HardwareProfile.nvlink_ib().reduce_scatter_via_all_reduce
+    mesh = Mesh.create((2, 2, 2), ("a", "b", "c")).flatten(("a", "c"), "ac")
+    big = (16384, 64)
+    for hw in (HardwareProfile.gloo_cpu(), HardwareProfile()):
+        model = CostModel(hw)
+        scatter = step_cost(
+            Step(0, spec(mesh, "P R R", big), spec(mesh, "S(0) R R", big), "reduce_scatter"),
+            model,
+        )
+        reduce = step_cost(
+            Step(0, spec(mesh, "P R R", big), spec(mesh, "R R R", big), "all_reduce"), model
+        )
+        out = 16384 * 64 * 4 // 2
+        if hw.reduce_scatter_via_all_reduce:
+            assert scatter.comm == pytest.approx(reduce.comm)
+            assert scatter.bytes == reduce.bytes
+            assert scatter.compute == pytest.approx(reduce.compute + out / hw.copy_bytes_per_s)
+        else:
+            assert scatter.total < reduce.total
+    cpu = CostModel(HardwareProfile.gloo_cpu())
+    p = plan(spec(mesh, "P R P", big), spec(mesh, "R R R", big), cost_model=cpu)
+    assert "reduce_scatter" not in p.collectives
+    small = (16, 64)  # (a large one slices dims b and c first, to reduce less)
+    p = plan(spec(mesh, "P R R", small), spec(mesh, "S(0) R R", small), cost_model=cpu)
+    assert p.collectives == ("reduce_scatter",)  # still one step: it slices for free
+    with pytest.raises(PlanError, match="reduce_scatter_via_all_reduce must be True or False"):
+        HardwareProfile(reduce_scatter_via_all_reduce=1)
+
+
 def test_a_dim_spanning_nodes_prices_on_the_inter_node_link():
     model = CostModel(HardwareProfile.nvlink_ib(gpus_per_node=4))
     mesh = Mesh.create((4, 4), ("node", "gpu"))
