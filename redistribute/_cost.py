@@ -18,9 +18,10 @@ all_permute      the dims sharded in the source)             + recv/bw + b_out/c
 ===============  ==========================================  ===========================
 
 ``L = ceil(log2 n)`` (latency of a tree / recursive-doubling schedule; bandwidth terms of
-a ring). On a profile with ``reduce_scatter_via_all_reduce`` (gloo) a reduce_scatter is
-priced as the all_reduce of its input plus a copy of its output. ``a``/``bw`` are the latency and bandwidth of the group's link: the slowest of
-its mesh dims (a dim spanning nodes is inter-node). No torch here.
+a ring). ``a``/``bw`` are the latency and bandwidth of the group's link: the slowest of
+its mesh dims (a dim spanning nodes is inter-node). On a profile with
+``reduce_scatter_via_all_reduce`` (gloo) a reduce_scatter is priced as the all_reduce of
+its input plus a copy of its output. No torch here.
 """
 
 from __future__ import annotations

@@ -140,9 +140,9 @@ planned at more; each extreme costs a search)."""
 
 def extremes(fam, ctx, start_state, goal_state) -> list[tuple[int, ...]]:
     """Shapes of family ``fam`` (its smallest, its largest; ``ctx``: a context of it) at
-    which to plan the pair too, so that sizes planned bracket ``ctx``'s: when the pair was planned at
-    :data:`SIZES_FIRST` sizes already (a program that plans it at many), and ``ctx``'s
-    lies beyond those."""
+    which to plan the pair too, so that sizes planned bracket ``ctx``'s: when the pair was
+    planned at :data:`SIZES_FIRST` sizes already (a program that plans it at many), and
+    ``ctx``'s lies beyond those."""
     if not ctx.ndim:
         return []  # a 0-D tensor's sizes are its dtypes': a few, each planned once
     smallest = even_steps(ctx.sizes, ctx.ndim, ctx.shards)
