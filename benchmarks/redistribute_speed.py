@@ -14,10 +14,13 @@ reshards, at several sizes. Every case is first checked on every rank against
 interleaved rounds (8 processes share the machine's cores, so single rounds are noisy),
 then the slowest rank; "ratio" is torch / meshplan (above 1: meshplan is faster).
 ``run`` times a precomputed plan; ``redistribute`` includes the (cached) plan lookup and
-the autograd wrapper, like torch's call.
+the autograd wrapper, like torch's call. meshplan plans with the GPU preset (nvlink_ib)
+by default, as a program written for GPUs would; ``--model gloo_cpu`` plans for the gloo
+host it runs on (results in ``redistribute_speed_gloo_cpu.json``).
 
     python benchmarks/redistribute_speed.py            # 4 and 8 ranks, 3 sizes
     python benchmarks/redistribute_speed.py --quick    # smaller sizes, fewer rounds
+    python benchmarks/redistribute_speed.py --model gloo_cpu   # plans for this hardware
 
 Writes machine-readable results to benchmarks/results/redistribute_speed.json.
 """
@@ -83,7 +86,13 @@ def _placements(text, shape):
 # -- worker side ----------------------------------------------------------------------------
 
 
-def _bench(world, sizes, budget, rounds):
+def _model(name):
+    from meshplan.redistribute import CostModel, HardwareProfile
+
+    return CostModel(getattr(HardwareProfile, name)())
+
+
+def _bench(world, sizes, budget, rounds, model_name="nvlink_ib"):
     import torch
     import torch.distributed as dist
     from torch.distributed.device_mesh import DeviceMesh
@@ -96,6 +105,7 @@ def _bench(world, sizes, budget, rounds):
 
     torch.set_num_threads(1)
     rank = dist.get_rank()
+    model = _model(model_name)
     shape, names, alias_dims, alias = MESHES[world]
     mesh = Mesh.create(shape, names).flatten(alias_dims, alias)
     groups = ProcessGroups(mesh, timeout=120)
@@ -123,7 +133,7 @@ def _bench(world, sizes, budget, rounds):
             want = shard_one(x, dst, rank)
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
-                p = plan(src, dst)
+                p = plan(src, dst, cost_model=model)
             dt = DTensor.from_local(
                 local, dm, to_torch(src), run_check=False, shape=x.shape, stride=x.stride()
             )
@@ -133,7 +143,7 @@ def _bench(world, sizes, budget, rounds):
                 return run(p, local, groups)
 
             def mp_redistribute(src=src, dst=dst, local=local):
-                return redistribute(local, src, dst, groups)
+                return redistribute(local, src, dst, groups, cost_model=model)
 
             def torch_redistribute(dt=dt, tdst=tdst):
                 return dt.redistribute(dm, tdst).to_local()
@@ -206,7 +216,13 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="smaller sizes, fewer rounds")
     parser.add_argument("--worlds", type=int, nargs="+", default=[4, 8], choices=[4, 8])
-    parser.add_argument("--out", type=Path, default=RESULTS)
+    parser.add_argument("--out", type=Path, default=None)
+    parser.add_argument(
+        "--model",
+        choices=["nvlink_ib", "gloo_cpu"],
+        default="nvlink_ib",
+        help="the cost model meshplan plans with (gloo_cpu: the hardware this runs on)",
+    )
     args = parser.parse_args(argv)
 
     import torch
@@ -218,7 +234,7 @@ def main(argv=None) -> int:
     rows = []
     for world in args.worlds:
         with WorkerPool(world, "gloo", timeout=1800) as pool:
-            per_rank = pool.run(_bench, world, sizes, budget, rounds)
+            per_rank = pool.run(_bench, world, sizes, budget, rounds, args.model)
         for i, row in enumerate(per_rank[0]):
             # the slowest rank's time and correctness on every rank
             for field in ("seconds", "median_seconds"):
@@ -264,9 +280,13 @@ def main(argv=None) -> int:
         "torch": torch.__version__,
         "platform": platform.platform(),
         "sizes": list(sizes),
+        "model": args.model,
         "rows": rows,
         "summary": {"min_ratio": min(ratios), "geomean_ratio": geo, "max_ratio": max(ratios)},
     }
+    if args.out is None:
+        suffix = "" if args.model == "nvlink_ib" else f"_{args.model}"
+        args.out = RESULTS.with_name(f"redistribute_speed{suffix}.json")
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(report, indent=1))
     print(f"wrote {args.out}")

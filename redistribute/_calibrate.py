@@ -98,8 +98,7 @@ def measure(
         "copy_bytes_per_s": 1.0 / copy_per_byte,
         "reduce_bytes_per_s": 1.0 / add_per_byte,
         "local_launch_s": launch,
-        # gloo runs a reduce_scatter as an all_reduce of the whole input (torch 2.13)
-        "reduce_scatter_via_all_reduce": _backend(groups) == "gloo",
+        "reduce_scatter_via_all_reduce": _on_gloo(groups, device),
     }
 
 
@@ -138,11 +137,17 @@ def calibrate(
     )
 
 
-def _backend(groups: ProcessGroups) -> str:
-    """The backend of the mesh's whole group, lower case (the same on every rank)."""
+def _on_gloo(groups: ProcessGroups, device) -> bool:
+    """Whether the mesh's collectives on ``device`` run on gloo, which runs a reduce_scatter
+    as an all_reduce of the whole input (torch 2.13): a gloo group, or a group of several
+    backends (``"cpu:gloo,cuda:nccl"``) on the CPU. The same on every rank."""
     import torch.distributed as dist
 
-    return str(dist.get_backend(groups.get(tuple(groups.mesh.names)).pg)).lower()
+    backend = str(dist.get_backend(groups.get(tuple(groups.mesh.names)).pg)).lower()
+    if ":" not in backend:
+        return backend == "gloo"
+    kind = torch.device(device).type
+    return any(part.strip() == f"{kind}:gloo" for part in backend.split(","))
 
 
 def _time(fn: Any, repeats: int, rounds: int = 3) -> float:
