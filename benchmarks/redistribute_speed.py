@@ -15,12 +15,13 @@ interleaved rounds (8 processes share the machine's cores, so single rounds are 
 then the slowest rank; "ratio" is torch / meshplan (above 1: meshplan is faster).
 ``run`` times a precomputed plan; ``redistribute`` includes the (cached) plan lookup and
 the autograd wrapper, like torch's call. meshplan plans with the GPU preset (nvlink_ib)
-by default, as a program written for GPUs would; ``--model gloo_cpu`` plans for the gloo
-host it runs on (results in ``redistribute_speed_gloo_cpu.json``).
+by default, as a program written for GPUs would; ``--model gloo_cpu`` plans with the
+gloo host preset and ``--model calibrated`` with ``calibrate(groups)`` measured on the
+very groups it runs on (results in ``redistribute_speed_<model>.json``).
 
     python benchmarks/redistribute_speed.py            # 4 and 8 ranks, 3 sizes
     python benchmarks/redistribute_speed.py --quick    # smaller sizes, fewer rounds
-    python benchmarks/redistribute_speed.py --model gloo_cpu   # plans for this hardware
+    python benchmarks/redistribute_speed.py --model calibrated # plans for this hardware
 
 Writes machine-readable results to benchmarks/results/redistribute_speed.json.
 """
@@ -105,11 +106,16 @@ def _bench(world, sizes, budget, rounds, model_name="nvlink_ib"):
 
     torch.set_num_threads(1)
     rank = dist.get_rank()
-    model = _model(model_name)
     shape, names, alias_dims, alias = MESHES[world]
     mesh = Mesh.create(shape, names).flatten(alias_dims, alias)
     groups = ProcessGroups(mesh, timeout=120)
     groups.create_all()
+    if model_name == "calibrated":
+        from meshplan.redistribute import CostModel, calibrate
+
+        model = CostModel(calibrate(groups))  # the same profile on every rank
+    else:
+        model = _model(model_name)
     ranks = torch.arange(world).reshape(shape)
     dm = DeviceMesh.from_group(
         [groups.get(n).pg for n in names], "cpu", mesh=ranks, mesh_dim_names=names
@@ -219,9 +225,9 @@ def main(argv=None) -> int:
     parser.add_argument("--out", type=Path, default=None)
     parser.add_argument(
         "--model",
-        choices=["nvlink_ib", "gloo_cpu"],
+        choices=["nvlink_ib", "gloo_cpu", "calibrated"],
         default="nvlink_ib",
-        help="the cost model meshplan plans with (gloo_cpu: the hardware this runs on)",
+        help="the cost model meshplan plans with: a preset, or calibrate() on these groups",
     )
     args = parser.parse_args(argv)
 
