@@ -121,8 +121,8 @@ def model_cases(ndim: int, strided: bool = False):
     else:
         pairs = [(("S0",) * ndim, ("R",) * ndim), (("P",) * ndim, ("S0",) * ndim)]
         pairs.append((("R",) * ndim, ("S0",) * ndim))
-    if ndim >= 2 and not strided:
-        pairs.append((("S0",) + ("S1",) * (ndim - 1), ("R",) + ("S1",) * (ndim - 1)))
+        if ndim >= 2:
+            pairs.append((("S0",) + ("S1",) * (ndim - 1), ("R",) + ("S1",) * (ndim - 1)))
     shapes: list = []
     for h, f, v in MODEL_DIMS:
         for shape in [(h, h), (3 * h, h), (f, h), (h, f), (v, h)]:
