@@ -198,7 +198,7 @@ def _bench(world, sizes, budget, rounds, model_name="nvlink_ib"):
                     "median_seconds": {k: statistics.median(v) for k, v in times.items()},
                 }
             )
-    return rows
+    return {"rows": rows, "profile": repr(model.profile)}
 
 
 # -- parent side ----------------------------------------------------------------------------
@@ -238,9 +238,12 @@ def main(argv=None) -> int:
     sizes = SIZES["quick" if args.quick else "full"]
     budget, rounds = (0.05, 3) if args.quick else (0.1, 7)
     rows = []
+    profiles = {}  # world -> the profile meshplan planned with (calibrated: measured there)
     for world in args.worlds:
         with WorkerPool(world, "gloo", timeout=1800) as pool:
             per_rank = pool.run(_bench, world, sizes, budget, rounds, args.model)
+        profiles[str(world)] = per_rank[0]["profile"]
+        per_rank = [r["rows"] for r in per_rank]
         for i, row in enumerate(per_rank[0]):
             # the slowest rank's time and correctness on every rank
             for field in ("seconds", "median_seconds"):
@@ -287,6 +290,7 @@ def main(argv=None) -> int:
         "platform": platform.platform(),
         "sizes": list(sizes),
         "model": args.model,
+        "profiles": profiles,
         "rows": rows,
         "summary": {"min_ratio": min(ratios), "geomean_ratio": geo, "max_ratio": max(ratios)},
     }

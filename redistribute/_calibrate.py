@@ -1,15 +1,22 @@
 """Measure a :class:`HardwareProfile` on the real process groups of a mesh.
 
-``calibrate(groups)`` times all_gathers along each mesh dim (a tiny one for latency, a
-large one for bandwidth) and local copies and additions, and fits the cost model's
-alpha-beta form to them: along a dim of ``n`` ranks an all_gather of ``b`` bytes per
-rank is priced ``latency * ceil(log2 n) + (n - 1) * b / bandwidth`` (the launch overhead
-is folded into the latency, so the profile's ``launch_s`` is 0). Every rank of the world
-calls it at the same time: it runs collectives, and ranks outside the mesh take part in
-creating the groups (they measure nothing and get None). Every rank of the mesh returns
-the *same* profile -- each number the slowest rank's -- so plans chosen with it agree
-everywhere. On gloo the profile prices a reduce_scatter as gloo runs it: an all_reduce
-of the whole input (``HardwareProfile.reduce_scatter_via_all_reduce``).
+``calibrate(groups)`` times every collective a plan runs along each mesh dim
+(all_gather, reduce_scatter, all_reduce, all_to_all; an all_permute, which spans mesh
+dims, over all of them) at five sizes up to ``nbytes`` per rank, each a quarter of the
+next, and local copies and additions. It fits each collective's own link to the cost
+model's price of that collective (:func:`._cost.link_terms`), by least squares on
+relative errors: e.g. along a dim of ``n`` ranks an all_gather of ``b`` bytes per rank
+is priced ``latency * ceil(log2 n) + (n - 1) * b / bandwidth``, an all_reduce
+``2 latency * ceil(log2 n) + 2 (n - 1) / n * b / bandwidth`` plus the reduction. The
+launch overhead is folded into the latency, so the profile's ``launch_s`` is 0. A
+backend's collectives differ (gloo's all_gather moves bytes far slower than its
+all_reduce), so each gets its links (``HardwareProfile.per_collective``); the
+all_gather's are the profile's ``dims``. Every rank of the world calls it at the same
+time: it runs collectives, and ranks outside the mesh take part in creating the groups
+(they measure nothing and get None). Every rank of the mesh returns the *same* profile
+-- each number the slowest rank's -- so plans chosen with it agree everywhere. On gloo
+the profile prices a reduce_scatter as gloo runs it: an all_reduce of the whole input
+(``HardwareProfile.reduce_scatter_via_all_reduce``).
 """
 
 from __future__ import annotations
@@ -23,7 +30,7 @@ import torch
 from meshplan.errors import RuntimeShellError
 
 from . import _collectives as C
-from ._cost import HardwareProfile
+from ._cost import COLLECTIVES, HardwareProfile, Link, link_terms
 from ._groups import ProcessGroups
 
 __all__ = ["calibrate", "measure"]
@@ -32,13 +39,15 @@ __all__ = ["calibrate", "measure"]
 def measure(
     groups: ProcessGroups,
     *,
-    nbytes: int = 1 << 20,
+    nbytes: int = 4 << 20,
     repeats: int = 10,
     device: torch.device | str | None = None,
 ) -> dict[str, Any]:
-    """The raw measurements ``calibrate`` fits: per mesh dim ``(latency_s, bytes_per_s)``,
-    plus local ``copy_bytes_per_s``, ``reduce_bytes_per_s`` and ``local_launch_s``, and
-    whether the backend runs a reduce_scatter as an all_reduce (gloo).
+    """What ``calibrate`` fits: per collective and mesh dim name ``(latency_s,
+    bytes_per_s)`` (``"collectives"``, the all_permute's keyed by the tuple of every mesh
+    dim name; ``"links"``: the all_gather's), plus local
+    ``copy_bytes_per_s``, ``reduce_bytes_per_s`` and ``local_launch_s``, and whether the
+    backend runs a reduce_scatter as an all_reduce (gloo). Dims of size 1 are left out.
 
     The same dict on every rank of the mesh (each value the slowest rank's).
 
@@ -69,50 +78,148 @@ def measure(
     launch_s = _time(lambda: tiny.clone(), repeats * 10)
     # no link moves bytes faster than a local copy: the floor when noise hides the transfer
     copy_per_byte = copy_s / (numel * 4)
-    row: list[float] = []
-    for name in mesh.names:
+    row: list[float] = [max(copy_per_byte, 1e-15), add_s / (numel * 4), launch_s]
+    counts = _counts(numel)
+    # per mesh dim and collective (an all_permute spans mesh dims: over all of them), the
+    # seconds of a run at each of ``counts``
+    every = tuple(mesh.names)
+    plan = [(name, kind) for name in mesh.names for kind in COLLECTIVES if kind != "all_permute"]
+    plan.append((every, "all_permute"))
+    runs = []  # (call, back-to-back calls per round), None where the group is one rank
+    for name, kind in plan:
         group = groups.get(name)
-        n = group.size
-        if n == 1:
-            row += [0.0, 0.0]
-            continue
-        small_s = _time(lambda g=group: C.all_gather_concat(tiny, g), repeats * 4)
-        large_s = _time(lambda g=group: C.all_gather_concat(big, g), repeats)
-        hops = max(1, math.ceil(math.log2(n)))
-        per_byte = (large_s - small_s) / ((n - 1) * big.numel() * big.element_size())
-        per_byte = max(per_byte, copy_per_byte, 1e-15)
-        row += [small_s / hops, per_byte]  # seconds, seconds per byte (both: larger = slower)
-    row += [max(copy_per_byte, 1e-15), add_s / (numel * 4), launch_s]
+        for n in counts:
+            runs.append(
+                (_call(kind, group, n, device), _reps(n, repeats)) if group.size > 1 else None
+            )
+    row += _time_all(runs)
     # every rank keeps the slowest rank's numbers, so every rank plans alike
-    slowest = C.all_reduce(
-        torch.tensor(row, dtype=torch.float64), groups.get(tuple(mesh.names)), "max"
-    )
+    slowest = C.all_reduce(torch.tensor(row, dtype=torch.float64), groups.get(every), "max")
     values = slowest.tolist()
-    links = {}
-    for i, name in enumerate(mesh.names):
-        latency, per_byte = values[2 * i], values[2 * i + 1]
-        links[name] = (latency, 1.0 / per_byte if per_byte > 0 else math.inf)
-    copy_per_byte, add_per_byte, launch = values[2 * mesh.ndim :]
+    copy_per_byte, add_per_byte, launch = values[:3]
+    via_all_reduce = _on_gloo(groups, device)
+    shape = HardwareProfile(
+        copy_bytes_per_s=1.0 / copy_per_byte,
+        reduce_bytes_per_s=1.0 / add_per_byte,
+        reduce_scatter_via_all_reduce=via_all_reduce,
+    )
+    links: dict[str, dict] = {kind: {} for kind in COLLECTIVES}
+    at = 3
+    for name, kind in plan:
+        times = values[at : at + len(counts)]
+        at += len(counts)
+        n = groups.get(name).size
+        if n > 1:
+            links[kind][name] = _fit(shape, kind, n, counts, times, copy_per_byte)
     return {
-        "links": links,
+        "links": links["all_gather"],
+        "collectives": links,
         "copy_bytes_per_s": 1.0 / copy_per_byte,
         "reduce_bytes_per_s": 1.0 / add_per_byte,
         "local_launch_s": launch,
-        "reduce_scatter_via_all_reduce": _on_gloo(groups, device),
+        "reduce_scatter_via_all_reduce": via_all_reduce,
     }
+
+
+def _counts(numel: int) -> tuple[int, ...]:
+    """Input elements per rank of the timed runs: ``numel`` and four sizes below it, each a
+    quarter of the next (the fit weighs them alike, relative to their times)."""
+    return tuple(max(1, numel >> (2 * k)) for k in (4, 3, 2, 1, 0))
+
+
+def _reps(count: int, repeats: int) -> int:
+    return repeats * 4 if count < 1 << 14 else repeats
+
+
+def _sizes(kind: str, n: int, count: int) -> tuple[int, int]:
+    """Elements in and out per rank of ``kind`` over ``n`` ranks on ``count`` input ones
+    (the runs round it down to whole blocks, at least one per rank)."""
+    count = max(n, count - count % n)
+    if kind == "all_gather":
+        return count, count * n
+    if kind == "reduce_scatter":
+        return count, count // n
+    return count, count
+
+
+def _call(kind: str, group, count: int, device):
+    """A call of collective ``kind`` over ``group`` on ``count`` float32 elements per rank
+    (rounded to whole blocks), as the runtime makes it."""
+    n = group.size
+    x = torch.zeros(_sizes(kind, n, count)[0], dtype=torch.float32, device=device)
+    if kind == "all_gather":
+        return lambda: C.all_gather_concat(x, group)
+    if kind == "all_reduce":
+        return lambda: C.all_reduce(x, group, "sum")
+    if kind == "reduce_scatter":
+        return lambda: C.reduce_scatter(x, group, "sum")
+    if kind == "all_to_all":
+        sizes = [x.numel() // n] * n
+        return lambda: C.all_to_all_single(x, group, sizes, sizes)
+    # all_permute: one batch of sends and receives, each rank to the next
+    me = group.position
+    sends, recvs = [((me + 1) % n, x)], [((me - 1) % n, x.shape)]
+    return lambda: C.exchange(sends, recvs, group, dtype=x.dtype, device=x.device)
+
+
+def _fit(
+    shape: HardwareProfile,
+    kind: str,
+    n: int,
+    counts: tuple[int, ...],
+    times: list[float],
+    copy_per_byte: float,
+) -> tuple[float, float]:
+    """``(latency_s, bytes_per_s)`` that make the cost model's price of ``kind`` over ``n``
+    ranks (:func:`._cost.link_terms`) meet its timings at ``counts``: least squares on
+    relative errors, after the local compute the model charges (copies, reductions),
+    with the launch folded into the latency; neither below what is physical (no latency
+    below 0, no link faster than a local copy)."""
+    hops, y_in, y_out, comp_in, comp_out, _ = link_terms(shape, kind, n, n)
+    x = max(1, hops)
+    rows = []  # (bytes on the link, seconds left for it, weight)
+    for count, t in zip(counts, times, strict=True):
+        e_in, e_out = _sizes(kind, n, count)
+        b_in, b_out = 4 * e_in, 4 * e_out
+        rows.append((y_in * b_in + y_out * b_out, t - comp_in * b_in - comp_out * b_out, t))
+    floor = max(copy_per_byte, 1e-15)
+    # weighted normal equations of t ~ x * latency + y * per_byte, weights 1 / t^2
+    sw = sum(1 / t**2 for _, _, t in rows)
+    sy = sum(y / t**2 for y, _, t in rows)
+    syy = sum(y * y / t**2 for y, _, t in rows)
+    sr = sum(r / t**2 for _, r, t in rows)
+    syr = sum(y * r / t**2 for y, r, t in rows)
+    det = sw * syy - sy * sy
+    if det > 0:
+        per_byte = (sw * syr - sy * sr) / det
+        latency = (sr - sy * per_byte) / (sw * x)
+    else:
+        per_byte, latency = floor, -1.0
+    if latency < 0:  # no latency: the line through the origin
+        latency = 0.0
+        per_byte = syr / syy if syy > 0 else floor
+    if per_byte < floor:
+        per_byte = floor
+        latency = max(0.0, (sr - sy * per_byte) / (sw * x))
+    return latency, 1.0 / per_byte
 
 
 def calibrate(
     groups: ProcessGroups,
     *,
-    nbytes: int = 1 << 20,
+    nbytes: int = 4 << 20,
     repeats: int = 10,
     device: torch.device | str | None = None,
 ) -> HardwareProfile | None:
-    """A :class:`HardwareProfile` with one measured link per mesh dim (see the module docs).
+    """A :class:`HardwareProfile` with measured links per collective and mesh dim (see the
+    module docs).
 
     Every rank of the world calls it together; ranks outside the mesh get None. A dim of
-    size 1 gets a free link (no latency, the local copy bandwidth).
+    size 1 gets a free link (no latency, the local copy bandwidth). ``nbytes`` is the
+    largest input per rank it times (4 MiB): the fit is best for steps up to about that
+    size, so give the size of the tensors the plans will move. On 8 gloo processes
+    sharing 2 cores, fitting up to 1 MiB chose plans that ran slower than torch's at
+    4 MiB (0.6x); fitting up to 4 MiB, none did (``benchmarks/redistribute_speed.py``).
 
     >>> calibrate.__name__   # runs collectives; see tests/redistribute/test_collectives.py
     'calibrate'
@@ -121,19 +228,28 @@ def calibrate(
     if not found:
         return None
     copy_bw = found["copy_bytes_per_s"]
-    links = []
-    for name in groups.mesh.names:
-        latency, bandwidth = found["links"][name]
-        if groups.mesh.size(name) == 1 or not math.isfinite(bandwidth):
-            latency, bandwidth = 0.0, copy_bw
-        links.append((latency, bandwidth))
+    free = (0.0, copy_bw)
+    per_kind: dict = {}
+    for kind, measured in found["collectives"].items():
+        if kind == "all_permute":  # one link over all the mesh dims (or none to fit)
+            (latency, bandwidth), *_ = list(measured.values()) or [free]
+            per_kind[kind] = Link(latency, bandwidth if math.isfinite(bandwidth) else copy_bw)
+            continue
+        links = []
+        for name in groups.mesh.names:
+            latency, bandwidth = measured.get(name, free)
+            if not math.isfinite(bandwidth):
+                latency, bandwidth = free
+            links.append((latency, bandwidth))
+        per_kind[kind] = links
     return HardwareProfile.from_dims(
-        links,
+        per_kind["all_gather"],
         launch_s=0.0,
         local_launch_s=found["local_launch_s"],
         copy_bytes_per_s=copy_bw,
         reduce_bytes_per_s=found["reduce_bytes_per_s"],
         reduce_scatter_via_all_reduce=found["reduce_scatter_via_all_reduce"],
+        per_collective=per_kind,
     )
 
 
@@ -148,6 +264,25 @@ def _on_gloo(groups: ProcessGroups, device) -> bool:
         return backend == "gloo"
     kind = torch.device(device).type
     return any(part.strip() == f"{kind}:gloo" for part in backend.split(","))
+
+
+def _time_all(runs: list, rounds: int = 3) -> list[float]:
+    """Seconds per call of each ``(fn, repeats)`` of ``runs`` (None: 0.0): the best of
+    ``rounds`` means over ``repeats`` back-to-back calls. Every round runs them all, so a
+    passing slowdown of the machine weighs on all of them alike, not on a few."""
+    best = [math.inf if run else 0.0 for run in runs]
+    for run in runs:
+        if run:
+            run[0]()
+    for _ in range(rounds):
+        for i, run in enumerate(runs):
+            if run:
+                fn, repeats = run
+                start = time.perf_counter()
+                for _ in range(repeats):
+                    fn()
+                best[i] = min(best[i], (time.perf_counter() - start) / repeats)
+    return best
 
 
 def _time(fn: Any, repeats: int, rounds: int = 3) -> float:

@@ -19,27 +19,29 @@ all_permute      the dims sharded in the source)             + recv/bw + b_out/c
 
 ``L = ceil(log2 n)`` (latency of a tree / recursive-doubling schedule; bandwidth terms of
 a ring). ``a``/``bw`` are the latency and bandwidth of the group's link: the slowest of
-its mesh dims (a dim spanning nodes is inter-node). On a profile with
-``reduce_scatter_via_all_reduce`` (gloo) a reduce_scatter is priced as the all_reduce of
-its input plus a copy of its output. No torch here.
+its mesh dims (a dim spanning nodes is inter-node), on the collective's own links when
+the profile has them (``HardwareProfile.per_collective``, what ``calibrate`` fits). On a
+profile with ``reduce_scatter_via_all_reduce`` (gloo) a reduce_scatter is priced as the
+all_reduce of its input plus a copy of its output. No torch here.
 """
 
 from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import attrs
 
 from meshplan.errors import PlanError
-from meshplan.layout import Mesh
+from meshplan.layout import FrozenMap, Mesh
 from meshplan.placement import Spec, StridedShard, dtype_itemsize, is_shard_like
 from meshplan.placement._local import chunk_lengths
 
 __all__ = [
     "Link",
     "HardwareProfile",
+    "COLLECTIVES",
     "CostModel",
     "Cost",
     "cost",
@@ -122,14 +124,57 @@ def _links(value) -> tuple[Link, ...] | None:
     return tuple(out)
 
 
+COLLECTIVES = ("all_gather", "reduce_scatter", "all_reduce", "all_to_all", "all_permute")
+"""The collectives a plan's steps run (``HardwareProfile.per_collective``'s keys)."""
+
+
+def _per_collective(value) -> FrozenMap:
+    """``value`` as a FrozenMap of collective -> a Link (every mesh dim) or per-dim Links."""
+    if value is None:
+        return FrozenMap()
+    if not isinstance(value, Mapping):
+        raise PlanError(
+            "per_collective maps a collective name to a Link or to per-dim links, got "
+            f"{value!r}; e.g. {{'all_reduce': Link(2e-5, 1e9)}}",
+            value=value,
+        )
+    out = {}
+    for kind, links in value.items():
+        if kind not in COLLECTIVES:
+            raise PlanError(
+                f"per_collective has links for {kind!r}, which is not a collective a plan "
+                f"runs; the keys are {', '.join(COLLECTIVES)}",
+                value=kind,
+            )
+        if not isinstance(links, Link):
+            if isinstance(links, str) or not hasattr(links, "__iter__"):
+                raise PlanError(
+                    f"per_collective[{kind!r}] needs a Link or one link per mesh dim, got "
+                    f"{links!r}",
+                    value=links,
+                )
+            links = _links(links)
+            if not links:
+                raise PlanError(
+                    f"per_collective[{kind!r}] needs a Link or one link per mesh dim, got "
+                    f"{value[kind]!r}",
+                    value=value[kind],
+                )
+        out[kind] = links
+    return FrozenMap(out)
+
+
 @attrs.frozen(cache_hash=True)
 class HardwareProfile:
     """Measured or assumed hardware numbers the cost model prices steps with.
 
     Either per-node links (``intra`` within a node of ``ranks_per_node`` consecutive
     global ranks, ``inter`` across nodes; ``ranks_per_node=None`` means one node), or
-    explicit per-mesh-dim links ``dims`` (what ``calibrate`` measures; they win when
-    given). Plus per-kernel launch overheads and local memory / reduction throughput,
+    explicit per-mesh-dim links ``dims`` (they win when given). ``per_collective`` gives a
+    collective kind links of its own, one Link for every mesh dim or one per dim (what
+    ``calibrate`` measures: a backend's all_reduce or all_to_all need not move bytes as
+    fast as its all_gather); a kind it leaves out takes the links above, and an
+    ``all_permute`` without its own takes the ``all_to_all``'s. Plus per-kernel launch overheads and local memory / reduction throughput,
     and ``reduce_scatter_via_all_reduce``: the backend runs a reduce_scatter as an
     all_reduce of its whole input, then keeps its own chunk (gloo does, in torch 2.13),
     so it costs that much.
@@ -139,6 +184,8 @@ class HardwareProfile:
     (8, True)
     >>> HardwareProfile.from_dims([(1e-6, 100e9), (5e-6, 20e9)]).dims[1]
     Link(latency_s=5e-06, bytes_per_s=20000000000.0)
+    >>> HardwareProfile(per_collective={"all_reduce": Link(2e-5, 1e9)}).per_collective
+    FrozenMap({'all_reduce': Link(latency_s=2e-05, bytes_per_s=1000000000.0)})
     """
 
     intra: Link = Link(1e-6, 150e9)
@@ -150,6 +197,7 @@ class HardwareProfile:
     copy_bytes_per_s: float = attrs.field(default=1e12, validator=_positive, converter=_number)
     reduce_bytes_per_s: float = attrs.field(default=5e11, validator=_positive, converter=_number)
     reduce_scatter_via_all_reduce: bool = attrs.field(default=False, validator=_boolean)
+    per_collective: FrozenMap = attrs.field(factory=FrozenMap, converter=_per_collective)
 
     def __attrs_post_init__(self) -> None:
         rpn = self.ranks_per_node
@@ -335,21 +383,42 @@ def _spans_nodes(mesh: Mesh, dims: tuple[int, ...], ranks_per_node: int) -> bool
     return False
 
 
-def group_link(model: CostModel, mesh: Mesh, dims: tuple[int, ...]) -> Link:
-    """The link a group over ``dims`` communicates on: the slowest of its dims' links."""
+def group_link(
+    model: CostModel, mesh: Mesh, dims: tuple[int, ...], collective: str | None = None
+) -> Link:
+    """The link a group over ``dims`` communicates on: the slowest of its dims' links (for
+    ``collective``, its own links when the profile has them)."""
     hw = model.profile
+    own = hw.per_collective.get(collective) if hw.per_collective else None
+    if own is None and collective == "all_permute" and hw.per_collective:
+        own = hw.per_collective.get("all_to_all")
+    if isinstance(own, Link):
+        return own
+    if own is not None:
+        return _slowest(own, mesh, dims, f"per_collective[{collective!r}]", hw)
     if hw.dims is not None:
-        if len(hw.dims) != mesh.ndim:
-            raise PlanError(
-                f"hardware profile has links for {len(hw.dims)} mesh dims, but mesh "
-                f"{mesh} has {mesh.ndim}; calibrate it on this mesh",
-                value=hw,
-            )
-        links = [hw.dims[m] for m in dims]
-        return Link(max(x.latency_s for x in links), min(x.bytes_per_s for x in links))
+        return _slowest(hw.dims, mesh, dims, "dims", hw)
     if hw.ranks_per_node is not None and _spans_nodes(mesh, tuple(dims), hw.ranks_per_node):
         return hw.inter
     return hw.intra
+
+
+def _slowest(links: tuple[Link, ...], mesh: Mesh, dims, what: str, hw) -> Link:
+    if len(links) != mesh.ndim:
+        raise PlanError(
+            f"hardware profile has {what} links for {len(links)} mesh dims, but mesh "
+            f"{mesh} has {mesh.ndim}; calibrate it on this mesh",
+            value=hw,
+        )
+    chosen = [links[m] for m in dims]
+    return Link(max(x.latency_s for x in chosen), min(x.bytes_per_s for x in chosen))
+
+
+def best_link(model: CostModel, mesh: Mesh, m: int) -> Link:
+    """The least latency and the most bandwidth any collective on mesh dim ``m`` has (what
+    the search's lower bounds may assume of every step there)."""
+    links = [group_link(model, mesh, (m,), kind) for kind in COLLECTIVES]
+    return Link(min(x.latency_s for x in links), max(x.bytes_per_s for x in links))
 
 
 # -- the one pricing function ---------------------------------------------------------------
@@ -371,32 +440,47 @@ def coefficients(
     hw = model.profile
     if collective is None:
         return (0.0, 0.0, 0.0, hw.local_launch_s, 0.0, 1.0 / hw.copy_bytes_per_s, 0.0)
-    link = group_link(model, mesh, dims)
+    link = group_link(model, mesh, dims, collective)
     n = math.prod(mesh.shape[m] for m in dims)
-    lat, bw = link.latency_s, link.bytes_per_s
+    hops, y_in, y_out, comp_in, comp_out, recv = link_terms(hw, collective, n, n_send)
+    bw = link.bytes_per_s
+    comm0 = hw.launch_s + link.latency_s * hops
+    return (comm0, y_in / bw, y_out / bw, 0.0, comp_in, comp_out, recv)
+
+
+def link_terms(
+    hw: HardwareProfile, collective: str, n: int, n_send: int
+) -> tuple[int, float, float, float, float, float]:
+    """The shape of a collective's price over a group of ``n`` ranks (``n_send`` of them
+    sending), whatever its link: ``(hops, y_in, y_out, comp_in, comp_out, recv)``. It
+    costs ``launch_s + latency * hops + (y_in * b_in + y_out * b_out) / bandwidth`` of
+    communication and ``comp_in * b_in + comp_out * b_out`` of compute, and the busiest
+    rank receives ``recv`` times its ``b_in`` (all_gather, all_reduce) or ``b_out``.
+    ``calibrate`` fits each collective's link to its timings through this shape.
+
+    >>> link_terms(HardwareProfile(), "all_gather", 4, 4)
+    (2, 3.0, 0.0, 0.0, 0.0, 3.0)
+    """
     steps = math.ceil(math.log2(n)) if n > 1 else 0
     if collective == "all_gather":
         k = n_send
-        return (hw.launch_s + lat * steps, (k - 1) / bw, 0.0, 0.0, 0.0, 0.0, float(k - 1))
+        return (steps, float(k - 1), 0.0, 0.0, 0.0, float(k - 1))
     if collective == "reduce_scatter" and hw.reduce_scatter_via_all_reduce:
         # an all_reduce of the input (n times the output), then a copy of the own chunk
         f = (n - 1) / n
         copy = 1.0 / hw.copy_bytes_per_s
-        red = f / hw.reduce_bytes_per_s
-        return (hw.launch_s + 2 * lat * steps, 2 * f / bw, 0.0, 0.0, red, copy, 2.0 * (n - 1))
+        return (2 * steps, 2 * f, 0.0, f / hw.reduce_bytes_per_s, copy, 2.0 * (n - 1))
     if collective == "reduce_scatter":
         red = (n - 1) / hw.reduce_bytes_per_s
-        return (hw.launch_s + lat * steps, 0.0, (n - 1) / bw, 0.0, 0.0, red, float(n - 1))
+        return (steps, 0.0, float(n - 1), 0.0, red, float(n - 1))
     if collective == "all_reduce":
         f = (n - 1) / n
-        red = f / hw.reduce_bytes_per_s
-        return (hw.launch_s + 2 * lat * steps, 2 * f / bw, 0.0, 0.0, red, 0.0, 2 * f)
+        return (2 * steps, 2 * f, 0.0, f / hw.reduce_bytes_per_s, 0.0, 2 * f)
     if collective in ("all_to_all", "all_permute"):
         k = n_send
         f = (k - 1) / k
         ksteps = math.ceil(math.log2(k)) if k > 1 else 0
-        copy = 1.0 / hw.copy_bytes_per_s
-        return (hw.launch_s + lat * ksteps, 0.0, f / bw, 0.0, 0.0, copy, f)
+        return (ksteps, 0.0, f, 0.0, 1.0 / hw.copy_bytes_per_s, f)
     raise PlanError(f"cannot price collective {collective!r}", value=collective)
 
 

@@ -47,7 +47,7 @@ import threading
 
 from meshplan.placement import dtype_itemsize
 
-from ._cost import chain_extent, coefficients, collective_weight, group_link
+from ._cost import best_link, chain_extent, coefficients, collective_weight
 from ._exact import _may_empty, _smallest_piece, even_steps, exact_covers, links
 from ._heuristic import SUMAVG, R, _Bounds
 
@@ -153,13 +153,15 @@ class _Context(_Bounds):
         self.launch = hw.launch_s
         self.local_launch = hw.local_launch_s
         self.copy = 1.0 / hw.copy_bytes_per_s
+        # per mesh dim, the fastest link any collective there has (a profile may give
+        # each collective links of its own): the bounds below hold for every step
+        best = [best_link(model, mesh, m) for m in range(mesh.ndim)]
         self.alpha_log = tuple(
-            group_link(model, mesh, (m,)).latency_s * math.log2(n) if n > 1 else 0.0
-            for m, n in enumerate(mesh.shape)
+            best[m].latency_s * math.log2(n) if n > 1 else 0.0 for m, n in enumerate(mesh.shape)
         )
         # the least latency of any collective (one on a single mesh dim, at least)
         self.alpha_floor = min([self.alpha_log[m] for m in self.active] or [0.0])
-        self.dim_bw = tuple(group_link(model, mesh, (m,)).bytes_per_s for m in range(mesh.ndim))
+        self.dim_bw = tuple(link.bytes_per_s for link in best)
         self.fastest = max([self.dim_bw[m] for m in self.active] or [1.0])
         # what the first rank lacks, in seconds per byte at least: the model charges an
         # all_to_all or all_permute (k-1)/k of its output, however much of it a rank
@@ -178,8 +180,7 @@ class _Context(_Bounds):
         # plus the reduction)
         self.weights = []
         for m, n in enumerate(mesh.shape):
-            link = group_link(model, mesh, (m,))
-            bw = link.bytes_per_s
+            bw = best[m].bytes_per_s
             f = (n - 1) / n if n > 1 else 0.0
             self.weights.append(
                 (

@@ -11,12 +11,27 @@ from hypothesis import strategies as st
 
 from meshplan.layout import Mesh
 from meshplan.placement import Partial, Spec, gather_index, local_intervals, shard, unshard
-from meshplan.redistribute import simulate
+from meshplan.redistribute import CostModel, HardwareProfile, Link, simulate
 from meshplan.redistribute._planner import _plan_value, _spec, _state, _step, _universe
 from meshplan.redistribute._search import R, context
 from meshplan.testing import mesh_dims, shapes, specs
 
 OPS = ("sum", "avg", "max", "min")
+
+# a profile whose collectives have links of their own (as ``calibrate`` measures): slow
+# all_reduces, fast all_to_alls, all_permutes apart from both; the rest on two tiers
+PER_COLLECTIVE = CostModel(
+    HardwareProfile(
+        intra=Link(2e-6, 50e9),
+        inter=Link(8e-6, 10e9),
+        ranks_per_node=2,
+        per_collective={
+            "all_reduce": Link(3e-5, 4e9),
+            "all_to_all": Link(1e-6, 200e9),
+            "all_permute": Link(2e-5, 20e9),
+        },
+    )
+)
 
 
 @st.composite

@@ -401,7 +401,8 @@ def _calibrate(mesh):
 
 
 def test_calibrate_measures_one_link_per_mesh_dim_and_agrees_across_ranks(pool8):
-    from meshplan.redistribute import CostModel, HardwareProfile
+    from meshplan.redistribute import CostModel, HardwareProfile, Link
+    from meshplan.redistribute._cost import COLLECTIVES
 
     mesh = Mesh.create((2, 1, 4), ("dp", "one", "tp"), ranks=(3, 1, 0, 2, 7, 5, 4, 6))
     profiles = pool8.run(_calibrate, mesh)
@@ -414,6 +415,19 @@ def test_calibrate_measures_one_link_per_mesh_dim_and_agrees_across_ranks(pool8)
         assert 0 < link.latency_s < 1.0
         assert 1e5 < link.bytes_per_s < 1e13
     assert one.latency_s == 0.0  # a dim of size 1 never communicates
+    # every collective has its own fitted links per dim; the all_gather's are ``dims``
+    assert set(first.per_collective) == set(COLLECTIVES)
+    assert first.per_collective["all_gather"] == first.dims
+    permute = first.per_collective["all_permute"]  # spans mesh dims: one link over all
+    assert 0 <= permute.latency_s < 1.0 and 1e5 < permute.bytes_per_s < 1e13
+    for kind, links in first.per_collective.items():
+        if kind == "all_permute":
+            continue
+        assert len(links) == mesh.ndim, kind
+        assert links[1] == Link(0.0, first.copy_bytes_per_s), kind
+        for link in (links[0], links[2]):
+            assert 0 <= link.latency_s < 1.0, kind
+            assert 1e5 < link.bytes_per_s < 1e13, kind
     assert first.launch_s == 0.0 and first.local_launch_s > 0
     assert first.copy_bytes_per_s > 0 and first.reduce_bytes_per_s > 0
     # gloo runs a reduce_scatter as an all_reduce of its input: the profile prices it so

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 import warnings
 
+import attrs
 import pytest
 from _plan_cases import spec_pairs
 from hypothesis import given
@@ -103,6 +104,63 @@ def test_calibrated_per_dim_links_win_and_merged_steps_take_the_slowest():
     assert group_link(model, mesh, (0, 1)) == Link(7e-6, 10e9)
     with pytest.raises(PlanError, match="links for 2 mesh dims"):
         group_link(model, Mesh.create((2, 2, 2)), (0,))
+
+
+def test_each_collective_may_have_links_of_its_own():
+    # a backend's all_reduce need not move bytes as fast as its all_gather: a profile
+    # gives a collective its own links (one for every dim, or one per dim); a kind left
+    # out takes the profile's links, an all_permute without its own the all_to_all's
+    slow, fast = Link(3e-5, 2e9), Link(1e-6, 200e9)
+    hw = HardwareProfile(
+        intra=Link(2e-6, 50e9),
+        per_collective={"all_reduce": slow, "all_to_all": [fast, (5e-6, 40e9)]},
+    )
+    model = CostModel(hw)
+    mesh = Mesh.create((2, 2), ("a", "b"))
+    assert group_link(model, mesh, (0,), "all_reduce") == slow
+    assert group_link(model, mesh, (0, 1), "all_reduce") == slow
+    assert group_link(model, mesh, (0,), "all_gather") == hw.intra
+    assert group_link(model, mesh, (0,), "reduce_scatter") == hw.intra
+    assert group_link(model, mesh, (0,), "all_to_all") == fast
+    assert group_link(model, mesh, (0, 1), "all_to_all") == Link(5e-6, 40e9)  # the slowest
+    assert group_link(model, mesh, (1,), "all_permute") == Link(5e-6, 40e9)
+    # one pricing function: the step's price is the collective's own alpha-beta
+    big = (1024, 256)
+    a, b = spec(mesh, "P R", big), spec(mesh, "R R", big)
+    c = step_cost(Step(0, a, b, "all_reduce"), model)
+    nbytes = 1024 * 256 * 4
+    assert c.comm == pytest.approx(hw.launch_s + 2 * slow.latency_s + nbytes / slow.bytes_per_s)
+    plain = step_cost(Step(0, a, b, "all_reduce"), CostModel(HardwareProfile(intra=hw.intra)))
+    assert c.comm > plain.comm
+    # per-dim links must match the mesh
+    with pytest.raises(PlanError, match=r"per_collective\['all_to_all'\] links for 2 mesh dims"):
+        group_link(model, Mesh.create((2, 2, 2)), (0,), "all_to_all")
+
+
+def test_a_slow_all_reduce_changes_the_plan():
+    # (P, R, P) -> (R, R, R) on the alias of a and c: one merged all_reduce, unless the
+    # all_reduce moves bytes slowly, when a reduce_scatter and an all_gather beat it
+    mesh = Mesh.create((2, 2, 2), ("a", "b", "c")).flatten(("a", "c"), "ac")
+    src, dst = spec(mesh, "P R P", (4096, 256)), spec(mesh, "R R R", (4096, 256))
+    assert plan(src, dst).collectives == ("all_reduce",)
+    hw = HardwareProfile.nvlink_ib()
+    slow = CostModel(attrs.evolve(hw, per_collective={"all_reduce": Link(5e-6, 5e9)}))
+    p = plan(src, dst, cost_model=slow)
+    assert p.collectives == ("reduce_scatter", "all_gather")
+    assert cost(p, slow).total < cost(plan(src, dst), slow).total
+
+
+def test_bad_per_collective_links_are_named():
+    with pytest.raises(PlanError, match="'gather', which is not a collective"):
+        HardwareProfile(per_collective={"gather": Link(1e-6, 1e9)})
+    with pytest.raises(PlanError, match=r"per_collective\['all_reduce'\] needs a Link"):
+        HardwareProfile(per_collective={"all_reduce": 3})
+    with pytest.raises(PlanError, match=r"per_collective\['all_reduce'\] needs a Link"):
+        HardwareProfile(per_collective={"all_reduce": []})
+    with pytest.raises(PlanError, match="maps a collective name"):
+        HardwareProfile(per_collective=[Link(1e-6, 1e9)])
+    with pytest.raises(PlanError, match="bytes_per_s must be a number > 0"):
+        HardwareProfile(per_collective={"all_to_all": [(1e-6, 0)]})
 
 
 def test_bad_numbers_raise_plan_errors():

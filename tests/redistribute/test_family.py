@@ -6,7 +6,7 @@ from __future__ import annotations
 import warnings
 
 import pytest
-from _plan_cases import spec_pairs
+from _plan_cases import PER_COLLECTIVE, spec_pairs
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
@@ -21,6 +21,7 @@ MODELS = [
     CostModel.default(),
     CostModel(HardwareProfile.nvlink_ib(gpus_per_node=2)),
     CostModel(HardwareProfile.gloo_cpu()),
+    PER_COLLECTIVE,
 ]
 
 

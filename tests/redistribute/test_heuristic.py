@@ -8,7 +8,7 @@ import itertools
 import math
 
 import pytest
-from _plan_cases import spec_pairs
+from _plan_cases import PER_COLLECTIVE, spec_pairs
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -23,6 +23,7 @@ MODELS = [
     CostModel(),
     CostModel(HardwareProfile.nvlink_ib(gpus_per_node=4)),
     CostModel(HardwareProfile.gloo_cpu()),
+    PER_COLLECTIVE,
 ]
 
 

@@ -23,6 +23,7 @@ import os
 
 import pytest
 import torch
+from _plan_cases import PER_COLLECTIVE
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -275,6 +276,7 @@ def _suffix_dims(s: Spec, t: Spec, d: int):
 MODELS = [
     CostModel(HardwareProfile.nvlink_ib(gpus_per_node=2)),
     CostModel(HardwareProfile.gloo_cpu()),
+    PER_COLLECTIVE,
 ]
 
 

@@ -12,7 +12,7 @@ import math
 import warnings
 
 import pytest
-from _plan_cases import delivers, spec_pairs, values
+from _plan_cases import PER_COLLECTIVE, delivers, spec_pairs, values
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
@@ -27,6 +27,7 @@ MODELS = [
     CostModel.default(),
     CostModel(HardwareProfile.nvlink_ib(gpus_per_node=2)),
     CostModel(HardwareProfile.gloo_cpu()),
+    PER_COLLECTIVE,
 ]
 
 
