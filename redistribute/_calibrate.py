@@ -217,9 +217,7 @@ def calibrate(
     Every rank of the world calls it together; ranks outside the mesh get None. A dim of
     size 1 gets a free link (no latency, the local copy bandwidth). ``nbytes`` is the
     largest input per rank it times (4 MiB): the fit is best for steps up to about that
-    size, so give the size of the tensors the plans will move. On 8 gloo processes
-    sharing 2 cores, fitting up to 1 MiB chose plans that ran slower than torch's at
-    4 MiB (0.6x); fitting up to 4 MiB, none did (``benchmarks/redistribute_speed.py``).
+    size, so give the size of the tensors the plans will move.
 
     >>> calibrate.__name__   # runs collectives; see tests/redistribute/test_collectives.py
     'calibrate'
