@@ -2,7 +2,9 @@
 
     meshplan plan --mesh 2x2x2 --names a,b,c --flatten a,c --src "P R P" --dst "R R R" --shape 8,8
 
-Pure: builds values, calls :func:`~meshplan.redistribute.plan`, prints
+Prices come from a preset (``--hardware``) or from a profile saved with
+:meth:`~meshplan.redistribute.HardwareProfile.to_json` (``--profile FILE``, e.g. what
+``calibrate`` measured on the real process groups). Pure: builds values, calls :func:`~meshplan.redistribute.plan`, prints
 :func:`~meshplan.redistribute.explain`. No torch.
 """
 
@@ -76,11 +78,18 @@ def build_parser() -> argparse.ArgumentParser:
         default="time",
         help="least modeled time (default), or fewest collectives, then time",
     )
-    p.add_argument(
+    hw = p.add_mutually_exclusive_group()
+    hw.add_argument(
         "--hardware",
         choices=sorted(_PROFILES),
         default="nvlink-ib",
         help="hardware profile for the cost model (default nvlink-ib)",
+    )
+    hw.add_argument(
+        "--profile",
+        metavar="FILE",
+        help="a hardware profile saved by HardwareProfile.to_json (e.g. what calibrate "
+        "measured on the real process groups)",
     )
     p.add_argument("--gpus-per-node", type=int, default=8, help="ranks per node (nvlink-ib)")
     return parser
@@ -106,6 +115,17 @@ def _spec(mesh: Mesh, text: str, shape, dtype: str) -> Spec:
     return Spec(mesh, placements, shape, dtype, order)
 
 
+def _profile(args) -> HardwareProfile:
+    if args.profile is None:
+        return _PROFILES[args.hardware](args)
+    try:
+        with open(args.profile, encoding="utf-8") as f:
+            text = f.read()
+    except OSError as e:
+        raise argparse.ArgumentTypeError(f"--profile {args.profile!r}: {e.strerror}") from None
+    return HardwareProfile.from_json(text)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line; returns the exit status (0 ok, 2 bad input).
 
@@ -122,7 +142,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         shape = _ints(args.shape, ",", "--shape")
         src = _spec(mesh, args.src, shape, args.dtype)
         dst = _spec(mesh, args.dst, shape, args.dtype)
-        model = CostModel(_PROFILES[args.hardware](args))
+        model = CostModel(_profile(args))
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always", MergeWarning)
             p = plan(

@@ -28,6 +28,7 @@ all_reduce of its input plus a copy of its output. No torch here.
 from __future__ import annotations
 
 import functools
+import json
 import math
 from collections.abc import Mapping, Sequence
 
@@ -122,6 +123,29 @@ def _links(value) -> tuple[Link, ...] | None:
             v = Link(latency, bandwidth)
         out.append(v)
     return tuple(out)
+
+
+_FORMAT = "meshplan_hardware_profile"  # the marker (and format version) of to_json's text
+
+
+def _is_pair(value) -> bool:
+    """Whether ``value`` is one ``[latency_s, bytes_per_s]`` (not a list of them)."""
+    return (
+        isinstance(value, list | tuple)
+        and len(value) == 2
+        and not any(isinstance(v, list | tuple) for v in value)
+    )
+
+
+def _link_of(value, name: str) -> Link:
+    if isinstance(value, Link):
+        return value
+    if not _is_pair(value):
+        raise PlanError(
+            f"hardware profile field {name} must be [latency_s, bytes_per_s], got {value!r}",
+            value=value,
+        )
+    return Link(*value)
 
 
 COLLECTIVES = ("all_gather", "reduce_scatter", "all_reduce", "all_to_all", "all_permute")
@@ -240,6 +264,70 @@ class HardwareProfile:
                 "from_dims needs one (latency_s, bytes_per_s) per mesh dim", value=links
             )
         return cls(dims=links, **kwargs)
+
+    def to_json(self) -> str:
+        """The profile as JSON text, which :meth:`from_json` reads back to an equal
+        profile: measure once with ``calibrate``, plan with it anywhere (also
+        ``meshplan plan --profile FILE``). A Link is ``[latency_s, bytes_per_s]``.
+
+        >>> hw = HardwareProfile.from_dims([(1e-6, 1e11)], per_collective={"all_reduce": Link(2e-6, 5e10)})
+        >>> HardwareProfile.from_json(hw.to_json()) == hw
+        True
+        """
+
+        def link(x: Link) -> list[float]:
+            return [x.latency_s, x.bytes_per_s]
+
+        def links(x):
+            return link(x) if isinstance(x, Link) else [link(v) for v in x]
+
+        data = {_FORMAT: 1}
+        for field in attrs.fields(HardwareProfile):
+            value = getattr(self, field.name)
+            if field.name == "per_collective":
+                value = {kind: links(v) for kind, v in value.items()}
+            elif isinstance(value, Link) or (field.name == "dims" and value is not None):
+                value = links(value)
+            data[field.name] = value
+        # one field per line, each link on one line
+        lines = [f" {json.dumps(k)}: {json.dumps(v)}" for k, v in data.items()]
+        return "{\n" + ",\n".join(lines) + "\n}\n"
+
+    @classmethod
+    def from_json(cls, text: str | bytes) -> HardwareProfile:
+        """The profile :meth:`to_json` wrote (fields left out take their defaults); a
+        :class:`~meshplan.errors.PlanError` names what is wrong with any other text."""
+        try:
+            data = json.loads(text)
+        except (TypeError, ValueError) as e:
+            raise PlanError(
+                f"a hardware profile is JSON text, got {str(text)[:60]!r}: {e}"
+            ) from None
+        if not isinstance(data, dict) or data.get(_FORMAT) != 1:
+            raise PlanError(
+                f"not a hardware profile of HardwareProfile.to_json (no {_FORMAT!r}: 1): "
+                f"{str(data)[:80]}",
+                value=data,
+            )
+        names = {f.name for f in attrs.fields(HardwareProfile)}
+        unknown = sorted(set(data) - names - {_FORMAT})
+        if unknown:
+            raise PlanError(
+                f"hardware profile has unknown fields {unknown}; the fields are "
+                f"{', '.join(sorted(names))}",
+                value=unknown,
+            )
+        kwargs = {k: v for k, v in data.items() if k != _FORMAT}
+        for name in ("intra", "inter"):
+            if name in kwargs:
+                kwargs[name] = _link_of(kwargs[name], name)
+        pc = kwargs.get("per_collective")
+        if isinstance(pc, dict):
+            kwargs["per_collective"] = {
+                kind: _link_of(v, f"per_collective[{kind!r}]") if _is_pair(v) else v
+                for kind, v in pc.items()
+            }
+        return cls(**kwargs)
 
 
 @attrs.frozen(cache_hash=True)

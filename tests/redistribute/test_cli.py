@@ -47,6 +47,35 @@ def test_options_reach_the_planner(capsys):
     assert "all_permute" not in out and "all_reduce" in out
 
 
+def test_a_saved_profile_prices_the_plan(capsys, tmp_path):
+    from meshplan.redistribute import HardwareProfile, Link
+
+    # a profile whose all_reduce is slow (saved as calibrate's would be): the merged
+    # all_reduce gives way to a reduce_scatter and an all_gather
+    argv = ARGS + ["--flatten", "a,c", "--src", "P R P", "--dst", "R R R", "--shape", "4096,256"]
+    slow = HardwareProfile(per_collective={"all_reduce": Link(5e-6, 5e9)})
+    path = tmp_path / "profile.json"
+    path.write_text(slow.to_json())
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert "all_reduce" in out and "reduce_scatter" not in out
+    assert main(argv + ["--profile", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "all_reduce" not in out and "reduce_scatter" in out and "all_gather" in out
+    # per-dim links for another mesh, a missing file, text that is no profile: exit 2
+    path.write_text(HardwareProfile.from_dims([(1e-6, 1e9)] * 2).to_json())
+    assert main(argv + ["--profile", str(path)]) == 2
+    assert "calibrate it on this mesh" in capsys.readouterr().err
+    assert main(argv + ["--profile", str(tmp_path / "none.json")]) == 2
+    assert "none.json" in capsys.readouterr().err
+    path.write_text("{}")
+    assert main(argv + ["--profile", str(path)]) == 2
+    assert "not a hardware profile" in capsys.readouterr().err
+    with pytest.raises(SystemExit):  # one source of prices
+        main(argv + ["--profile", str(path), "--hardware", "gloo-cpu"])
+    assert "not allowed with argument" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize(
     "extra, message",
     [

@@ -27,7 +27,12 @@ from meshplan.redistribute import (
     step_cost,
     transition_cost,
 )
-from meshplan.redistribute._cost import chain_extent, group_link, padded_local_bytes
+from meshplan.redistribute._cost import (
+    COLLECTIVES,
+    chain_extent,
+    group_link,
+    padded_local_bytes,
+)
 from meshplan.testing import specs
 
 warnings.simplefilter("ignore", MergeWarning)
@@ -161,6 +166,76 @@ def test_bad_per_collective_links_are_named():
         HardwareProfile(per_collective=[Link(1e-6, 1e9)])
     with pytest.raises(PlanError, match="bytes_per_s must be a number > 0"):
         HardwareProfile(per_collective={"all_to_all": [(1e-6, 0)]})
+
+
+_links_st = st.builds(
+    Link,
+    st.floats(0, 1e-2, allow_nan=False),
+    st.floats(1e3, 1e13, allow_nan=False),
+)
+
+
+@st.composite
+def profiles(draw):
+    ndim = draw(st.integers(1, 4))
+    per_dim = st.lists(_links_st, min_size=ndim, max_size=ndim)
+    kinds = draw(st.lists(st.sampled_from(COLLECTIVES), unique=True))
+    return HardwareProfile(
+        intra=draw(_links_st),
+        inter=draw(_links_st),
+        ranks_per_node=draw(st.none() | st.integers(1, 16)),
+        dims=draw(st.none() | per_dim),
+        launch_s=draw(st.floats(0, 1e-3)),
+        local_launch_s=draw(st.floats(0, 1e-3)),
+        copy_bytes_per_s=draw(st.floats(1e6, 1e13)),
+        reduce_bytes_per_s=draw(st.floats(1e6, 1e13)),
+        reduce_scatter_via_all_reduce=draw(st.booleans()),
+        per_collective={k: draw(_links_st | per_dim) for k in kinds},
+    )
+
+
+@given(profiles())
+def test_a_profile_saved_as_json_loads_back_equal(hw):
+    text = hw.to_json()
+    back = HardwareProfile.from_json(text)
+    assert back == hw
+    assert HardwareProfile.from_json(text.encode()) == hw
+    assert back.to_json() == text
+
+
+def test_a_saved_profile_plans_like_the_one_saved(tmp_path):
+    mesh = Mesh.create((2, 2, 2), ("a", "b", "c")).flatten(("a", "c"), "ac")
+    src, dst = spec(mesh, "P R P", (4096, 256)), spec(mesh, "R R R", (4096, 256))
+    hw = HardwareProfile.from_dims(
+        [(1e-5, 2e9)] * 3, launch_s=0.0, per_collective={"all_reduce": [(5e-6, 5e8)] * 3}
+    )
+    back = HardwareProfile.from_json(hw.to_json())
+    assert plan(src, dst, cost_model=CostModel(back)) == plan(src, dst, cost_model=CostModel(hw))
+    # fields left out take their defaults
+    assert HardwareProfile.from_json('{"meshplan_hardware_profile": 1}') == HardwareProfile()
+
+
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ("{", "a hardware profile is JSON text"),
+        ("[1, 2]", "not a hardware profile of HardwareProfile.to_json"),
+        ('{"launch_s": 1}', "not a hardware profile"),
+        ('{"meshplan_hardware_profile": 2}', "not a hardware profile"),
+        ('{"meshplan_hardware_profile": 1, "intr": [1, 2]}', "unknown fields \\['intr'\\]"),
+        ('{"meshplan_hardware_profile": 1, "intra": 3}', "field intra must be \\[latency_s"),
+        ('{"meshplan_hardware_profile": 1, "inter": [1, 0]}', "bytes_per_s must be a number > 0"),
+        ('{"meshplan_hardware_profile": 1, "dims": [[1, 2], 5]}', "a per-dim link"),
+        ('{"meshplan_hardware_profile": 1, "launch_s": "x"}', "expected a number, got 'x'"),
+        (
+            '{"meshplan_hardware_profile": 1, "per_collective": {"gather": [1, 2]}}',
+            "'gather', which is not a collective",
+        ),
+    ],
+)
+def test_bad_profile_text_is_named(text, message):
+    with pytest.raises(PlanError, match=message):
+        HardwareProfile.from_json(text)
 
 
 def test_bad_numbers_raise_plan_errors():
