@@ -4,8 +4,9 @@
 
 Prices come from a preset (``--hardware``) or from a profile saved with
 :meth:`~meshplan.redistribute.HardwareProfile.to_json` (``--profile FILE``, e.g. what
-``calibrate`` measured on the real process groups). Pure: builds values, calls :func:`~meshplan.redistribute.plan`, prints
-:func:`~meshplan.redistribute.explain`. No torch.
+``calibrate`` measured on the real process groups). Pure: builds values, calls
+:func:`~meshplan.redistribute.plan`, prints :func:`~meshplan.redistribute.explain`. No
+torch.
 """
 
 from __future__ import annotations

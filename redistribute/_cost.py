@@ -198,10 +198,11 @@ class HardwareProfile:
     collective kind links of its own, one Link for every mesh dim or one per dim (what
     ``calibrate`` measures: a backend's all_reduce or all_to_all need not move bytes as
     fast as its all_gather); a kind it leaves out takes the links above, and an
-    ``all_permute`` without its own takes the ``all_to_all``'s. Plus per-kernel launch overheads and local memory / reduction throughput,
-    and ``reduce_scatter_via_all_reduce``: the backend runs a reduce_scatter as an
-    all_reduce of its whole input, then keeps its own chunk (gloo does, in torch 2.13),
-    so it costs that much.
+    ``all_permute`` without its own takes the ``all_to_all``'s. Plus per-kernel launch
+    overheads and local memory / reduction throughput, and
+    ``reduce_scatter_via_all_reduce``: the backend runs a reduce_scatter as an all_reduce
+    of its whole input, then keeps its own chunk (gloo does, in torch 2.13), so it costs
+    that much. :meth:`to_json` / :meth:`from_json` save and load a profile.
 
     >>> hw = HardwareProfile.nvlink_ib(gpus_per_node=8)
     >>> hw.ranks_per_node, hw.inter.bytes_per_s < hw.intra.bytes_per_s
@@ -270,7 +271,8 @@ class HardwareProfile:
         profile: measure once with ``calibrate``, plan with it anywhere (also
         ``meshplan plan --profile FILE``). A Link is ``[latency_s, bytes_per_s]``.
 
-        >>> hw = HardwareProfile.from_dims([(1e-6, 1e11)], per_collective={"all_reduce": Link(2e-6, 5e10)})
+        >>> slow = {"all_reduce": Link(2e-6, 5e10)}
+        >>> hw = HardwareProfile.from_dims([(1e-6, 1e11)], per_collective=slow)
         >>> HardwareProfile.from_json(hw.to_json()) == hw
         True
         """
