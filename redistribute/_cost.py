@@ -592,7 +592,7 @@ def collective_weight(model: CostModel, mesh: Mesh, nbytes: int) -> float:
     n = math.prod(mesh.shape)
     dims = tuple(range(mesh.ndim))
     worst = 0.0
-    for kind in (None, "all_gather", "reduce_scatter", "all_reduce", "all_to_all"):
+    for kind in (None, *COLLECTIVES):  # (each on its own links, when the profile has them)
         c = coefficients(model, mesh, dims, kind, n)
         worst = max(worst, c[0] + c[3] + (c[1] + c[4] + c[2] + c[5]) * nbytes)
     return 8.0 * (mesh.ndim + 2) * worst
