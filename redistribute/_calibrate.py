@@ -73,9 +73,10 @@ def measure(
     big = torch.ones(numel, dtype=torch.float32, device=device)
     tiny = torch.ones(1, dtype=torch.float32, device=device)
     src, dst = big.clone(), torch.empty_like(big)
-    copy_s = _time(lambda: dst.copy_(src), repeats)
-    add_s = _time(lambda: torch.add(src, big, out=dst), repeats)
-    launch_s = _time(lambda: tiny.clone(), repeats * 10)
+    sync = _synchronizer(device)
+    copy_s = _time(lambda: dst.copy_(src), repeats, sync)
+    add_s = _time(lambda: torch.add(src, big, out=dst), repeats, sync)
+    launch_s = _time(lambda: tiny.clone(), repeats * 10, sync)
     # no link moves bytes faster than a local copy: the floor when noise hides the transfer
     copy_per_byte = copy_s / (numel * 4)
     row: list[float] = [max(copy_per_byte, 1e-15), add_s / (numel * 4), launch_s]
@@ -92,7 +93,7 @@ def measure(
             runs.append(
                 (_call(kind, group, n, device), _reps(n, repeats)) if group.size > 1 else None
             )
-    row += _time_all(runs)
+    row += _time_all(runs, sync)
     # every rank keeps the slowest rank's numbers, so every rank plans alike
     slowest = C.all_reduce(torch.tensor(row, dtype=torch.float64), groups.get(every), "max")
     values = slowest.tolist()
@@ -264,10 +265,23 @@ def _on_gloo(groups: ProcessGroups, device) -> bool:
     return any(part.strip() == f"{kind}:gloo" for part in backend.split(","))
 
 
-def _time_all(runs: list, rounds: int = 3) -> list[float]:
+def _synchronizer(device) -> Any:
+    """What waits for ``device``'s queued work: on an accelerator, collectives and copies
+    return once queued, so a timing without it would measure launches only; on the CPU
+    they have finished when they return (nothing to wait for)."""
+    kind = torch.device(device).type
+    if kind == "cpu":
+        return lambda: None
+    if kind == "cuda":
+        return lambda: torch.cuda.synchronize(device)
+    return lambda: torch.accelerator.synchronize(device)
+
+
+def _time_all(runs: list, sync: Any, rounds: int = 3) -> list[float]:
     """Seconds per call of each ``(fn, repeats)`` of ``runs`` (None: 0.0): the best of
-    ``rounds`` means over ``repeats`` back-to-back calls. Every round runs them all, so a
-    passing slowdown of the machine weighs on all of them alike, not on a few."""
+    ``rounds`` means over ``repeats`` back-to-back calls (``sync`` waits for them to
+    finish). Every round runs them all, so a passing slowdown of the machine weighs on
+    all of them alike, not on a few."""
     best = [math.inf if run else 0.0 for run in runs]
     for run in runs:
         if run:
@@ -276,20 +290,15 @@ def _time_all(runs: list, rounds: int = 3) -> list[float]:
         for i, run in enumerate(runs):
             if run:
                 fn, repeats = run
+                sync()
                 start = time.perf_counter()
                 for _ in range(repeats):
                     fn()
+                sync()
                 best[i] = min(best[i], (time.perf_counter() - start) / repeats)
     return best
 
 
-def _time(fn: Any, repeats: int, rounds: int = 3) -> float:
-    """Seconds per call: the best of ``rounds`` means over ``repeats`` back-to-back calls."""
-    fn()
-    best = math.inf
-    for _ in range(rounds):
-        start = time.perf_counter()
-        for _ in range(repeats):
-            fn()
-        best = min(best, (time.perf_counter() - start) / repeats)
-    return best
+def _time(fn: Any, repeats: int, sync: Any, rounds: int = 3) -> float:
+    """Seconds per call of ``fn``, as :func:`_time_all` measures it."""
+    return _time_all([(fn, repeats)], sync, rounds)[0]

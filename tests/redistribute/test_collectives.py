@@ -435,6 +435,24 @@ def test_calibrate_measures_one_link_per_mesh_dim_and_agrees_across_ranks(pool8)
     CostModel(first)  # usable by the planner
 
 
+def test_calibrate_waits_for_queued_work_before_reading_the_clock(monkeypatch):
+    # on an accelerator a collective returns once queued: a timing that did not wait for
+    # it would measure launches only
+    from meshplan.redistribute import _calibrate as K
+
+    waited = []
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: waited.append(device))
+    K._synchronizer("cuda:1")()
+    assert waited == ["cuda:1"]
+    assert K._synchronizer("cpu")() is None and waited == ["cuda:1"]
+    events = []
+    seconds = K._time_all(
+        [(lambda: events.append("call"), 2), None], lambda: events.append("wait"), rounds=1
+    )
+    assert events == ["call", "wait", "call", "call", "wait"]  # warm-up, then one round
+    assert seconds[0] > 0 and seconds[1] == 0.0
+
+
 def test_calibrate_on_a_mesh_over_part_of_the_world(pool8):
     mesh = Mesh.create((2, 2), ("a", "b"), ranks=(4, 6, 5, 7))
     profiles = pool8.run(_calibrate, mesh)
