@@ -95,7 +95,9 @@ def measure(
             )
     row += _time_all(runs, sync)
     # every rank keeps the slowest rank's numbers, so every rank plans alike
-    slowest = C.all_reduce(torch.tensor(row, dtype=torch.float64), groups.get(every), "max")
+    # (on the device: an NCCL group reduces no CPU tensor)
+    row_t = torch.tensor(row, dtype=torch.float64, device=device)
+    slowest = C.all_reduce(row_t, groups.get(every), "max")
     values = slowest.tolist()
     copy_per_byte, add_per_byte, launch = values[:3]
     via_all_reduce = _on_gloo(groups, device)
