@@ -172,7 +172,10 @@ class _Bounds:
                         x != y or codes[x] != goal_codes[y]
                         for x, y in zip(chain[:k], gchain[:k], strict=True)
                     )
-                ):
+                ) and not (self.tiny[d] and self._may_relabel(m, d, state, goal)):
+                    # (on a tiny dim, another dim's local step that moves nothing may
+                    # reorder the chain around it, unless its coordinate must read other
+                    # index bits: then only a collective over it will do)
                     other = True
                     omask |= 1 << m
                     lat += dlat
@@ -491,9 +494,9 @@ class _Bounds:
                 return (3, n, 0.0, 1, 0.0)
             local = 1 if (type(b) is int and b != R) else 0
             w = wt[1] * self.sizes[m] if type(b) is tuple else wt[1]
-            return (1, n, self.alpha_log[m], local, w)
+            return (1, n, self.reduce_alpha[m], local, w)
         if b == R:
-            return (1, n, self.alpha_log[m], 0, wt[0])
+            return (1, n, self.gather_alpha[m], 0, wt[0])
         if type(b) is int:
             return (3, n, 0.0, 1, 0.0)
         if a[0] == b[0] and self.tiny[a[0]]:

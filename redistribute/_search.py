@@ -47,7 +47,7 @@ import threading
 
 from meshplan.placement import dtype_itemsize
 
-from ._cost import best_link, chain_extent, coefficients, collective_weight
+from ._cost import best_link, chain_extent, coefficients, collective_weight, group_link
 from ._exact import _may_empty, _smallest_piece, even_steps, exact_covers, links
 from ._heuristic import SUMAVG, R, _Bounds
 
@@ -178,18 +178,31 @@ class _Context(_Bounds):
         # can run on: (gather: (n-1) x its input; reduce: (n-1)/n x its input, plus the
         # reduction; other shard change: (n-1)/n x, plus a copy; all_reduce: 2 (n-1)/n x,
         # plus the reduction)
+        # Where a profile gives collectives links of their own, a gather runs as an
+        # all_gather or (of a shard made Partial) an all_reduce, a reduction as a
+        # reduce_scatter or an all_reduce, an all_reduce as itself: each bound takes the
+        # faster of the links that can serve it (the same link everywhere otherwise)
         self.weights = []
+        self.gather_alpha = []  # latency (times log2 of the dim's size) of a gather
+        self.reduce_alpha = []  # ... of a reduction
         for m, n in enumerate(mesh.shape):
             bw = best[m].bytes_per_s
+            ag, rs, ar = (
+                group_link(model, mesh, (m,), kind)
+                for kind in ("all_gather", "reduce_scatter", "all_reduce")
+            )
             f = (n - 1) / n if n > 1 else 0.0
             self.weights.append(
                 (
-                    (n - 1) / bw,
-                    f / bw + f / hw.reduce_bytes_per_s,
+                    (n - 1) / max(ag.bytes_per_s, ar.bytes_per_s),
+                    f / max(rs.bytes_per_s, ar.bytes_per_s) + f / hw.reduce_bytes_per_s,
                     f / bw + self.copy,
-                    2 * f / bw + f / hw.reduce_bytes_per_s,
+                    2 * f / ar.bytes_per_s + f / hw.reduce_bytes_per_s,
                 )
             )
+            log_n = math.log2(n) if n > 1 else 0.0
+            self.gather_alpha.append(min(ag.latency_s, ar.latency_s) * log_n)
+            self.reduce_alpha.append(min(rs.latency_s, ar.latency_s) * log_n)
         self._set_aliases(merge)
         # temporarily sharding a dim replicated in source and target: a slice and a gather
         # (on an alias dim the gather may ride in a merged step, at no launch of its own)
@@ -724,24 +737,23 @@ class _Context(_Bounds):
 
     def _relabels(self, state, m: int, d: int) -> list:
         """The states where mesh dim ``m`` shards tensor dim ``d`` with another shard
-        placement (anywhere in its order) and every rank keeps the very same piece: a
-        StridedShard and a shard order that chunk alike, say. Such a change is a local
-        step that moves nothing (an all_to_all would pay a launch to send nothing).
-        Tiny dims only: elsewhere two shard orders never hold the same pieces. The
-        answer depends on ``d``'s order and its placements alone (memoized on them)."""
+        placement, in any order of ``d``'s mesh dims, and every rank keeps the very same
+        piece: a StridedShard and a shard order that chunk alike, say. Such a change is a
+        local step that moves nothing (an all_to_all would pay a launch to send nothing),
+        and it may say the other dims' order another way too. Tiny dims only: elsewhere
+        two shard orders never hold the same pieces. The answer depends on ``d``'s order
+        and its placements alone (memoized on them)."""
         codes, chains = state
         chain = chains[d]
         key = ("relabels", d, m, chain, tuple([codes[x] for x in chain]))
         found = self._exacts.get(key)
         if found is None:
-            rest = tuple([x for x in chain if x != m])
             found = []
             for code in self.shards:
                 if code[0] != d or code == codes[m]:
                     continue
                 new_codes = _put(codes, m, code)
-                for i in range(len(rest) + 1):
-                    new_chain = rest[:i] + (m,) + rest[i:]
+                for new_chain in itertools.permutations(chain):
                     t = (new_codes, _put(chains, d, new_chain))
                     if self._same_pieces(state, d, t, new_chain):
                         found.append((code, new_chain))
