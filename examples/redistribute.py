@@ -9,6 +9,8 @@ or runs under torchrun, one process per rank (NCCL when GPUs are present):
     torchrun --nproc-per-node 8 examples/redistribute.py
 
 Every move is checked on every rank against ``shard(x, dst)``, the reference layout.
+Last, ``calibrate`` measures every collective on these process groups, and the moves
+whose cheapest plan differs on this hardware run again with that plan.
 """
 
 import os
@@ -19,7 +21,15 @@ import torch.distributed as dist
 
 from meshplan.layout import Mesh
 from meshplan.placement import Partial, Replicate, Shard, Spec, shard
-from meshplan.redistribute import ProcessGroups, WorkerPool, plan, redistribute, run
+from meshplan.redistribute import (
+    CostModel,
+    ProcessGroups,
+    WorkerPool,
+    calibrate,
+    plan,
+    redistribute,
+    run,
+)
 
 R, P, S = Replicate(), Partial(), Shard
 
@@ -46,8 +56,23 @@ specs = {
 plans = {name: plan(src, dst) for name, (src, dst) in specs.items()}
 
 
-def on_each_rank(device: str = "cpu") -> list[tuple[str, bool, float]]:
-    """Steps 3 and 4, run by every rank: (move, correct, seconds per call) per move."""
+def timed(p, src, dst, rank, groups, device, seed=0) -> tuple[bool, float]:
+    """Run plan ``p`` on this rank's piece: whether it is right, and seconds per call."""
+    x = torch.randn(src.shape, generator=torch.Generator().manual_seed(seed))
+    local = shard(x, src)[rank].to(device)
+    out = run(p, local, groups)
+    correct = torch.allclose(out.cpu(), shard(x, dst)[rank], atol=1e-5)
+    calls = 20
+    dist.barrier()
+    start = time.perf_counter()
+    for _ in range(calls):
+        run(p, local, groups)
+    dist.barrier()
+    return correct, (time.perf_counter() - start) / calls
+
+
+def on_each_rank(device: str = "cpu") -> list[tuple[str, str, bool, float]]:
+    """Steps 3 to 5, run by every rank: (move, collectives, correct, seconds per call)."""
     rank = dist.get_rank()
 
     # 3. Create the process groups this rank needs: one per mesh dim and one for the
@@ -58,36 +83,38 @@ def on_each_rank(device: str = "cpu") -> list[tuple[str, bool, float]]:
     # 4. Run every plan on this rank's local tensor, check it, and time it.
     rows = []
     for name, (src, dst) in specs.items():
-        x = torch.randn(src.shape, generator=torch.Generator().manual_seed(0))
-        local = shard(x, src)[rank].to(device)
-        out = run(plans[name], local, groups)
-        correct = torch.allclose(out.cpu(), shard(x, dst)[rank], atol=1e-5)
-        calls = 20
-        dist.barrier()
-        start = time.perf_counter()
-        for _ in range(calls):
-            run(plans[name], local, groups)
-        dist.barrier()
-        rows.append((name, correct, (time.perf_counter() - start) / calls))
+        correct, seconds = timed(plans[name], src, dst, rank, groups, device)
+        rows.append((name, ", ".join(plans[name].collectives), correct, seconds))
 
     # redistribute() is the same move, differentiable: the gradient takes the way back.
     src, dst = specs["all-gather a 2-D sharding"]
     x = torch.randn(src.shape, generator=torch.Generator().manual_seed(1))
     local = shard(x, src)[rank].to(device).requires_grad_()
     redistribute(local, src, dst, groups).sum().backward()
-    rows.append(("backward of the all-gather", bool((local.grad == 1).all()), 0.0))
+    rows.append(
+        ("backward of the all-gather", "(the way back)", bool((local.grad == 1).all()), 0.0)
+    )
+
+    # 5. Plan for this hardware: calibrate() times every collective on these groups (up
+    #    to the moves' size) and returns the same profile on every rank, so every rank
+    #    picks the same plans. Save it with profile.to_json() to plan with it elsewhere.
+    profile = calibrate(groups, nbytes=2 << 20, repeats=5)
+    for name, (src, dst) in specs.items():
+        mine = plan(src, dst, cost_model=CostModel(profile))
+        if mine != plans[name]:
+            correct, seconds = timed(mine, src, dst, rank, groups, device)
+            rows.append((f"calibrated: {name}", ", ".join(mine.collectives), correct, seconds))
     return rows
 
 
-def report(per_rank: list[list[tuple[str, bool, float]]]) -> None:
-    print(f"{'move':38} {'collectives':40} {'ok':>3} {'ms/call':>8}")
-    for i, (name, _, _) in enumerate(per_rank[0]):
-        ok = all(rows[i][1] for rows in per_rank)
-        slowest = max(rows[i][2] for rows in per_rank)
-        kinds = ", ".join(plans[name].collectives) if name in plans else "(the way back)"
+def report(per_rank: list[list[tuple[str, str, bool, float]]]) -> None:
+    print(f"{'move':48} {'collectives':32} {'ok':>3} {'ms/call':>8}")
+    for i, (name, kinds, _, _) in enumerate(per_rank[0]):
+        ok = all(rows[i][2] for rows in per_rank)
+        slowest = max(rows[i][3] for rows in per_rank)
         ms = f"{slowest * 1e3:8.2f}" if slowest else f"{'-':>8}"
-        print(f"{name:38} {kinds:40} {'yes' if ok else 'NO':>3} {ms}")
-    if not all(row[1] for rows in per_rank for row in rows):
+        print(f"{name:48} {kinds:32} {'yes' if ok else 'NO':>3} {ms}")
+    if not all(row[2] for rows in per_rank for row in rows):
         raise SystemExit("some move gave a wrong local tensor")
 
 
@@ -109,13 +136,13 @@ if __name__ == "__main__":
         print(plans["uneven: reshard 1001 x 77"], "\n")
     if "RANK" in os.environ:
         rows = on_each_rank(device)
-        ok = torch.tensor([float(row[1]) for row in rows], device=device)
-        seconds = torch.tensor([row[2] for row in rows], device=device)
+        ok = torch.tensor([float(row[2]) for row in rows], device=device)
+        seconds = torch.tensor([row[3] for row in rows], device=device)
         dist.all_reduce(ok, dist.ReduceOp.MIN)  # correct on every rank
         dist.all_reduce(seconds, dist.ReduceOp.MAX)  # the slowest rank's time
         if leader:
             merged = zip(rows, ok.tolist(), seconds.tolist(), strict=True)
-            report([[(row[0], bool(o), t) for row, o, t in merged]])
+            report([[(row[0], row[1], bool(o), t) for row, o, t in merged]])
         dist.destroy_process_group()
     else:  # start 8 gloo processes on this machine, run on every rank, report here
         with WorkerPool(mesh.size(), "gloo") as pool:

@@ -6,9 +6,11 @@ dims, over all of them) at five sizes up to ``nbytes`` per rank, each a quarter 
 next, and local copies and additions. It fits each collective's own link to the cost
 model's price of that collective (:func:`._cost.link_terms`), by least squares on
 relative errors: e.g. along a dim of ``n`` ranks an all_gather of ``b`` bytes per rank
-is priced ``latency * ceil(log2 n) + (n - 1) * b / bandwidth``, an all_reduce
-``2 latency * ceil(log2 n) + 2 (n - 1) / n * b / bandwidth`` plus the reduction. The
-launch overhead is folded into the latency, so the profile's ``launch_s`` is 0. A
+is priced ``launch + latency * ceil(log2 n) + (n - 1) * b / bandwidth``, an all_reduce
+``launch + 2 latency * ceil(log2 n) + 2 (n - 1) / n * b / bandwidth`` plus the
+reduction. Small all_gathers over the whole mesh, with more hops than any one dim's,
+tell the fixed cost of a launch (the profile's ``launch_s``) apart from the per-hop
+latency; on a mesh of one active dim the launch is folded into the latency. A
 backend's collectives differ (gloo's all_gather moves bytes far slower than its
 all_reduce), so each gets its links (``HardwareProfile.per_collective``); the
 all_gather's are the profile's ``dims``. Every rank of the world calls it at the same
@@ -82,14 +84,17 @@ def measure(
     row: list[float] = [max(copy_per_byte, 1e-15), add_s / (numel * 4), launch_s]
     counts = _counts(numel)
     # per mesh dim and collective (an all_permute spans mesh dims: over all of them), the
-    # seconds of a run at each of ``counts``
+    # seconds of a run at each of ``counts``; and small all_gathers over the whole mesh,
+    # whose extra hops tell a collective's launch apart from its per-hop latency
     every = tuple(mesh.names)
-    plan = [(name, kind) for name in mesh.names for kind in COLLECTIVES if kind != "all_permute"]
-    plan.append((every, "all_permute"))
+    plan = [
+        (name, kind, counts) for name in mesh.names for kind in COLLECTIVES if kind != "all_permute"
+    ]
+    plan += [(every, "all_permute", counts), (every, "all_gather", counts[:2])]
     runs = []  # (call, back-to-back calls per round), None where the group is one rank
-    for name, kind in plan:
+    for name, kind, sizes in plan:
         group = groups.get(name)
-        for n in counts:
+        for n in sizes:
             runs.append(
                 (_call(kind, group, n, device), _reps(n, repeats)) if group.size > 1 else None
             )
@@ -99,29 +104,64 @@ def measure(
     row_t = torch.tensor(row, dtype=torch.float64, device=device)
     slowest = C.all_reduce(row_t, groups.get(every), "max")
     values = slowest.tolist()
-    copy_per_byte, add_per_byte, launch = values[:3]
+    copy_per_byte, add_per_byte, local_launch = values[:3]
     via_all_reduce = _on_gloo(groups, device)
     shape = HardwareProfile(
         copy_bytes_per_s=1.0 / copy_per_byte,
         reduce_bytes_per_s=1.0 / add_per_byte,
         reduce_scatter_via_all_reduce=via_all_reduce,
     )
-    links: dict[str, dict] = {kind: {} for kind in COLLECTIVES}
+    times: dict = {}
     at = 3
-    for name, kind in plan:
-        times = values[at : at + len(counts)]
-        at += len(counts)
+    for name, kind, sizes in plan:
+        times[name, kind] = values[at : at + len(sizes)]
+        at += len(sizes)
+    launch = _launch(shape, mesh, counts, times, copy_per_byte)
+    links: dict[str, dict] = {kind: {} for kind in COLLECTIVES}
+    for name, kind, sizes in plan[:-1]:
         n = groups.get(name).size
         if n > 1:
-            links[kind][name] = _fit(shape, kind, n, counts, times, copy_per_byte)
+            intercept, per_byte = _fit(shape, kind, n, sizes, times[name, kind], copy_per_byte)
+            hops = max(1, link_terms(shape, kind, n, n)[0])
+            links[kind][name] = (max(0.0, intercept - launch) / hops, 1.0 / per_byte)
     return {
         "links": links["all_gather"],
         "collectives": links,
+        "launch_s": launch,
         "copy_bytes_per_s": 1.0 / copy_per_byte,
         "reduce_bytes_per_s": 1.0 / add_per_byte,
-        "local_launch_s": launch,
+        "local_launch_s": local_launch,
         "reduce_scatter_via_all_reduce": via_all_reduce,
     }
+
+
+def _launch(shape, mesh, counts, times: dict, copy_per_byte: float) -> float:
+    """The fixed seconds of launching a collective, apart from its per-hop latency: from
+    small all_gathers along the slowest mesh dim (``h`` hops) and over the whole mesh
+    (``H`` more hops, on a group as slow as that dim), ``launch + h * latency`` and
+    ``launch + H * latency``. 0 when no group has more hops than a dim's (one active
+    dim); never above a dim's small all_gather."""
+    small = counts[:2]
+    every = tuple(mesh.names)
+    total = mesh.size()
+    found = []  # (intercept, hops) of the all_gather along each active dim
+    for name in mesh.names:
+        n = mesh.size(name)
+        if n > 1:
+            intercept, _ = _fit(
+                shape, "all_gather", n, small, times[name, "all_gather"][:2], copy_per_byte
+            )
+            found.append((intercept, link_terms(shape, "all_gather", n, n)[0]))
+    if not found:
+        return 0.0
+    whole, _ = _fit(shape, "all_gather", total, small, times[every, "all_gather"], copy_per_byte)
+    hops_all = link_terms(shape, "all_gather", total, total)[0]
+    slowest, hops = max(found)
+    if hops_all <= hops:
+        return 0.0
+    per_hop = (whole - slowest) / (hops_all - hops)
+    launch = slowest - hops * per_hop
+    return min(max(0.0, launch), min(i for i, _ in found))
 
 
 def _counts(numel: int) -> tuple[int, ...]:
@@ -173,20 +213,19 @@ def _fit(
     times: list[float],
     copy_per_byte: float,
 ) -> tuple[float, float]:
-    """``(latency_s, bytes_per_s)`` that make the cost model's price of ``kind`` over ``n``
-    ranks (:func:`._cost.link_terms`) meet its timings at ``counts``: least squares on
-    relative errors, after the local compute the model charges (copies, reductions),
-    with the launch folded into the latency; neither below what is physical (no latency
-    below 0, no link faster than a local copy)."""
-    hops, y_in, y_out, comp_in, comp_out, _ = link_terms(shape, kind, n, n)
-    x = max(1, hops)
+    """``(seconds at no bytes, seconds per byte)`` that make the cost model's price of
+    ``kind`` over ``n`` ranks (:func:`._cost.link_terms`) meet its timings at ``counts``:
+    least squares on relative errors, after the local compute the model charges (copies,
+    reductions); neither below what is physical (nothing below 0, no link faster than a
+    local copy)."""
+    _, y_in, y_out, comp_in, comp_out, _ = link_terms(shape, kind, n, n)
     rows = []  # (bytes on the link, seconds left for it, weight)
     for count, t in zip(counts, times, strict=True):
         e_in, e_out = _sizes(kind, n, count)
         b_in, b_out = 4 * e_in, 4 * e_out
         rows.append((y_in * b_in + y_out * b_out, t - comp_in * b_in - comp_out * b_out, t))
     floor = max(copy_per_byte, 1e-15)
-    # weighted normal equations of t ~ x * latency + y * per_byte, weights 1 / t^2
+    # weighted normal equations of t ~ intercept + y * per_byte, weights 1 / t^2
     sw = sum(1 / t**2 for _, _, t in rows)
     sy = sum(y / t**2 for y, _, t in rows)
     syy = sum(y * y / t**2 for y, _, t in rows)
@@ -195,16 +234,16 @@ def _fit(
     det = sw * syy - sy * sy
     if det > 0:
         per_byte = (sw * syr - sy * sr) / det
-        latency = (sr - sy * per_byte) / (sw * x)
+        intercept = (sr - sy * per_byte) / sw
     else:
-        per_byte, latency = floor, -1.0
-    if latency < 0:  # no latency: the line through the origin
-        latency = 0.0
+        per_byte, intercept = floor, -1.0
+    if intercept < 0:  # no fixed cost: the line through the origin
+        intercept = 0.0
         per_byte = syr / syy if syy > 0 else floor
     if per_byte < floor:
         per_byte = floor
-        latency = max(0.0, (sr - sy * per_byte) / (sw * x))
-    return latency, 1.0 / per_byte
+        intercept = max(0.0, (sr - sy * per_byte) / sw)
+    return intercept, per_byte
 
 
 def calibrate(
@@ -245,7 +284,7 @@ def calibrate(
         per_kind[kind] = links
     return HardwareProfile.from_dims(
         per_kind["all_gather"],
-        launch_s=0.0,
+        launch_s=found["launch_s"],
         local_launch_s=found["local_launch_s"],
         copy_bytes_per_s=copy_bw,
         reduce_bytes_per_s=found["reduce_bytes_per_s"],

@@ -428,7 +428,7 @@ def test_calibrate_measures_one_link_per_mesh_dim_and_agrees_across_ranks(pool8)
         for link in (links[0], links[2]):
             assert 0 <= link.latency_s < 1.0, kind
             assert 1e5 < link.bytes_per_s < 1e13, kind
-    assert first.launch_s == 0.0 and first.local_launch_s > 0
+    assert 0 <= first.launch_s < 1.0 and first.local_launch_s > 0
     assert first.copy_bytes_per_s > 0 and first.reduce_bytes_per_s > 0
     # gloo runs a reduce_scatter as an all_reduce of its input: the profile prices it so
     assert first.reduce_scatter_via_all_reduce is True
@@ -451,6 +451,40 @@ def test_calibrate_waits_for_queued_work_before_reading_the_clock(monkeypatch):
     )
     assert events == ["call", "wait", "call", "call", "wait"]  # warm-up, then one round
     assert seconds[0] > 0 and seconds[1] == 0.0
+
+
+def test_calibrate_tells_the_launch_apart_from_the_per_hop_latency():
+    # small all_gathers along each dim (1 and 2 hops) and over the whole mesh (3 hops),
+    # timed as launch + hops * latency + bytes / bandwidth, give back the launch
+    from meshplan.redistribute import HardwareProfile
+    from meshplan.redistribute import _calibrate as K
+
+    shape = HardwareProfile()
+    mesh = Mesh.create((2, 1, 4), ("dp", "one", "tp"))
+    counts = K._counts(1 << 18)
+
+    def timings(n, hops, launch, latency):
+        return [launch + hops * latency + (n - 1) * 4 * c / 1e9 for c in counts[:2]]
+
+    def times(launch, latency, whole_latency=None):
+        return {
+            ("dp", "all_gather"): timings(2, 1, launch, latency),
+            ("tp", "all_gather"): timings(4, 2, launch, latency),
+            (("dp", "one", "tp"), "all_gather"): timings(8, 3, launch, whole_latency or latency),
+        }
+
+    assert K._launch(shape, mesh, counts, times(2e-5, 3e-6), 1e-12) == pytest.approx(2e-5)
+    assert K._launch(shape, mesh, counts, times(0.0, 3e-6), 1e-12) == pytest.approx(0.0, abs=1e-12)
+    # noise that makes the whole mesh look faster than a dim: never more than a dim's own
+    fast = times(2e-5, 3e-6, whole_latency=1e-7)
+    assert K._launch(shape, mesh, counts, fast, 1e-12) <= 2e-5 + 2 * 3e-6 + 1e-12
+    # one active dim: no second hop count to tell them apart
+    flat = Mesh.create((4, 1), ("tp", "one"))
+    one = {
+        ("tp", "all_gather"): timings(4, 2, 2e-5, 3e-6),
+        (("tp", "one"), "all_gather"): timings(4, 2, 2e-5, 3e-6),
+    }
+    assert K._launch(shape, flat, counts, one, 1e-12) == 0.0
 
 
 def test_calibrate_on_a_mesh_over_part_of_the_world(pool8):
