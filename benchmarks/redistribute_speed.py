@@ -17,7 +17,9 @@ then the slowest rank; "ratio" is torch / meshplan (above 1: meshplan is faster)
 the autograd wrapper, like torch's call. meshplan plans with the GPU preset (nvlink_ib)
 by default, as a program written for GPUs would; ``--model gloo_cpu`` plans with the
 gloo host preset and ``--model calibrated`` with ``calibrate(groups)`` measured on the
-very groups it runs on (results in ``redistribute_speed_<model>.json``).
+very groups it runs on (results in ``redistribute_speed_<model>.json``). The results hold
+the profile each world planned with, as ``HardwareProfile.to_json`` writes it (so
+``meshplan plan --profile`` can read it back, once saved to a file of its own).
 
     python benchmarks/redistribute_speed.py            # 4 and 8 ranks, 3 sizes
     python benchmarks/redistribute_speed.py --quick    # smaller sizes, fewer rounds
@@ -198,7 +200,7 @@ def _bench(world, sizes, budget, rounds, model_name="nvlink_ib"):
                     "median_seconds": {k: statistics.median(v) for k, v in times.items()},
                 }
             )
-    return {"rows": rows, "profile": repr(model.profile)}
+    return {"rows": rows, "profile": json.loads(model.profile.to_json())}
 
 
 # -- parent side ----------------------------------------------------------------------------
