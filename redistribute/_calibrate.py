@@ -47,7 +47,7 @@ def measure(
 ) -> dict[str, Any]:
     """What ``calibrate`` fits: per collective and mesh dim name ``(latency_s,
     bytes_per_s)`` (``"collectives"``, the all_permute's keyed by the tuple of every mesh
-    dim name; ``"links"``: the all_gather's), plus local
+    dim name; ``"links"``: the all_gather's), a collective's ``launch_s``, local
     ``copy_bytes_per_s``, ``reduce_bytes_per_s`` and ``local_launch_s``, and whether the
     backend runs a reduce_scatter as an all_reduce (gloo). Dims of size 1 are left out.
 
@@ -78,10 +78,10 @@ def measure(
     sync = _synchronizer(device)
     copy_s = _time(lambda: dst.copy_(src), repeats, sync)
     add_s = _time(lambda: torch.add(src, big, out=dst), repeats, sync)
-    launch_s = _time(lambda: tiny.clone(), repeats * 10, sync)
+    local_s = _time(lambda: tiny.clone(), repeats * 10, sync)
     # no link moves bytes faster than a local copy: the floor when noise hides the transfer
     copy_per_byte = copy_s / (numel * 4)
-    row: list[float] = [max(copy_per_byte, 1e-15), add_s / (numel * 4), launch_s]
+    row: list[float] = [max(copy_per_byte, 1e-15), add_s / (numel * 4), local_s]
     counts = _counts(numel)
     # per mesh dim and collective (an all_permute spans mesh dims: over all of them), the
     # seconds of a run at each of ``counts``; and small all_gathers over the whole mesh,
