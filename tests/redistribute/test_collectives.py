@@ -400,7 +400,7 @@ def _calibrate(mesh):
     return calibrate(groups, nbytes=1 << 16, repeats=3)
 
 
-def test_calibrate_measures_one_link_per_mesh_dim_and_agrees_across_ranks(pool8):
+def test_calibrate_measures_each_collective_per_mesh_dim_and_agrees_across_ranks(pool8):
     from meshplan.redistribute import CostModel, HardwareProfile, Link
     from meshplan.redistribute._cost import COLLECTIVES
 
