@@ -29,7 +29,9 @@ from ._planner import plan
 __all__ = ["main", "build_parser"]
 
 _PROFILES = {
-    "nvlink-ib": lambda args: HardwareProfile.nvlink_ib(gpus_per_node=args.gpus_per_node),
+    "nvlink-ib": lambda args: HardwareProfile.nvlink_ib(
+        gpus_per_node=8 if args.gpus_per_node is None else args.gpus_per_node
+    ),
     "gloo-cpu": lambda args: HardwareProfile.gloo_cpu(),
 }
 
@@ -92,7 +94,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="a hardware profile saved by HardwareProfile.to_json (e.g. what calibrate "
         "measured on the real process groups)",
     )
-    p.add_argument("--gpus-per-node", type=int, default=8, help="ranks per node (nvlink-ib)")
+    p.add_argument("--gpus-per-node", type=int, help="ranks per node (nvlink-ib; default 8)")
     return parser
 
 
@@ -117,6 +119,15 @@ def _spec(mesh: Mesh, text: str, shape, dtype: str) -> Spec:
 
 
 def _profile(args) -> HardwareProfile:
+    if args.gpus_per_node is not None and (args.profile or args.hardware != "nvlink-ib"):
+        raise argparse.ArgumentTypeError(
+            "--gpus-per-node sets the nvlink-ib preset's node size; "
+            + (
+                "a saved --profile has its own links"
+                if args.profile
+                else f"--hardware {args.hardware} has no nodes"
+            )
+        )
     if args.profile is None:
         return _PROFILES[args.hardware](args)
     try:

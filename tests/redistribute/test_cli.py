@@ -74,6 +74,13 @@ def test_a_saved_profile_prices_the_plan(capsys, tmp_path):
     with pytest.raises(SystemExit):  # one source of prices
         main(argv + ["--profile", str(path), "--hardware", "gloo-cpu"])
     assert "not allowed with argument" in capsys.readouterr().err
+    assert main(argv + ["--profile", str(path), "--gpus-per-node", "4"]) == 2
+    assert "a saved --profile has its own links" in capsys.readouterr().err
+    assert main(argv + ["--hardware", "gloo-cpu", "--gpus-per-node", "4"]) == 2
+    assert "--hardware gloo-cpu has no nodes" in capsys.readouterr().err
+    assert main(argv + ["--gpus-per-node", "4"]) == 0
+    assert main(argv + ["--gpus-per-node", "0"]) == 2
+    assert "ranks_per_node must be an int >= 1" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize(
