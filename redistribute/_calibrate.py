@@ -272,16 +272,9 @@ def calibrate(
     per_kind: dict = {}
     for kind, measured in found["collectives"].items():
         if kind == "all_permute":  # one link over all the mesh dims (or none to fit)
-            (latency, bandwidth), *_ = list(measured.values()) or [free]
-            per_kind[kind] = Link(latency, bandwidth if math.isfinite(bandwidth) else copy_bw)
-            continue
-        links = []
-        for name in groups.mesh.names:
-            latency, bandwidth = measured.get(name, free)
-            if not math.isfinite(bandwidth):
-                latency, bandwidth = free
-            links.append((latency, bandwidth))
-        per_kind[kind] = links
+            per_kind[kind] = Link(*next(iter(measured.values()), free))
+        else:  # (the fit keeps every bandwidth finite; a dim of size 1 has none)
+            per_kind[kind] = [measured.get(name, free) for name in groups.mesh.names]
     return HardwareProfile.from_dims(
         per_kind["all_gather"],
         launch_s=found["launch_s"],

@@ -170,19 +170,15 @@ def _per_collective(value) -> FrozenMap:
                 f"runs; the keys are {', '.join(COLLECTIVES)}",
                 value=kind,
             )
+        given = links
         if not isinstance(links, Link):
-            if isinstance(links, str) or not hasattr(links, "__iter__"):
-                raise PlanError(
-                    f"per_collective[{kind!r}] needs a Link or one link per mesh dim, got "
-                    f"{links!r}",
-                    value=links,
-                )
-            links = _links(links)
+            iterable = not isinstance(links, str) and hasattr(links, "__iter__")
+            links = _links(links) if iterable else None
             if not links:
                 raise PlanError(
                     f"per_collective[{kind!r}] needs a Link or one link per mesh dim, got "
-                    f"{value[kind]!r}",
-                    value=value[kind],
+                    f"{given!r}",
+                    value=given,
                 )
         out[kind] = links
     return FrozenMap(out)
@@ -326,8 +322,7 @@ class HardwareProfile:
         pc = kwargs.get("per_collective")
         if isinstance(pc, dict):
             kwargs["per_collective"] = {
-                kind: _link_of(v, f"per_collective[{kind!r}]") if _is_pair(v) else v
-                for kind, v in pc.items()
+                kind: Link(*v) if _is_pair(v) else v for kind, v in pc.items()
             }
         return cls(**kwargs)
 
@@ -502,13 +497,6 @@ def _slowest(links: tuple[Link, ...], mesh: Mesh, dims, what: str, hw) -> Link:
         )
     chosen = [links[m] for m in dims]
     return Link(max(x.latency_s for x in chosen), min(x.bytes_per_s for x in chosen))
-
-
-def best_link(model: CostModel, mesh: Mesh, m: int) -> Link:
-    """The least latency and the most bandwidth any collective on mesh dim ``m`` has (what
-    the search's lower bounds may assume of every step there)."""
-    links = [group_link(model, mesh, (m,), kind) for kind in COLLECTIVES]
-    return Link(min(x.latency_s for x in links), max(x.bytes_per_s for x in links))
 
 
 # -- the one pricing function ---------------------------------------------------------------

@@ -47,7 +47,7 @@ import threading
 
 from meshplan.placement import dtype_itemsize
 
-from ._cost import best_link, chain_extent, coefficients, collective_weight, group_link
+from ._cost import COLLECTIVES, Link, chain_extent, coefficients, collective_weight, group_link
 from ._exact import _may_empty, _smallest_piece, even_steps, exact_covers, links
 from ._heuristic import SUMAVG, R, _Bounds
 
@@ -153,9 +153,16 @@ class _Context(_Bounds):
         self.launch = hw.launch_s
         self.local_launch = hw.local_launch_s
         self.copy = 1.0 / hw.copy_bytes_per_s
-        # per mesh dim, the fastest link any collective there has (a profile may give
-        # each collective links of its own): the bounds below hold for every step
-        best = [best_link(model, mesh, m) for m in range(mesh.ndim)]
+        # per mesh dim, each collective's link (a profile may give each its own), and the
+        # fastest of them: the bounds below hold for every step
+        own = [
+            {kind: group_link(model, mesh, (m,), kind) for kind in COLLECTIVES}
+            for m in range(mesh.ndim)
+        ]
+        best = [
+            Link(min(x.latency_s for x in d.values()), max(x.bytes_per_s for x in d.values()))
+            for d in own
+        ]
         self.alpha_log = tuple(
             best[m].latency_s * math.log2(n) if n > 1 else 0.0 for m, n in enumerate(mesh.shape)
         )
@@ -187,10 +194,7 @@ class _Context(_Bounds):
         self.reduce_alpha = []  # ... of a reduction
         for m, n in enumerate(mesh.shape):
             bw = best[m].bytes_per_s
-            ag, rs, ar = (
-                group_link(model, mesh, (m,), kind)
-                for kind in ("all_gather", "reduce_scatter", "all_reduce")
-            )
+            ag, rs, ar = own[m]["all_gather"], own[m]["reduce_scatter"], own[m]["all_reduce"]
             f = (n - 1) / n if n > 1 else 0.0
             self.weights.append(
                 (
