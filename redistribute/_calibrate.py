@@ -13,7 +13,11 @@ tell the fixed cost of a launch (the profile's ``launch_s``) apart from the per-
 latency; on a mesh of one active dim the launch is folded into the latency. A
 backend's collectives differ (gloo's all_gather moves bytes far slower than its
 all_reduce), so each gets its links (``HardwareProfile.per_collective``); the
-all_gather's are the profile's ``dims``. Every rank of the world calls it at the same
+all_gather's are the profile's ``dims``. The group of each flattened alias of the mesh
+(two or more dims of size > 1; one per set of ranks) is timed the same way for the
+collectives a merged step runs, and fitted to links of its own
+(``HardwareProfile.flattened``): a merged step runs on one group of all its dims' ranks,
+whose ring or tree need not be as slow as its slowest dim's. Every rank of the world calls it at the same
 time: it runs collectives, and ranks outside the mesh take part in creating the groups
 (they measure nothing and get None). Every rank of the mesh returns the *same* profile
 -- each number the slowest rank's -- so plans chosen with it agree everywhere. On gloo
@@ -32,8 +36,9 @@ import torch
 from meshplan.errors import RuntimeShellError
 
 from . import _collectives as C
-from ._cost import COLLECTIVES, HardwareProfile, Link, link_terms
+from ._cost import COLLECTIVES, FLATTENED, HardwareProfile, Link, link_terms
 from ._groups import ProcessGroups
+from ._planner import alias_dims
 
 __all__ = ["calibrate", "measure"]
 
@@ -47,7 +52,8 @@ def measure(
 ) -> dict[str, Any]:
     """What ``calibrate`` fits: per collective and mesh dim name ``(latency_s,
     bytes_per_s)`` (``"collectives"``, the all_permute's keyed by the tuple of every mesh
-    dim name; ``"links"``: the all_gather's), a collective's ``launch_s``, local
+    dim name; ``"links"``: the all_gather's), per alias name and collective a merged step
+    runs the same (``"flattened"``), a collective's ``launch_s``, local
     ``copy_bytes_per_s``, ``reduce_bytes_per_s`` and ``local_launch_s``, and whether the
     backend runs a reduce_scatter as an all_reduce (gloo). Dims of size 1 are left out.
 
@@ -64,10 +70,11 @@ def measure(
             value=(nbytes, repeats),
         )
     mesh = groups.mesh
+    flats = _flattened_groups(mesh)
     if not groups.is_member:
-        for name in mesh.names:  # take part in creating the groups, measure nothing
+        # take part in creating the groups, in the order the members do; measure nothing
+        for name in (*mesh.names, tuple(mesh.names), *flats):
             groups.create(name)
-        groups.create(tuple(mesh.names))
         return {}
     if device is None:
         device = "cpu" if mesh.device_type == "cpu" else torch.device(mesh.device_type)
@@ -91,6 +98,8 @@ def measure(
         (name, kind, counts) for name in mesh.names for kind in COLLECTIVES if kind != "all_permute"
     ]
     plan += [(every, "all_permute", counts), (every, "all_gather", counts[:2])]
+    # each alias's group, for the steps merged onto it
+    plan += [(alias, kind, counts) for alias in flats for kind in FLATTENED]
     runs = []  # (call, back-to-back calls per round), None where the group is one rank
     for name, kind, sizes in plan:
         group = groups.get(name)
@@ -118,21 +127,42 @@ def measure(
         at += len(sizes)
     launch = _launch(shape, mesh, counts, times, copy_per_byte)
     links: dict[str, dict] = {kind: {} for kind in COLLECTIVES}
-    for name, kind, sizes in plan[:-1]:
+    flattened: dict[str, dict] = {alias: {} for alias in flats}
+    for name, kind, sizes in plan:
+        if (name, kind) == (every, "all_gather"):
+            continue  # (the launch's)
         n = groups.get(name).size
         if n > 1:
             intercept, per_byte = _fit(shape, kind, n, sizes, times[name, kind], copy_per_byte)
             hops = max(1, link_terms(shape, kind, n, n)[0])
-            links[kind][name] = (max(0.0, intercept - launch) / hops, 1.0 / per_byte)
+            link = (max(0.0, intercept - launch) / hops, 1.0 / per_byte)
+            if name in flattened:
+                flattened[name][kind] = link
+            else:
+                links[kind][name] = link
     return {
         "links": links["all_gather"],
         "collectives": links,
+        "flattened": flattened,
         "launch_s": launch,
         "copy_bytes_per_s": 1.0 / copy_per_byte,
         "reduce_bytes_per_s": 1.0 / add_per_byte,
         "local_launch_s": local_launch,
         "reduce_scatter_via_all_reduce": via_all_reduce,
     }
+
+
+def _flattened_groups(mesh) -> tuple[str, ...]:
+    """The aliases of ``mesh`` whose groups steps merge onto (two or more dims, none of
+    size 1), one per set of ranks, in name order."""
+    seen = set()
+    out = []
+    for name, dims in sorted(alias_dims(mesh).items()):
+        key = tuple(sorted(dims))
+        if len(key) > 1 and all(mesh.shape[m] > 1 for m in key) and key not in seen:
+            seen.add(key)
+            out.append(name)
+    return tuple(out)
 
 
 def _launch(shape, mesh, counts, times: dict, copy_per_byte: float) -> float:
@@ -275,6 +305,12 @@ def calibrate(
             per_kind[kind] = Link(*next(iter(measured.values()), free))
         else:  # (the fit keeps every bandwidth finite; a dim of size 1 has none)
             per_kind[kind] = [measured.get(name, free) for name in groups.mesh.names]
+    dims_of = alias_dims(groups.mesh)
+    flattened = {  # (an alias of one rank, as a mesh dim of size 1, has none)
+        tuple(sorted(dims_of[alias])): {k: Link(*v) for k, v in kinds.items()}
+        for alias, kinds in found["flattened"].items()
+        if kinds
+    }
     return HardwareProfile.from_dims(
         per_kind["all_gather"],
         launch_s=found["launch_s"],
@@ -283,6 +319,7 @@ def calibrate(
         reduce_bytes_per_s=found["reduce_bytes_per_s"],
         reduce_scatter_via_all_reduce=found["reduce_scatter_via_all_reduce"],
         per_collective=per_kind,
+        flattened=flattened,
     )
 
 

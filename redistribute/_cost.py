@@ -184,6 +184,65 @@ def _per_collective(value) -> FrozenMap:
     return FrozenMap(out)
 
 
+FLATTENED = ("all_gather", "reduce_scatter", "all_reduce", "all_to_all")
+"""The collectives a step merged onto a flattened alias runs (``HardwareProfile.flattened``'s
+links are theirs; an all_permute spans whichever mesh dims it moves)."""
+
+
+def _flattened(value) -> FrozenMap:
+    """``value`` as a FrozenMap of mesh dims (a sorted tuple of two or more) -> a FrozenMap
+    of collective -> Link; a Link alone (or ``(latency_s, bytes_per_s)``) serves each of
+    :data:`FLATTENED`."""
+    if value is None:
+        return FrozenMap()
+    if not isinstance(value, Mapping):
+        raise PlanError(
+            "flattened maps a tuple of mesh dims to a Link or to {collective: Link}, got "
+            f"{value!r}; e.g. {{(0, 2): {{'all_gather': Link(2e-5, 1e9)}}}}",
+            value=value,
+        )
+    out = {}
+    for key, links in value.items():
+        dims = key
+        if isinstance(key, str):  # as to_json writes it: "0,2"
+            try:
+                dims = tuple(int(x) for x in key.split(","))
+            except ValueError:
+                dims = None
+        ok = (
+            isinstance(dims, tuple | list)
+            and len(dims) >= 2
+            and all(isinstance(m, int) and not isinstance(m, bool) and m >= 0 for m in dims)
+            and len(set(dims)) == len(dims)
+        )
+        if not ok:
+            raise PlanError(
+                f"flattened links are keyed by two or more distinct mesh dims (ints), got {key!r}",
+                value=key,
+            )
+        dims = tuple(sorted(dims))
+        if dims in out:
+            raise PlanError(f"flattened has links for mesh dims {dims} twice", value=key)
+        if isinstance(links, Link) or _is_pair(links):
+            links = dict.fromkeys(FLATTENED, _link_of(links, f"flattened[{key!r}]"))
+        if not isinstance(links, Mapping) or not links:
+            raise PlanError(
+                f"flattened[{key!r}] needs a Link or {{collective: Link}}, got {links!r}",
+                value=links,
+            )
+        kinds = {}
+        for kind, link in links.items():
+            if kind not in FLATTENED:
+                raise PlanError(
+                    f"flattened[{key!r}] has links for {kind!r}; a merged step runs one of "
+                    f"{', '.join(FLATTENED)} (an all_permute's links go in per_collective)",
+                    value=kind,
+                )
+            kinds[kind] = _link_of(link, f"flattened[{key!r}][{kind!r}]")
+        out[dims] = FrozenMap(kinds)
+    return FrozenMap(out)
+
+
 @attrs.frozen(cache_hash=True)
 class HardwareProfile:
     """Measured or assumed hardware numbers the cost model prices steps with.
@@ -194,7 +253,10 @@ class HardwareProfile:
     collective kind links of its own, one Link for every mesh dim or one per dim (what
     ``calibrate`` measures: a backend's all_reduce or all_to_all need not move bytes as
     fast as its all_gather); a kind it leaves out takes the links above, and an
-    ``all_permute`` without its own takes the ``all_to_all``'s. Plus per-kernel launch
+    ``all_permute`` without its own takes the ``all_to_all``'s. ``flattened`` gives the
+    group of several mesh dims (a flattened alias's, keyed by the sorted tuple of its
+    dims) links of its own per collective, for the steps merged onto it; without them a
+    merged step runs on the slowest of its dims' links. Plus per-kernel launch
     overheads and local memory / reduction throughput, and
     ``reduce_scatter_via_all_reduce``: the backend runs a reduce_scatter as an all_reduce
     of its whole input, then keeps its own chunk (gloo does, in torch 2.13), so it costs
@@ -219,6 +281,7 @@ class HardwareProfile:
     reduce_bytes_per_s: float = attrs.field(default=5e11, validator=_positive, converter=_number)
     reduce_scatter_via_all_reduce: bool = attrs.field(default=False, validator=_boolean)
     per_collective: FrozenMap = attrs.field(factory=FrozenMap, converter=_per_collective)
+    flattened: FrozenMap = attrs.field(factory=FrozenMap, converter=_flattened)
 
     def __attrs_post_init__(self) -> None:
         rpn = self.ranks_per_node
@@ -284,6 +347,11 @@ class HardwareProfile:
             value = getattr(self, field.name)
             if field.name == "per_collective":
                 value = {kind: links(v) for kind, v in value.items()}
+            elif field.name == "flattened":
+                value = {
+                    ",".join(map(str, dims)): {kind: link(x) for kind, x in v.items()}
+                    for dims, v in value.items()
+                }
             elif isinstance(value, Link) or (field.name == "dims" and value is not None):
                 value = links(value)
             data[field.name] = value
@@ -472,8 +540,15 @@ def group_link(
     model: CostModel, mesh: Mesh, dims: tuple[int, ...], collective: str | None = None
 ) -> Link:
     """The link a group over ``dims`` communicates on: the slowest of its dims' links (for
-    ``collective``, its own links when the profile has them)."""
+    ``collective``, its own links when the profile has them), or for a merged step the
+    links the profile gives the group of those dims (``HardwareProfile.flattened``)."""
     hw = model.profile
+    if hw.flattened:
+        _check_flattened(hw, mesh)
+        if len(dims) > 1 and collective in FLATTENED:
+            links = hw.flattened.get(tuple(sorted(dims)))
+            if links is not None and collective in links:
+                return links[collective]
     own = hw.per_collective.get(collective) if hw.per_collective else None
     if own is None and collective == "all_permute" and hw.per_collective:
         own = hw.per_collective.get("all_to_all")
@@ -486,6 +561,17 @@ def group_link(
     if hw.ranks_per_node is not None and _spans_nodes(mesh, tuple(dims), hw.ranks_per_node):
         return hw.inter
     return hw.intra
+
+
+@functools.lru_cache(maxsize=256)
+def _check_flattened(hw: HardwareProfile, mesh: Mesh) -> None:
+    for dims in hw.flattened:
+        if dims[-1] >= mesh.ndim:
+            raise PlanError(
+                f"hardware profile has flattened links for mesh dims {dims}, but mesh {mesh} "
+                f"has {mesh.ndim} dims; calibrate it on this mesh",
+                value=hw,
+            )
 
 
 def _slowest(links: tuple[Link, ...], mesh: Mesh, dims, what: str, hw) -> Link:

@@ -47,7 +47,15 @@ import threading
 
 from meshplan.placement import dtype_itemsize
 
-from ._cost import COLLECTIVES, Link, chain_extent, coefficients, collective_weight, group_link
+from ._cost import (
+    COLLECTIVES,
+    FLATTENED,
+    Link,
+    chain_extent,
+    coefficients,
+    collective_weight,
+    group_link,
+)
 from ._exact import _may_empty, _smallest_piece, even_steps, exact_covers, links
 from ._heuristic import SUMAVG, R, _Bounds
 
@@ -153,12 +161,23 @@ class _Context(_Bounds):
         self.launch = hw.launch_s
         self.local_launch = hw.local_launch_s
         self.copy = 1.0 / hw.copy_bytes_per_s
+        self._set_aliases(merge)
         # per mesh dim, each collective's link (a profile may give each its own), and the
-        # fastest of them: the bounds below hold for every step
+        # fastest of them: the bounds below hold for every step. A step merged onto an
+        # alias runs on the alias's links when the profile has them (``flattened``): on
+        # each of its dims, a collective's link is the faster of the dim's and the alias's
         own = [
             {kind: group_link(model, mesh, (m,), kind) for kind in COLLECTIVES}
             for m in range(mesh.ndim)
         ]
+        for _, dims in self.aliases:
+            for kind in FLATTENED:
+                link = group_link(model, mesh, dims, kind)
+                for m in dims:
+                    mine = own[m][kind]
+                    own[m][kind] = Link(
+                        min(mine.latency_s, link.latency_s), max(mine.bytes_per_s, link.bytes_per_s)
+                    )
         best = [
             Link(min(x.latency_s for x in d.values()), max(x.bytes_per_s for x in d.values()))
             for d in own
@@ -207,7 +226,6 @@ class _Context(_Bounds):
             log_n = math.log2(n) if n > 1 else 0.0
             self.gather_alpha.append(min(ag.latency_s, ar.latency_s) * log_n)
             self.reduce_alpha.append(min(rs.latency_s, ar.latency_s) * log_n)
-        self._set_aliases(merge)
         # temporarily sharding a dim replicated in source and target: a slice and a gather
         # (on an alias dim the gather may ride in a merged step, at no launch of its own)
         gather = hw.launch_s + self.per_collective

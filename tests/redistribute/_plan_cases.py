@@ -6,6 +6,7 @@ from __future__ import annotations
 import itertools
 import math
 
+import attrs
 import torch
 from hypothesis import strategies as st
 
@@ -32,6 +33,32 @@ PER_COLLECTIVE = CostModel(
         },
     )
 )
+
+# a sentinel among the tests' models: PER_COLLECTIVE, plus links of their own for the
+# group of each alias of the mesh (``HardwareProfile.flattened``, what ``calibrate``
+# measures), some faster than any of its dims' links and some slower (``on_mesh``)
+FLAT = "flattened links"
+
+
+def on_mesh(model, mesh: Mesh) -> CostModel:
+    """``model``, or for :data:`FLAT` the model with flattened links for ``mesh``'s aliases."""
+    if model != FLAT:
+        return model
+    from meshplan.redistribute._planner import alias_dims
+
+    flattened = {}
+    for k, (_, dims) in enumerate(sorted(alias_dims(mesh).items())):
+        key = tuple(sorted(dims))
+        if len(key) < 2 or key in flattened:
+            continue
+        odd = k % 2
+        flattened[key] = {
+            "all_gather": Link(5e-5, 2e9) if odd else Link(4e-7, 400e9),
+            "all_reduce": Link(1e-6, 300e9),
+            "reduce_scatter": Link(6e-5, 500e9),
+            "all_to_all": Link(1e-7, 900e9) if odd else Link(1e-7, 1e9),
+        }
+    return CostModel(attrs.evolve(PER_COLLECTIVE.profile, flattened=flattened))
 
 
 @st.composite

@@ -405,6 +405,10 @@ def test_calibrate_measures_each_collective_per_mesh_dim_and_agrees_across_ranks
     from meshplan.redistribute._cost import COLLECTIVES
 
     mesh = Mesh.create((2, 1, 4), ("dp", "one", "tp"), ranks=(3, 1, 0, 2, 7, 5, 4, 6))
+    # aliases: steps merge onto (tp, dp)'s group (timed once, though two aliases name it);
+    # (dp, one) is dp's own group
+    mesh = mesh.flatten(("tp", "dp"), "tpdp").flatten(("dp", "tp"), "dptp")
+    mesh = mesh.flatten(("dp", "one"), "dp1")
     profiles = pool8.run(_calibrate, mesh)
     first = profiles[0]
     assert isinstance(first, HardwareProfile)
@@ -428,6 +432,16 @@ def test_calibrate_measures_each_collective_per_mesh_dim_and_agrees_across_ranks
         for link in (links[0], links[2]):
             assert 0 <= link.latency_s < 1.0, kind
             assert 1e5 < link.bytes_per_s < 1e13, kind
+    # the alias's group has links of its own for each collective a merged step runs
+    assert set(first.flattened) == {(0, 2)}
+    assert set(first.flattened[0, 2]) == {
+        "all_gather",
+        "reduce_scatter",
+        "all_reduce",
+        "all_to_all",
+    }
+    for kind, link in first.flattened[0, 2].items():
+        assert 0 <= link.latency_s < 1.0 and 1e5 < link.bytes_per_s < 1e13, kind
     assert 0 <= first.launch_s < 1.0 and first.local_launch_s > 0
     assert first.copy_bytes_per_s > 0 and first.reduce_bytes_per_s > 0
     # gloo runs a reduce_scatter as an all_reduce of its input: the profile prices it so
@@ -488,11 +502,14 @@ def test_calibrate_tells_the_launch_apart_from_the_per_hop_latency():
 
 
 def test_calibrate_on_a_mesh_over_part_of_the_world(pool8):
-    mesh = Mesh.create((2, 2), ("a", "b"), ranks=(4, 6, 5, 7))
+    # ranks outside the mesh take part in creating its groups, the alias's too, in the
+    # members' order (else the world's group names would disagree and creation would hang)
+    mesh = Mesh.create((2, 2), ("a", "b"), ranks=(4, 6, 5, 7)).flatten(("b", "a"), "ba")
     profiles = pool8.run(_calibrate, mesh)
     assert profiles[:4] == [None] * 4
     assert all(p == profiles[4] for p in profiles[4:])
     assert len(profiles[4].dims) == 2
+    assert set(profiles[4].flattened) == {(0, 1)}
 
 
 # -- torch.compile ------------------------------------------------------------------------

@@ -29,6 +29,7 @@ from meshplan.redistribute import (
 )
 from meshplan.redistribute._cost import (
     COLLECTIVES,
+    FLATTENED,
     chain_extent,
     group_link,
     padded_local_bytes,
@@ -168,6 +169,57 @@ def test_bad_per_collective_links_are_named():
         HardwareProfile(per_collective={"all_to_all": [(1e-6, 0)]})
 
 
+def test_a_flattened_alias_may_have_links_of_its_own():
+    # the group of an alias's ranks is a network path of its own (a ring over 4 ranks,
+    # say): ``flattened`` gives its links per collective, keyed by the sorted mesh dims,
+    # and steps merged onto the alias run on them; without them, on the slowest dim's
+    mesh = Mesh.create((2, 2, 2), ("a", "b", "c")).flatten(("c", "a"), "ca")
+    dims = HardwareProfile.from_dims([(1e-5, 2e9)] * 3, launch_s=2e-5)
+    src, dst = spec(mesh, "S(0) R S(0)", (4096, 256)), spec(mesh, "R R R", (4096, 256))
+    assert plan(src, dst, cost_model=CostModel(dims)).collectives == ("all_gather",)
+    # a slow group: two gathers on the dims' own groups beat one merged gather
+    slow = attrs.evolve(dims, flattened={(2, 0): {"all_gather": Link(1e-4, 2e8)}})
+    assert slow.flattened == {(0, 2): {"all_gather": Link(1e-4, 2e8)}}
+    model = CostModel(slow)
+    assert group_link(model, mesh, (2, 0), "all_gather") == Link(1e-4, 2e8)
+    assert group_link(model, mesh, (0, 2), "all_reduce") == Link(1e-5, 2e9)  # not given
+    assert group_link(model, mesh, (0, 1), "all_gather") == Link(1e-5, 2e9)  # no such group
+    p = plan(src, dst, cost_model=model)
+    assert p.collectives == ("all_gather", "all_gather")
+    assert cost(p, model).total < cost(plan(src, dst, cost_model=CostModel(dims)), model).total
+    # a fast group prices the merged step on its link (one pricing function)
+    fast = CostModel(attrs.evolve(dims, flattened={(0, 2): Link(1e-6, 2e10)}))
+    merged = plan(src, dst, cost_model=fast)
+    assert merged.collectives == ("all_gather",) and merged.steps[0].alias == "ca"
+    nbytes = 4096 * 256 * 4 // 4
+    assert step_cost(merged.steps[0], fast).comm == pytest.approx(
+        2e-5 + 2 * 1e-6 + 3 * nbytes / 2e10
+    )
+    # the links must fit the mesh
+    with pytest.raises(PlanError, match=r"flattened links for mesh dims \(0, 3\)"):
+        group_link(CostModel(HardwareProfile(flattened={(0, 3): Link(1, 1)})), mesh, (0,))
+
+
+def test_bad_flattened_links_are_named():
+    link = Link(1e-6, 1e9)
+    with pytest.raises(PlanError, match="two or more distinct mesh dims"):
+        HardwareProfile(flattened={(0,): link})
+    with pytest.raises(PlanError, match="two or more distinct mesh dims"):
+        HardwareProfile(flattened={(1, 1): link})
+    with pytest.raises(PlanError, match="two or more distinct mesh dims"):
+        HardwareProfile(flattened={"a,c": link})
+    with pytest.raises(PlanError, match=r"links for mesh dims \(0, 1\) twice"):
+        HardwareProfile(flattened={(0, 1): link, (1, 0): link})
+    with pytest.raises(PlanError, match="an all_permute's links go in per_collective"):
+        HardwareProfile(flattened={(0, 1): {"all_permute": link}})
+    with pytest.raises(PlanError, match=r"flattened\[\(0, 1\)\] needs a Link"):
+        HardwareProfile(flattened={(0, 1): 3})
+    with pytest.raises(PlanError, match="maps a tuple of mesh dims"):
+        HardwareProfile(flattened=[link])
+    with pytest.raises(PlanError, match="bytes_per_s must be a number > 0"):
+        HardwareProfile(flattened={(0, 1): {"all_gather": (1e-6, 0)}})
+
+
 _links_st = st.builds(
     Link,
     st.floats(0, 1e-2, allow_nan=False),
@@ -191,6 +243,13 @@ def profiles(draw):
         reduce_bytes_per_s=draw(st.floats(1e6, 1e13)),
         reduce_scatter_via_all_reduce=draw(st.booleans()),
         per_collective={k: draw(_links_st | per_dim) for k in kinds},
+        flattened=draw(
+            st.dictionaries(
+                st.lists(st.integers(0, 3), min_size=2, max_size=4, unique=True).map(tuple),
+                st.dictionaries(st.sampled_from(FLATTENED), _links_st, min_size=1) | _links_st,
+                max_size=2,
+            ).filter(lambda d: len({tuple(sorted(k)) for k in d}) == len(d))
+        ),
     )
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import warnings
 
 import pytest
-from _plan_cases import PER_COLLECTIVE, spec_pairs
+from _plan_cases import FLAT, PER_COLLECTIVE, on_mesh, spec_pairs
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
@@ -22,6 +22,7 @@ MODELS = [
     CostModel(HardwareProfile.nvlink_ib(gpus_per_node=2)),
     CostModel(HardwareProfile.gloo_cpu()),
     PER_COLLECTIVE,
+    FLAT,
 ]
 
 
@@ -54,6 +55,7 @@ def _plain(spec: Spec) -> Spec:
 )
 def test_a_plan_shared_across_sizes_is_the_search_plan(pair, model, base, scales, strided):
     src, dst = pair
+    model = on_mesh(model, src.mesh)
     if not strided:
         src, dst = _plain(src), _plain(dst)
         if src == dst:

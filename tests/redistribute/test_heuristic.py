@@ -8,7 +8,7 @@ import itertools
 import math
 
 import pytest
-from _plan_cases import PER_COLLECTIVE, spec_pairs
+from _plan_cases import FLAT, PER_COLLECTIVE, on_mesh, spec_pairs
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -24,6 +24,7 @@ MODELS = [
     CostModel(HardwareProfile.nvlink_ib(gpus_per_node=4)),
     CostModel(HardwareProfile.gloo_cpu()),
     PER_COLLECTIVE,
+    FLAT,
 ]
 
 
@@ -68,6 +69,7 @@ def _check_bounds(src, dst, model, objective):
 )
 def test_the_heuristic_never_exceeds_the_cost_of_a_cheapest_plan(pair, model, objective):
     src, dst = pair
+    model = on_mesh(model, src.mesh)
     _check_bounds(src, dst, model, objective)
 
 
@@ -160,6 +162,7 @@ def test_the_heuristic_is_a_lower_bound_off_the_cheapest_plan(pair, model, objec
     # at states a search meets that no cheapest plan passes through (detours, orders a
     # permute must fix later), against the cheapest plan from each of them
     src, dst = pair
+    model = on_mesh(model, src.mesh)
     ctx, _, goal, found = _dijkstra(src, dst, model, objective)
     assert found is not None, (src, dst)
     shards, ptargets = _universe(src, dst, src.ndim)

@@ -23,7 +23,7 @@ import os
 
 import pytest
 import torch
-from _plan_cases import PER_COLLECTIVE
+from _plan_cases import FLAT, PER_COLLECTIVE, on_mesh
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -323,7 +323,8 @@ def small_pairs(draw, max_ranks=6, allow_partial=True, alias=False):
                 order[d] = tuple(draw(st.permutations(dims)))
         return Spec(mesh, pl, shape, "float64", order)
 
-    return spec(op), spec(dst_op), draw(st.sampled_from(MODELS))
+    models = MODELS + [FLAT] if alias else MODELS
+    return spec(op), spec(dst_op), on_mesh(draw(st.sampled_from(models)), mesh)
 
 
 @settings(

@@ -12,7 +12,7 @@ import math
 import warnings
 
 import pytest
-from _plan_cases import PER_COLLECTIVE, delivers, spec_pairs, values
+from _plan_cases import FLAT, PER_COLLECTIVE, delivers, on_mesh, spec_pairs, values
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
@@ -28,6 +28,7 @@ MODELS = [
     CostModel(HardwareProfile.nvlink_ib(gpus_per_node=2)),
     CostModel(HardwareProfile.gloo_cpu()),
     PER_COLLECTIVE,
+    FLAT,
 ]
 
 
@@ -50,6 +51,7 @@ def _moves(found):
 )
 def test_the_table_walk_is_the_search_plan(pair, model, bounded, objective):
     src, dst = pair
+    model = on_mesh(model, src.mesh)
     bound = None
     if bounded:  # a memory bound some plans exceed
         full = math.prod(src.shape) * 8
