@@ -34,6 +34,8 @@ import warnings
 from collections.abc import Callable
 from pathlib import Path
 
+import numpy as np
+
 from meshplan.layout import Mesh
 
 RESULTS = Path(__file__).resolve().parent / "results" / "layout_speed.json"
@@ -75,10 +77,13 @@ def meshplan_cases(shape: tuple[int, ...], rank: int, permuted: bool):
         ranks = list(range(world))
         random.Random(0).shuffle(ranks)
     mesh = Mesh.create(shape, names, ranks)
+    # the rank map as torch takes it: an int tensor (meshplan checks arrays at C speed)
+    array = np.arange(world) if ranks is None else np.array(ranks)
     flat = mesh.flatten(("cp", "tp"), "cptp").flatten(("dp", "tp"), "dptp")
     size = dict(zip(names, shape, strict=True))
     return [
         ("create", world, lambda: Mesh.create(shape, names, ranks)),
+        ("create from an int array", world, lambda: Mesh.create(shape, names, array)),
         ("slice (dp, tp)", size["dp"] * size["tp"], lambda: mesh["dp", "tp"]),
         ("slice tp", size["tp"], lambda: mesh["tp"]),
         ("slice out of order (tp, dp)", size["dp"] * size["tp"], lambda: mesh["tp", "dp"]),
@@ -146,6 +151,12 @@ def torch_cases(shape: tuple[int, ...], rank: int, permuted: bool):
 
     return {
         "create": (
+            lambda: DeviceMesh(
+                "cpu", ranks.reshape(shape), mesh_dim_names=names, _init_backend=False
+            ),
+            "DeviceMesh(..., _init_backend=False)",
+        ),
+        "create from an int array": (
             lambda: DeviceMesh(
                 "cpu", ranks.reshape(shape), mesh_dim_names=names, _init_backend=False
             ),
@@ -226,16 +237,16 @@ def main(argv: list[str] | None = None) -> int:
     print("-" * len(header))
     for r in rows:
         torch_col = "-" if r["torch_us"] is None else _us(r["torch_us"])
-        ratio = (
-            "-"
-            if r["ratio_torch_over_meshplan"] is None
-            else f"{r['ratio_torch_over_meshplan']:,.0f}x"
-        )
+        x = r["ratio_torch_over_meshplan"]
+        ratio = "-" if x is None else f"{x:,.0f}x" if x >= 10 else f"{x:.2f}x"
         print(
             f"{r['rank_map']:9} {r['op']:43} {r['group_size']:>9} {_us(r['meshplan_us']):>11} "
             f"{_kib(r['meshplan_peak_bytes']):>9} {torch_col:>12} {ratio:>9}  {r['torch_note']}"
         )
-    print("create builds the whole rank map; every other meshplan row is world-independent.")
+    print(
+        "create builds the whole rank map (from a list of ints, or from an int array as torch "
+        "does); every other meshplan row is world-independent."
+    )
     print("* torch has no call for another rank's group/coordinate/submesh: internal equivalent.")
 
     args.out.parent.mkdir(parents=True, exist_ok=True)

@@ -80,12 +80,21 @@ def rank_map(value: Iterable[int]) -> RankMap:
             f"a rank map is a sequence of ints, got {value!r}; pass e.g. range(8) or a list",
             value=value,
         )
-    ranks = tuple(as_int(r) for r in value)
-    if None in ranks:
-        raise MeshError(
-            f"rank map {value!r} holds a value that is not an int; ranks are ints >= 0",
-            value=value,
-        )
+    if getattr(value, "ndim", None) == 1 and hasattr(value, "__array__"):
+        checked = _checked_array(value)  # a 1-D numpy array or torch tensor
+        if checked is not None:
+            return checked
+    ranks = tuple(value)
+    if set(map(type, ranks)) != {int}:  # numpy ints and the like, or not ints at all
+        given = ranks
+        ranks = tuple(as_int(r) for r in given)
+        if None in ranks:
+            bad = given[ranks.index(None)]
+            shown = repr(value) if len(given) <= 12 else short_repr(given)
+            raise MeshError(
+                f"rank map {shown} holds {bad!r}, which is not an int; ranks are ints >= 0",
+                value=value,
+            )
     if not ranks:
         raise MeshError("rank map is empty; a mesh needs at least one rank", value=ranks)
     progression = _as_range(ranks)
@@ -117,6 +126,34 @@ def rank_map(value: Iterable[int]) -> RankMap:
     return RankTuple(ranks)
 
 
+def _checked_array(value) -> RankMap | None:
+    """The rank map of a 1-D integer array (numpy, or a CPU torch tensor), checked at C
+    speed (distinct, >= 0, 32-bit); None when it is not one or fails a check (the caller's
+    checks then name what is wrong)."""
+    try:  # (numpy only here: the layout imports neither numpy nor torch)
+        import numpy as np
+
+        arr = np.asarray(value)
+    except Exception:  # e.g. a tensor on an accelerator
+        return None
+    if arr.ndim != 1 or arr.dtype.kind not in "iu" or arr.size == 0:
+        return None
+    low, high = int(arr.min()), int(arr.max())
+    if low < 0 or high > _MAX_RANK:
+        return None
+    arr = arr.astype(np.int64, copy=False)
+    n = arr.size
+    step = int(arr[1] - arr[0]) if n > 1 else 1
+    first = int(arr[0])
+    if step and (n == 1 or (arr == np.arange(first, first + n * step, step)).all()):
+        return range(first, first + n * step, step)
+    if high - low < 4 * arr.size:
+        distinct = int(np.bincount(arr - low).max()) == 1
+    else:
+        distinct = np.unique(arr).size == arr.size
+    return RankTuple(arr.tolist()) if distinct else None
+
+
 def trusted_rank_map(ranks: tuple[int, ...]) -> RankMap:
     """Canonicalize ranks drawn from a validated rank map (distinct ints >= 0): no checks."""
     return _as_range(ranks) or RankTuple(ranks)
@@ -126,7 +163,7 @@ def _as_range(ranks: tuple[int, ...]) -> range | None:
     if len(ranks) == 1:
         return range(ranks[0], ranks[0] + 1)
     step = ranks[1] - ranks[0]
-    if step == 0:
+    if step == 0 or ranks[-1] - ranks[0] != step * (len(ranks) - 1):
         return None
     candidate = range(ranks[0], ranks[0] + len(ranks) * step, step)
     return candidate if ranks == tuple(candidate) else None

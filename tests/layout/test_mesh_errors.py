@@ -100,6 +100,52 @@ def test_rank_map_with_negative_or_non_int_ranks_is_refused():
         Mesh(MeshLayout.row_major(()), [], ())
 
 
+@given(
+    st.lists(st.integers(-3, 40), min_size=0, max_size=12)
+    | st.permutations(range(12))
+    | st.integers(1, 9).map(lambda n: list(range(5, 5 + 3 * n, 3))),
+    st.sampled_from(["int64", "int32", "uint8", "uint64"]),
+    st.booleans(),
+)
+def test_an_integer_array_is_the_rank_map_its_list_is(ranks, dtype, as_tensor):
+    # numpy arrays and torch tensors are checked at C speed: the same map, or the same
+    # error, as their list
+    import numpy as np
+    import torch
+
+    from meshplan.layout._ranks import rank_map
+
+    if dtype.startswith("uint") and any(r < 0 for r in ranks):
+        return  # (no such array)
+    arr = np.array(ranks, dtype=dtype)
+    if as_tensor:
+        if dtype in ("uint64",):
+            return  # (no such tensor)
+        arr = torch.from_numpy(arr)
+
+    def outcome(value):
+        try:
+            return rank_map(value)
+        except MeshError as e:
+            return str(e).split(" holds ")[-1].split(" repeats ")[-1]
+
+    want, got = outcome(list(ranks)), outcome(arr)
+    assert got == want and type(got) is type(want)
+    if not isinstance(want, str):
+        assert Mesh.create(len(ranks), ranks=arr) == Mesh.create(len(ranks), ranks=ranks)
+
+
+def test_an_array_of_bools_or_floats_is_refused():
+    import numpy as np
+
+    with raises("True"):
+        Mesh.create(2, ranks=np.array([True, False]))
+    with raises("0.0"):
+        Mesh.create(2, ranks=np.array([0.0, 1.0]))
+    with raises("holds array([0, 1]), which is not an int"):
+        Mesh.create(4, ranks=np.array([[0, 1], [2, 3]]))
+
+
 def test_bad_shapes_are_refused():
     with raises("(2, 0)", "0"):
         Mesh.create((2, 0))
