@@ -55,6 +55,11 @@ OPS: dict[str, tuple[list[tuple[int, ...]], dict]] = {
 }
 
 
+def _x(ratio: float) -> str:
+    """A speedup as printed: whole numbers from 10x up, two decimals below."""
+    return f"{ratio:,.0f}x" if ratio >= 10 else f"{ratio:.2f}x"
+
+
 def per_call(
     fn: Callable[[], object], *, repeat: int = 15, setup: Callable[[], object] | None = None
 ) -> float:
@@ -235,7 +240,7 @@ def main(argv: list[str] | None = None) -> int:
                     f"{str(shape):10} {op + ('*' if r['torch_full_expansion'] else ''):10}"
                     f"{' | '.join(p.split('(', 1)[1][:-1] for p in r['inputs']):38}"
                     f" torch {r['torch_ms']:7.2f} ms  meshplan {r['meshplan_ms']:6.3f} ms"
-                    f" ({r['speedup']:5.0f}x; all cold {r['meshplan_all_cold_ms']:6.2f})"
+                    f" ({_x(r['speedup']):>6}; all cold {r['meshplan_all_cold_ms']:6.2f})"
                     f"  visited {r['visited']:3}/{r['states']:<5}",
                     flush=True,
                 )
@@ -275,7 +280,7 @@ def main(argv: list[str] | None = None) -> int:
             )
             name = op + ("*" if full else "")
             print(
-                f"{str(shape):10} {name:10} {t:9.2f} {m:12.3f} {t / m:7.0f}x {v:8.1f} "
+                f"{str(shape):10} {name:10} {t:9.2f} {m:12.3f} {_x(t / m):>8} {v:8.1f} "
                 f"{rs[0]['states']:7}"
             )
     worse = [
@@ -302,7 +307,7 @@ def main(argv: list[str] | None = None) -> int:
             "states": states,
         }
         print(
-            f"3-D mesh, {label}: speedup geometric mean {geo:.0f}x (slowest case {slowest:.0f}x); "
+            f"3-D mesh, {label}: speedup geometric mean {_x(geo)} (slowest case {_x(slowest)}); "
             f"visited {visited} of {states} states ({100 * visited / states:.1f}%)"
         )
     print(

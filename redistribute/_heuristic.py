@@ -351,6 +351,7 @@ class _Bounds:
         reduce-scatter weight) each) when the mesh dims of the bit ``mask`` may shard the
         tensor, and the latency it adds. A dim outside ``mask`` is never sharded, so it
         reduces by an all_reduce: twice the latency and the bytes of a reduce-scatter.
+        (Where a reduce_scatter runs as an all_reduce, ``reduce_alpha`` holds both halves.)
         A reduction runs with its own dim unsharded; a merged one over an alias
         (``alias_shares``) moves ``r`` of its dims' share, but with all of them Partial,
         so on an input as many times bigger as they could otherwise split it."""
@@ -365,7 +366,8 @@ class _Bounds:
                 else:
                     best = 1
                     dw = weights[m][3]
-                    lat += self.alpha_log[m]
+                    if self.reduce_twice:
+                        lat += self.alpha_log[m]
                 for amask, r in shares[m]:
                     grow = 1
                     both = amask & mask

@@ -211,21 +211,28 @@ class _Context(_Bounds):
         self.weights = []
         self.gather_alpha = []  # latency (times log2 of the dim's size) of a gather
         self.reduce_alpha = []  # ... of a reduction
+        # An all_reduce moves 2 (n-1)/n of its input in twice the hops; so does a
+        # reduce_scatter on a backend that runs it as one (``reduce_scatter_via_all_reduce``)
+        via = hw.reduce_scatter_via_all_reduce
         for m, n in enumerate(mesh.shape):
             bw = best[m].bytes_per_s
             ag, rs, ar = own[m]["all_gather"], own[m]["reduce_scatter"], own[m]["all_reduce"]
             f = (n - 1) / n if n > 1 else 0.0
+            rs_bw = rs.bytes_per_s / 2 if via else rs.bytes_per_s
             self.weights.append(
                 (
                     (n - 1) / max(ag.bytes_per_s, ar.bytes_per_s),
-                    f / max(rs.bytes_per_s, ar.bytes_per_s) + f / hw.reduce_bytes_per_s,
+                    f / max(rs_bw, ar.bytes_per_s / 2) + f / hw.reduce_bytes_per_s,
                     f / bw + self.copy,
                     2 * f / ar.bytes_per_s + f / hw.reduce_bytes_per_s,
                 )
             )
             log_n = math.log2(n) if n > 1 else 0.0
-            self.gather_alpha.append(min(ag.latency_s, ar.latency_s) * log_n)
-            self.reduce_alpha.append(min(rs.latency_s, ar.latency_s) * log_n)
+            self.gather_alpha.append(min(ag.latency_s, 2 * ar.latency_s) * log_n)
+            # (an all_reduce's second half of hops, where it must be one, the heuristic
+            # adds: ``reduce_twice``)
+            self.reduce_alpha.append(min(rs.latency_s, ar.latency_s) * log_n * (2 if via else 1))
+        self.reduce_twice = not via
         # temporarily sharding a dim replicated in source and target: a slice and a gather
         # (on an alias dim the gather may ride in a merged step, at no launch of its own)
         gather = hw.launch_s + self.per_collective
