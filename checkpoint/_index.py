@@ -381,7 +381,25 @@ def metadata_from_json(text: str | bytes, where: str = INDEX_NAME) -> Metadata:
             ) from None
         check_tiles(meta, f" in {where}")
         tensors[key] = meta
+    _check_unique_entries(tensors.values(), where)
     return Metadata(tensors)
+
+
+def _check_unique_entries(metas: Iterable[TensorMeta], where: str) -> None:
+    """Raise unless every chunk record names its own entry of its shard file (two records
+    of one entry would read the same bytes for two boxes)."""
+    seen: dict[tuple[str, str], str] = {}
+    for meta in metas:
+        for c in meta.chunks:
+            other = seen.get((c.file, c.name))
+            if other is not None:
+                raise CheckpointError(
+                    f"{where}: entry {c.name!r} of {c.file!r} is recorded twice (tensors "
+                    f"{other!r} and {meta.key!r}); each saved box has its own entry, so the "
+                    "index is damaged",
+                    value=(c.file, c.name),
+                )
+            seen[(c.file, c.name)] = meta.key
 
 
 def checkpoint_path(path: object) -> str:

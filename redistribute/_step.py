@@ -7,7 +7,7 @@ from collections.abc import Sequence
 import attrs
 
 from meshplan.errors import PlanError
-from meshplan.placement import Spec, same_layout
+from meshplan.placement import Partial, Replicate, Spec, is_shard_like, same_layout
 
 __all__ = ["Step", "Plan", "COLLECTIVES", "reduce_op"]
 
@@ -97,6 +97,11 @@ class Step:
                     f"step mesh dim {m!r} is not a dim of {src.mesh} (names {src.mesh.names!r})",
                     value=m,
                 ) from None
+        if len(set(dims)) != len(dims):
+            raise PlanError(
+                f"step mesh dims {self.mesh_dims!r} name a mesh dim twice; list each once",
+                value=self.mesh_dims,
+            )
         object.__setattr__(self, "mesh_dims", tuple(dims))
         if src.mesh != dst.mesh or src.shape != dst.shape or src.dtype != dst.dtype:
             raise PlanError(
@@ -113,6 +118,7 @@ class Step:
                     "a step may only change the placements of its own mesh dims",
                     value=self,
                 )
+        _check_kind(self)
         object.__setattr__(self, "avg_scale", _avg_scale(self))
         if self.alias is not None and self.alias not in src.mesh.aliases:
             raise PlanError(
@@ -150,6 +156,54 @@ class Step:
             f"Step(mesh_dims={self.mesh_dims!r}, src={self.src!r}, dst={self.dst!r}, "
             f"collective={self.collective!r}, alias={self.alias!r})"
         )
+
+
+def _check_kind(step: Step) -> None:
+    """Raise :class:`PlanError` unless the step's collective can make its placement change.
+
+    Data-moving collectives (gather, all_to_all, permute) copy values, so neither side of
+    their dims may be Partial; a reduction starts Partial on every dim it reduces (with
+    one op, sum and avg counting as one) and ends Replicate (all_reduce) or sharded
+    (reduce_scatter). Whether the group holds the data is checked per rank when the
+    step runs (``exchange``); a local step's change is checked there too.
+    """
+    kind = step.collective
+    if kind is None:
+        return
+    names = step.src.mesh.names
+    pairs = [(m, step.src.placements[m], step.dst.placements[m]) for m in step.mesh_dims]
+    if kind in ("all_reduce", "reduce_scatter"):
+        for m, a, b in pairs:
+            if not isinstance(a, Partial):
+                raise PlanError(
+                    f"{kind} step {step} reduces over mesh dim {names[m]!r}, which is {a} in "
+                    "its source; a reduction starts Partial on every dim it reduces",
+                    value=step,
+                )
+            if kind == "all_reduce" and not isinstance(b, Replicate):
+                raise PlanError(
+                    f"all_reduce step {step} ends {b} on mesh dim {names[m]!r}; an "
+                    "all_reduce ends Replicate (use reduce_scatter to end sharded, a local "
+                    "step to change the Partial op)",
+                    value=step,
+                )
+            if kind == "reduce_scatter" and not is_shard_like(b):
+                raise PlanError(
+                    f"reduce_scatter step {step} ends {b} on mesh dim {names[m]!r}; a "
+                    "reduce_scatter ends sharded on every dim it reduces (use all_reduce "
+                    "to end Replicate)",
+                    value=step,
+                )
+        reduce_op(step)  # one op per step
+        return
+    for m, a, b in pairs:
+        if isinstance(a, Partial) or isinstance(b, Partial):
+            raise PlanError(
+                f"{kind} step {step} turns {a} into {b} on mesh dim {names[m]!r}; an {kind} "
+                "copies values, so it neither reads nor makes Partial ones (reduce with "
+                "all_reduce or reduce_scatter, make Partial with a local step)",
+                value=step,
+            )
 
 
 def _avg_scale(step: Step) -> int:

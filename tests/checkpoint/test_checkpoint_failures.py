@@ -207,6 +207,26 @@ def test_a_damaged_chunk_record_is_refused_naming_the_value(saved, edit, needle)
         _loaded(path)
 
 
+def test_two_records_of_one_entry_are_refused(saved):
+    # regression: two boxes naming one (file, name) entry loaded its bytes into both and
+    # checked the checksum only once, so the load returned wrong data
+    path, _ = saved
+    index = os.path.join(path, INDEX_NAME)
+    with open(index) as f:
+        doc = json.load(f)
+    chunks = doc["tensors"]["w"]["chunks"]
+    a = chunks[0]
+    b = next(c for c in chunks[1:] if c["sizes"] == a["sizes"])
+    b.update(file=a["file"], name=a["name"], checksum=a["checksum"])
+    with open(index, "w") as f:
+        json.dump(doc, f)
+    with pytest.raises(CheckpointError, match="recorded twice") as info:
+        read_metadata(path)
+    assert repr(a["name"]) in str(info.value)
+    with pytest.raises(CheckpointError, match="recorded twice"):
+        _loaded(path)
+
+
 @pytest.mark.parametrize("count", [2048, 2049, 5000])
 def test_a_doubled_chunk_hiding_a_missing_one_is_caught_among_many(count):
     # regression: past 2048 chunks only volumes were compared, so element 6 missing and

@@ -18,7 +18,7 @@ def test_index_and_read_planning_need_no_torch():
 
         src = Spec(Mesh.create(2), (StridedShard(0, 2),), (8, 3))
         recs = [
-            c.ChunkRecord(b.chunk.offsets, b.chunk.sizes, "f", f"x#{i}", "crc32:0")
+            c.ChunkRecord(b.chunk.offsets, b.chunk.sizes, "f", f"x#{r}.{i}", "crc32:0")
             for r in (0, 1) if c.writes(src, r) for i, b in enumerate(c.local_boxes(src, r))
         ]
         meta = c.Metadata({"x": c.TensorMeta("x", (8, 3), "float32", recs)})

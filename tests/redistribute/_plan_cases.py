@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from meshplan.layout import Mesh
 from meshplan.placement import Partial, Spec, gather_index, local_intervals, shard, unshard
-from meshplan.redistribute import CostModel, HardwareProfile, Link, simulate
+from meshplan.redistribute import CostModel, HardwareProfile, Link, Step, simulate
 from meshplan.redistribute._planner import _plan_value, _spec, _state, _step, _universe
 from meshplan.redistribute._search import R, context
 from meshplan.testing import mesh_dims, shapes, specs
@@ -145,8 +145,13 @@ def partial_parts(x: torch.Tensor, spec: Spec, seed: int = 0) -> dict[int, torch
 
 
 def delivers(plan, x: torch.Tensor, seed: int = 0) -> bool:
-    """Run ``plan`` in the simulator from random parts of ``x``; compare with the target."""
+    """Run ``plan`` in the simulator from random parts of ``x``; compare with the target.
+
+    Each step is rebuilt through :class:`Step`'s checks first (the planner builds its
+    steps without them)."""
     src, dst = plan.src, plan.dst
+    for s in plan.steps:
+        assert Step(s.mesh_dims, s.src, s.dst, s.collective, s.alias) == s
     out = simulate(plan, partial_parts(x, src, seed))
     if dst.is_partial:
         return torch.allclose(unshard(out, dst), x)

@@ -182,3 +182,26 @@ def test_a_local_step_that_needs_communication_is_refused():
     x = torch.arange(16.0).reshape(4, 4)
     with pytest.raises(PlanError, match="needs communication"):
         _simulate(_Step(0, src, dst, None), _shard(x, src))
+
+
+@pytest.mark.parametrize(
+    "dims, src, dst, kind, match",
+    [
+        # regression: each was taken, and simulate returned some rank a wrong tensor
+        (0, "P(sum) R", "R R", "all_gather", "copies values"),
+        (0, "P(sum) R", "P(sum) R", "all_gather", "copies values"),
+        (0, "R R", "P(sum) R", "all_to_all", "copies values"),
+        (0, "S(0) R", "P(sum) R", "all_permute", "copies values"),
+        (0, "P(max) R", "P(sum) R", "all_reduce", "ends Replicate"),
+        (0, "P(sum) R", "P(sum) R", "all_reduce", "ends Replicate"),
+        (0, "P(sum) R", "S(0) R", "all_reduce", "ends Replicate"),
+        (0, "P(sum) R", "P(sum) R", "reduce_scatter", "ends sharded"),
+        (0, "P(sum) R", "R R", "reduce_scatter", "ends sharded"),
+        (0, "S(0) R", "R R", "all_reduce", "starts Partial"),
+        ((0, 0), "S(0) R", "S(0) R", None, "twice"),
+        (("a", 0), "S(0) R", "R R", "all_gather", "twice"),
+    ],
+)
+def test_a_step_its_collective_cannot_make_is_refused(dims, src, dst, kind, match):
+    with pytest.raises(PlanError, match=match):
+        Step(dims, spec(src), spec(dst), kind)
