@@ -9,7 +9,7 @@ Meshes derived by slicing or flattening share the same validated map.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence, Set
 from typing import Any
 
 from meshplan.errors import MeshError
@@ -78,6 +78,13 @@ def rank_map(value: Iterable[int]) -> RankMap:
     if isinstance(value, str | bytes) or not isinstance(value, Iterable):
         raise MeshError(
             f"a rank map is a sequence of ints, got {value!r}; pass e.g. range(8) or a list",
+            value=value,
+        )
+    if isinstance(value, Set | Mapping):
+        raise MeshError(
+            f"a rank map is an ordered sequence of ints (the rank at each mesh position), got "
+            f"the unordered {type(value).__name__} {short_repr(list(value))}; pass a list, "
+            "e.g. sorted(ranks)",
             value=value,
         )
     if getattr(value, "ndim", None) == 1 and hasattr(value, "__array__"):

@@ -54,13 +54,17 @@ __all__ = [
 
 
 def _number(value):
-    """A float of ``value`` (for the profiles' numeric fields), or a PlanError naming it."""
-    if isinstance(value, bool):
+    """A finite float of ``value`` (for the profiles' numeric fields), or a PlanError naming
+    it (text, a bool, nan, an infinity or a number beyond a float's range)."""
+    if isinstance(value, bool | str | bytes):
         raise PlanError(f"expected a number, got {value!r}", value=value)
     try:
-        return float(value)
-    except (TypeError, ValueError):
-        raise PlanError(f"expected a number, got {value!r}", value=value) from None
+        out = float(value)
+    except (TypeError, ValueError, OverflowError):
+        raise PlanError(f"expected a finite number, got {value!r}", value=value) from None
+    if not math.isfinite(out):
+        raise PlanError(f"expected a finite number, got {value!r}", value=value)
+    return out
 
 
 def _positive(instance, attribute, value) -> None:
@@ -142,10 +146,20 @@ def _link_of(value, name: str) -> Link:
         return value
     if not _is_pair(value):
         raise PlanError(
-            f"hardware profile field {name} must be [latency_s, bytes_per_s], got {value!r}",
+            f"hardware profile field {name} must be a Link or [latency_s, bytes_per_s], got "
+            f"{value!r}",
             value=value,
         )
     return Link(*value)
+
+
+def _node_link(name: str):
+    """A converter taking a Link or ``(latency_s, bytes_per_s)`` for the field ``name``."""
+
+    def convert(value) -> Link:
+        return _link_of(value, name)
+
+    return convert
 
 
 COLLECTIVES = ("all_gather", "reduce_scatter", "all_reduce", "all_to_all", "all_permute")
@@ -271,8 +285,8 @@ class HardwareProfile:
     FrozenMap({'all_reduce': Link(latency_s=2e-05, bytes_per_s=1000000000.0)})
     """
 
-    intra: Link = Link(1e-6, 150e9)
-    inter: Link = Link(5e-6, 25e9)
+    intra: Link = attrs.field(default=Link(1e-6, 150e9), converter=_node_link("intra"))
+    inter: Link = attrs.field(default=Link(5e-6, 25e9), converter=_node_link("inter"))
     ranks_per_node: int | None = None
     dims: tuple[Link, ...] | None = attrs.field(default=None, converter=_links)
     launch_s: float = attrs.field(default=8e-6, validator=_non_negative, converter=_number)

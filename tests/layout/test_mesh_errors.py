@@ -146,6 +146,16 @@ def test_an_array_of_bools_or_floats_is_refused():
         Mesh.create(4, ranks=np.array([[0, 1], [2, 3]]))
 
 
+def test_an_unordered_rank_collection_is_refused():
+    # regression: a set was taken, and its iteration order became the mesh's rank order
+    with raises("unordered set", "sorted(ranks)"):
+        Mesh.create(3, ranks={5, 3, 4})
+    with raises("unordered frozenset"):
+        Mesh.create(2, ranks=frozenset({0, 1}))
+    with raises("unordered dict"):
+        Mesh.create(2, ranks={0: 1, 1: 0})
+
+
 def test_bad_shapes_are_refused():
     with raises("(2, 0)", "0"):
         Mesh.create((2, 0))

@@ -25,6 +25,7 @@ from meshplan.placement import (
 from meshplan.redistribute import (
     CostModel,
     HardwareProfile,
+    Link,
     MergeWarning,
     Plan,
     Step,
@@ -343,6 +344,14 @@ def _bad_inputs():
         "a link of one number": lambda: HardwareProfile.from_dims([(1e-6,)]),
         "a link of text": lambda: HardwareProfile.from_dims([("x", 1e9)]),
         "a nan latency": lambda: HardwareProfile.from_dims([(float("nan"), 1e9)]),
+        # regression: these were taken, and planning failed later with an AttributeError
+        "an intra link of an int": lambda: HardwareProfile(intra=5),
+        "an inter link of text": lambda: HardwareProfile(inter="x"),
+        "an intra link of three numbers": lambda: HardwareProfile(intra=(1e-6, 1e9, 3)),
+        # regression: an OverflowError, and a string taken as a number
+        "a bandwidth beyond a float": lambda: Link(1e-6, 10**400),
+        "a latency of text": lambda: Link("1", 1e9),
+        "an infinite latency": lambda: Link(float("inf"), 1e9),
         "no step dims": lambda: Step(None, a, b, "all_gather"),
         "no steps": lambda: Plan(a, b, None),
         "a step of text": lambda: Plan(a, b, ("x",)),
@@ -362,6 +371,14 @@ def test_bad_arguments_of_the_public_functions_raise_plan_errors_naming_them(cas
     # regression: these raised bare TypeError / IndexError / AttributeError / ValueError
     with pytest.raises(PlanError):
         _bad_inputs()[case]()
+
+
+def test_node_links_may_be_given_as_pairs():
+    import numpy as np
+
+    hw = HardwareProfile(intra=(2e-6, 1e9), inter=[np.float64(5e-6), 2e8])
+    assert hw.intra == Link(2e-6, 1e9) and hw.inter == Link(5e-6, 2e8)
+    assert HardwareProfile.from_json(hw.to_json()) == hw
 
 
 def test_numpy_flags_and_sizes_are_taken():
