@@ -56,7 +56,7 @@ from ._cost import (
     collective_weight,
     group_link,
 )
-from ._exact import _may_empty, _smallest_piece, even_steps, exact_covers, links
+from ._exact import _may_empty, _smallest_piece, even_steps, exact_covers, links, piece
 from ._heuristic import SUMAVG, R, _Bounds
 
 __all__ = [
@@ -777,35 +777,56 @@ class _Context(_Bounds):
         key = ("relabels", d, m, chain, tuple([codes[x] for x in chain]))
         found = self._exacts.get(key)
         if found is None:
-            found = []
-            for code in self.shards:
-                if code[0] != d or code == codes[m]:
-                    continue
-                new_codes = _put(codes, m, code)
-                for new_chain in itertools.permutations(chain):
-                    t = (new_codes, _put(chains, d, new_chain))
-                    if self._same_pieces(state, d, t, new_chain):
-                        found.append((code, new_chain))
-            self._exacts[key] = found
+            found = self._exacts[key] = self._relabels_uncached(codes, chain, m, d)
         return [(_put(codes, m, code), _put(chains, d, c)) for code, c in found]
 
-    def _same_pieces(self, state, d: int, new_state, new_chain) -> bool:
-        """Whether every rank holds the same piece of tensor dim ``d`` in ``state`` and
-        in ``new_state`` (whose order of ``d`` is ``new_chain``): the exact check, with no
-        group to read from, both ways."""
-        if self.empty:
-            return True
-        codes, new_codes = state[0], new_state[0]
-        chain = state[1][d]
-        src = links(self.sizes, codes, chain)
-        dst = links(self.sizes, new_codes, new_chain)
-        key = ("same", d, src, dst)
-        ok = self._exacts.get(key)
-        if ok is None:
-            length = self.shape[d]
-            ok = exact_covers(length, src, dst, ()) and exact_covers(length, dst, src, ())
-            self._exacts[key] = ok
-        return ok
+    def _relabels_uncached(self, codes, chain, m: int, d: int) -> list:
+        options = [c for c in self.shards if c[0] == d and c != codes[m]]
+        if self.empty:  # no rank holds an element: every relabel keeps the (empty) pieces
+            return [(code, c) for code in options for c in itertools.permutations(chain)]
+        dims = tuple(sorted(chain))
+        sig_of, members = self._piece_classes(d, dims)
+        own = tuple([codes[x] for x in dims])
+        ways = members[sig_of[own, chain]]
+        at = dims.index(m)
+        position = {x: i for i, x in enumerate(chain)}
+        found = []
+        for code in options:  # in the order of the shard placements,
+            orders = ways.get(own[:at] + (code,) + own[at + 1 :], ())
+            # then of ``itertools.permutations(chain)``
+            for order in sorted(orders, key=lambda o: [position[x] for x in o]):
+                found.append((code, order))
+        return found
+
+    def _piece_classes(self, d: int, dims: tuple) -> tuple[dict, dict]:
+        """Every way the mesh dims ``dims`` (sorted) may shard tensor dim ``d`` (a shard
+        placement of ``d`` each, in any order), grouped by the pieces the ranks hold:
+        ``((placements, order) -> pieces, pieces -> {placements: [orders]})``, with
+        ``placements`` a shard code per dim of ``dims`` and the pieces each rank's index
+        intervals of ``d`` (by coordinates on ``dims``). Two ways of one group give every
+        rank the very same piece. Memoized."""
+        key = ("piece classes", d, dims)
+        found = self._exacts.get(key)
+        if found is not None:
+            return found
+        length = self.shape[d]
+        sizes = self.sizes
+        codes_of_d = [c for c in self.shards if c[0] == d]
+        coords = list(itertools.product(*(range(sizes[x]) for x in dims)))
+        sig_of: dict = {}
+        members: dict = {}
+        for own in itertools.product(codes_of_d, repeat=len(dims)):
+            code_of = dict(zip(dims, own, strict=True))
+            for order in itertools.permutations(dims):
+                chain_links = tuple([(sizes[x], code_of[x][1]) for x in order])
+                where = [dims.index(x) for x in order]
+                sig = tuple(
+                    [piece(length, chain_links, tuple([c[i] for i in where])) for c in coords]
+                )
+                sig_of[own, order] = sig
+                members.setdefault(sig, {}).setdefault(own, []).append(order)
+        found = self._exacts[key] = (sig_of, members)
+        return found
 
     def _inserted(self, state, codes, chains, m, code, last=True):
         """``(state, touch)`` where mesh dim ``m`` takes shard ``code``, joining its tensor
