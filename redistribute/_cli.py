@@ -103,8 +103,14 @@ def _mesh(args) -> Mesh:
     names = tuple(args.names.replace(" ", "").split(",")) if args.names else None
     mesh = Mesh.create(shape, names)
     for spec in args.flatten:
-        dims, _, name = spec.partition("=")
+        dims, eq, name = spec.partition("=")
         dims = tuple(dims.replace(" ", "").split(","))
+        name = name.strip()
+        if eq and (not name or any(c in name for c in ",= ")):
+            raise argparse.ArgumentTypeError(
+                f"--flatten {spec!r}: the alias after '=' is one name (no ',', '=' or "
+                "spaces), e.g. a,c=ac"
+            )
         if not all(dims):
             raise argparse.ArgumentTypeError(
                 f"--flatten {spec!r} must list mesh dims separated by ',', e.g. a,c or a,c=ac"

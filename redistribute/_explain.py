@@ -6,6 +6,7 @@ import attrs
 
 from meshplan.errors import PlanError
 from meshplan.layout._mesh import first_instance
+from meshplan.layout._ranks import short_repr
 from meshplan.placement import dtype_itemsize, format_placements, local_numel
 
 from ._cost import Cost, CostModel, step_cost
@@ -13,7 +14,8 @@ from ._step import Plan, Step, _orders_for, as_plan
 
 __all__ = ["explain", "StepReport", "step_report"]
 
-_EXACT_LIMIT = 1024  # ranks: beyond this, traffic comes from the cost model
+_EXACT_LIMIT = 1024  # ranks: beyond this, peak memory is read off the first group only
+_TRANSFER_LIMIT = 1 << 12  # ranks times group size: beyond this, traffic comes from the model
 
 
 @attrs.frozen
@@ -57,7 +59,9 @@ def step_report(step: Step, model: CostModel | None = None) -> StepReport:
     sample = ranks if exact else group
     peak = max((local_numel(src, r) + local_numel(dst, r)) * item for r in sample)
     recv = sent = 0
-    if step.collective in ("all_gather", "all_to_all", "all_permute") and exact:
+    # each rank receives from up to its whole group: count transfers while that stays small
+    counted = len(ranks) * len(group) <= _TRANSFER_LIMIT
+    if step.collective in ("all_gather", "all_to_all", "all_permute") and counted:
         got: dict[int, int] = {}
         out: dict[int, int] = {}
         for r in ranks:
@@ -141,7 +145,7 @@ def explain(plan: Plan, model: CostModel | None = None) -> str:
                 _placements(step),
                 r.group,
                 str(r.group_size),
-                str(r.example_group),
+                short_repr(r.example_group, limit=16),
                 _fmt_bytes(r.recv_bytes),
                 _fmt_bytes(r.sent_bytes),
                 _fmt_bytes(r.peak_bytes),

@@ -244,6 +244,8 @@ def check_plannable(src: Spec, dst: Spec) -> None:
             what = "rank maps"
         elif a.aliases != b.aliases:
             what = f"aliases {tuple(a.aliases)!r} vs {tuple(b.aliases)!r}"
+        elif a.device_type != b.device_type:
+            what = f"device types {a.device_type!r} vs {b.device_type!r}"
         else:
             what = f"layouts {a.layout} vs {b.layout}"
         raise PlanError(

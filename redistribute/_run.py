@@ -25,7 +25,7 @@ from typing import Any
 import attrs
 import torch
 
-from meshplan.errors import RuntimeShellError
+from meshplan.errors import PlanError, RuntimeShellError
 from meshplan.placement import Partial, Replicate, Spec, local_shape
 from meshplan.placement._tensor import reduction_dtype
 
@@ -443,6 +443,8 @@ def grad_spec(spec: Spec) -> Spec:
     >>> print(grad_spec(Spec(Mesh.create((2, 2)), [Partial(), Shard(0)], (4,))))
     f32[4](R S(0))
     """
+    if not isinstance(spec, Spec):
+        raise PlanError(f"grad_spec reads a Spec, got {spec!r}", value=spec)
     if not spec.is_partial:
         return spec
     placements = [Replicate() if isinstance(p, Partial) else p for p in spec.placements]

@@ -76,7 +76,11 @@ def _group(step: Step, rank: int, locals_: Mapping[int, torch.Tensor]):
 
 
 def simulate_step(step: Step, locals_: Mapping[int, torch.Tensor]) -> dict[int, torch.Tensor]:
-    """One step on every rank."""
+    """One step on every rank (a dict rank -> tensor in and out, as :func:`simulate`)."""
+    if not isinstance(step, Step):
+        raise PlanError(
+            f"simulate_step runs one Step, got {step!r}; run a Plan with simulate", value=step
+        )
     kind = step.collective
     ranks = sorted(locals_)
     out: dict[int, torch.Tensor] = {}

@@ -220,6 +220,8 @@ def _avg_scale(step: Step) -> int:
 
 def reduce_op(step: Step) -> str:
     """The reduction a reducing step performs: "sum" (then divide by ``avg_scale``), "max", "min"."""
+    if not isinstance(step, Step):
+        raise PlanError(f"reduce_op reads a Step, got {step!r}", value=step)
     ops = {getattr(step.src.placements[m], "op", None) for m in step.mesh_dims}
     if None in ops:
         raise PlanError(

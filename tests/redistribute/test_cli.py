@@ -91,6 +91,9 @@ def test_a_saved_profile_prices_the_plan(capsys, tmp_path):
         (["--src", "R R R", "--dst", "R R R", "--flatten", "a,z"], "unknown mesh dim 'z'"),
         (["--src", "S(0) R R", "--dst", "R R R", "--max-local-bytes", "10"], "max_local_bytes"),
         (["--src", "R R R", "--dst", "R R R", "--flatten", "=x"], "--flatten '=x'"),
+        # regression: the alias was named 'x,y'
+        (["--src", "R R R", "--dst", "R R R", "--flatten", "a,c=x,y"], "one name"),
+        (["--src", "R R R", "--dst", "R R R", "--flatten", "a,c="], "one name"),
     ],
 )
 def test_bad_input_exits_2_with_the_reason(capsys, extra, message):

@@ -447,3 +447,24 @@ def test_plan_cost_respects_the_model_given():
         p_mine = plan(a, b, cost_model=mine)
         p_other = Plan(a, b, plan(a, b, cost_model=other).steps)
         assert cost(p_mine, mine).total <= cost(p_other, mine).total * (1 + 1e-12)
+
+
+@pytest.mark.parametrize("n", [4, 64, 128])
+def test_explain_counts_traffic_exactly_until_the_groups_are_large(n):
+    # regression: explain counted every rank's transfers from its whole group, so an
+    # all_to_all over 1000 ranks took seconds; past 4096 transfers the model's bytes serve
+    from meshplan.redistribute import explain, plan
+    from meshplan.redistribute._explain import _TRANSFER_LIMIT, step_report
+    from meshplan.redistribute.exchange import transfers_to
+
+    mesh = Mesh.create(n)
+    a, b = spec(mesh, "S(0)", (4 * n + 1, n)), spec(mesh, "S(1)", (4 * n + 1, n))
+    (step,) = plan(a, b).steps
+    report = step_report(step)
+    if n * n <= _TRANSFER_LIMIT:
+        got = [sum(t.numel() * 4 for t in transfers_to(step, r) if t.sender != r) for r in range(n)]
+        assert report.recv_bytes == max(got)
+    else:
+        assert report.recv_bytes == report.sent_bytes == report.cost.bytes
+    row = explain(plan(a, b)).splitlines()[2]
+    assert (f"({n} items)" in row) == (n > 16)  # a long example group is elided

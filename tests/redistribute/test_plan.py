@@ -314,6 +314,9 @@ def test_different_meshes_raise_naming_the_difference():
     flat = Mesh.create((2, 2)).flatten(("d0", "d1"), "f")
     with pytest.raises(PlanError, match="aliases"):
         plan(a, spec(flat, "R R", (4,)))
+    # regression: named "layouts (2, 2):(2, 1) vs (2, 2):(2, 1)"
+    with pytest.raises(PlanError, match="device types 'cpu' vs 'cuda'"):
+        plan(a, spec(Mesh.create((2, 2), device_type="cuda"), "R R", (4,)))
 
 
 def test_different_shapes_and_dtypes_raise_naming_the_difference():
@@ -332,7 +335,15 @@ def test_different_shapes_and_dtypes_raise_naming_the_difference():
 def _bad_inputs():
     import numpy as np
 
-    from meshplan.redistribute import explain, merge, step_cost, transition_cost
+    from meshplan.redistribute import (
+        explain,
+        grad_spec,
+        merge,
+        reduce_op,
+        simulate_step,
+        step_cost,
+        transition_cost,
+    )
 
     mesh = Mesh.create((2, 2), ("a", "b"))
     a, b = spec(mesh, "S(0) R", (4, 4)), spec(mesh, "R R", (4, 4))
@@ -358,6 +369,9 @@ def _bad_inputs():
         "a plan of text": lambda: Plan("a", b, ()),
         "cost of text": lambda: cost("x"),
         "merge of None": lambda: merge(None),
+        "simulate_step of a plan": lambda: simulate_step(plan(a, b), {}),
+        "reduce_op of None": lambda: reduce_op(None),
+        "grad_spec of None": lambda: grad_spec(None),
         "explain text": lambda: explain("x"),
         "step_cost of text": lambda: step_cost("x"),
         "merge flag array": lambda: plan(a, b, merge=np.array([1, 2])),
