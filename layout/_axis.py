@@ -235,6 +235,13 @@ def row_major_strides(sizes: Sequence[int]) -> tuple[int, ...]:
     (12, 4, 1)
     """
     sizes = _int_tuple(sizes)
+    for s in sizes:
+        if s < 0:
+            raise MeshError(
+                f"row_major_strides: sizes {sizes!r} hold the negative size {s!r}; sizes are "
+                "ints >= 0",
+                value=sizes,
+            )
     out = []
     acc = 1
     for s in reversed(sizes):

@@ -14,6 +14,8 @@ __all__ = ["FrozenMap", "identity_first_eq"]
 class FrozenMap(Mapping[K, V], Generic[K, V]):
     """An immutable mapping, hashable, ordered by key (so equal maps print the same).
 
+    Values must be hashable: an unhashable one is refused when the map is built.
+
     >>> m = FrozenMap({"b": 2, "a": 1})
     >>> m
     FrozenMap({'a': 1, 'b': 2})
@@ -42,7 +44,15 @@ class FrozenMap(Mapping[K, V], Generic[K, V]):
                 value=data,
             ) from None
         self._data: dict[K, V] = dict(ordered)
-        self._hash: int | None = None
+        try:  # hashed now, so an unhashable value is refused here, not by a later lookup
+            self._hash: int | None = hash(tuple(self._data.items()))
+        except TypeError:
+            key, value = next((k, v) for k, v in ordered if not _is_hashable(v))
+            raise MeshError(
+                f"a FrozenMap's values must be hashable, but {key!r} maps to {value!r}; use "
+                "tuples (not lists), frozensets (not sets) or FrozenMaps (not dicts)",
+                value=value,
+            ) from None
 
     def __getitem__(self, key: K) -> V:
         return self._data[key]
@@ -78,6 +88,14 @@ class FrozenMap(Mapping[K, V], Generic[K, V]):
 
     def __reduce__(self):
         return (FrozenMap, (self._data,))
+
+
+def _is_hashable(value: Any) -> bool:
+    try:
+        hash(value)
+    except TypeError:
+        return False
+    return True
 
 
 def _sort_key(key: Any) -> tuple[str, Any]:

@@ -194,6 +194,13 @@ def dim_intervals(spec: Spec, coordinate: Sequence[int], tensor_dim: int) -> Int
     ((4, 8),)
     """
     _need_spec(spec)
+    coordinate = check_coordinate(spec, coordinate)
+    return _dim_intervals(spec, coordinate, spec.tensor_dim(tensor_dim))
+
+
+def check_coordinate(spec: Spec, coordinate: Sequence[int]) -> tuple[int, ...]:
+    """``coordinate`` as a tuple of Python ints if it is a coordinate of ``spec``'s mesh
+    (one int per mesh dim, each in ``[0, size)``); raise :class:`PlacementError` otherwise."""
     if isinstance(coordinate, str) or not isinstance(coordinate, Sequence | Iterable):
         raise PlacementError(
             f"a mesh coordinate is a sequence of ints, got {coordinate!r}", value=coordinate
@@ -209,7 +216,7 @@ def dim_intervals(spec: Spec, coordinate: Sequence[int], tensor_dim: int) -> Int
             "one index per mesh dim, each in [0, size)",
             value=coordinate,
         )
-    return _dim_intervals(spec, coordinate, spec.tensor_dim(tensor_dim))
+    return coordinate
 
 
 @functools.lru_cache(maxsize=65536)

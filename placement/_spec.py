@@ -16,6 +16,8 @@ from ._types import Partial, Placement, Replicate, Shard, StridedShard, dtype_na
 
 __all__ = ["Spec"]
 
+_MAX_SIZE = 2**63 - 1  # torch sizes are int64
+
 
 def _shape(value: Iterable[int]) -> tuple[int, ...]:
     if isinstance(value, str) or not isinstance(value, Iterable):
@@ -96,6 +98,12 @@ class Spec:
             if isinstance(s, bool) or not isinstance(s, int) or s < 0:
                 raise PlacementError(
                     f"global shape {self.shape!r} has size {s!r}; sizes must be ints >= 0",
+                    value=self.shape,
+                )
+            if s > _MAX_SIZE:
+                raise PlacementError(
+                    f"global shape {self.shape!r} has size {s!r}, beyond int64; torch sizes "
+                    f"are at most {_MAX_SIZE} (2**63 - 1)",
                     value=self.shape,
                 )
         object.__setattr__(self, "dtype", dtype_name(self.dtype))

@@ -8,9 +8,11 @@ from collections.abc import Iterable, Mapping
 import torch
 
 from meshplan.errors import PlacementError
+from meshplan.layout._ints import as_int
 from meshplan.layout._mesh import first_instance
+from meshplan.layout._ranks import short_repr
 
-from ._local import Intervals, local_intervals
+from ._local import Intervals, check_coordinate, local_intervals
 from ._spec import Spec
 from ._types import Partial
 
@@ -56,11 +58,7 @@ def partial_keeps(spec: Spec, coordinate: tuple[int, ...]) -> bool:
     dtype); along ``avg``/``max``/``min`` dims every rank keeps the value.
     """
     _check_spec(spec)
-    if len(coordinate) != spec.mesh.ndim:
-        raise PlacementError(
-            f"{coordinate!r} is not a coordinate of mesh {spec.mesh}; give one index per mesh dim",
-            value=coordinate,
-        )
+    coordinate = check_coordinate(spec, coordinate)
     return all(
         coordinate[i] == 0
         for i, p in enumerate(spec.placements)
@@ -110,6 +108,9 @@ def shard(tensor: torch.Tensor, spec: Spec) -> dict[int, torch.Tensor]:
 def unshard(locals_: dict[int, torch.Tensor], spec: Spec) -> torch.Tensor:
     """The global tensor from every rank's local tensor (Partial dims are reduced).
 
+    A rank outside the mesh is refused; for a sliced mesh (a family of submeshes) the
+    first instance's locals are read and those of the other instances ignored.
+
     >>> from meshplan.layout import Mesh
     >>> from meshplan.placement import Partial
     >>> spec = Spec(Mesh.create(2), (Partial("max"),), (2,), "int64")
@@ -129,6 +130,13 @@ def unshard(locals_: dict[int, torch.Tensor], spec: Spec) -> torch.Tensor:
             f"unshard needs every rank's local tensor; missing ranks {missing[:8]!r}",
             value=missing,
         )
+    for r in locals_:
+        if as_int(r) is None or spec.mesh.coordinate(r) is None:
+            raise PlacementError(
+                f"unshard got a local tensor for rank {r!r}, which is not in the mesh of "
+                f"{spec} (ranks {short_repr(spec.mesh.ranks)}); pass only the mesh's ranks",
+                value=r,
+            )
     first = locals_[ranks[0]]
     pdims = spec.partial_dims
     parts: dict[tuple[int, ...], torch.Tensor] = {}

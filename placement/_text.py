@@ -29,6 +29,12 @@ def format_placements(placements, shard_order=None) -> str:
     shown: set[int] = set()
     parts = []
     for p in placements:
+        if not isinstance(p, Placement):
+            raise PlacementError(
+                f"format_placements: {p!r} in {placements!r} is not a placement; give Shard, "
+                "StridedShard, Replicate or Partial values (parse text with parse_placements)",
+                value=p,
+            )
         text = str(p)
         if isinstance(p, Shard | StridedShard):
             order = tuple(shard_order.get(p.dim, ()))
@@ -49,13 +55,14 @@ def format_spec(spec) -> str:
     return f"{dtype_short(spec.dtype)}[{shape}]({format_placements(spec.placements, spec.shard_order)})"
 
 
+# digits are ASCII [0-9] only: ``\d`` and ``int`` also take other scripts' digits ("S(٣)")
 _TOKEN = re.compile(
     r"""\s*(?:
-        (?P<ss>SS|_S)\(\s*(?P<ssd>-?\d+)\s*,\s*(?P<sf>\d+)\s*\)
-      | S\(\s*(?P<sd>-?\d+)\s*\)
+        (?P<ss>SS|_S)\(\s*(?P<ssd>-?[0-9]+)\s*,\s*(?P<sf>[0-9]+)\s*\)
+      | S\(\s*(?P<sd>-?[0-9]+)\s*\)
       | (?P<r>R)\b
       | P(?:\(\s*(?P<op>\w+)\s*\))?
-    )(?:\[(?P<order>[\d,\s]*)\])?(?=\s|$)\s*""",
+    )(?:\[(?P<order>[0-9,\s]*)\])?(?=\s|$)\s*""",
     re.VERBOSE,
 )
 

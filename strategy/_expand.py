@@ -169,11 +169,24 @@ def prepare(
         )
     if args is not None and not isinstance(args, Mapping):
         raise StrategyError(f"{op}: args must be a mapping of keyword arguments", value=args)
-    return _prepare(op, specs, ruleset or RuleSet.default(), freeze_args(args or {}))
+    frozen = freeze_args(args or {})
+    return _prepare(op, specs, ruleset or RuleSet.default(), frozen, _types(frozen))
+
+
+def _types(value: Any) -> Any:
+    """The types inside frozen op arguments, for ``_prepare``'s cache key: ``48``,
+    ``48.0`` and ``np.int64(48)`` (or ``1`` and ``True``) compare and hash alike, but the
+    rules take some of them and refuse others."""
+    if isinstance(value, tuple):
+        return tuple(_types(v) for v in value)
+    return type(value)
 
 
 @functools.lru_cache(maxsize=4096)
-def _prepare(op: str, specs: tuple[Spec, ...], ruleset: RuleSet, args: tuple) -> Problem:
+def _prepare(
+    op: str, specs: tuple[Spec, ...], ruleset: RuleSet, args: tuple, types: tuple
+) -> Problem:
+    # ``types`` is only part of the cache key (see ``_types``)
     return build_problem(op, ruleset[op], specs, args, shard_kinds(specs))
 
 

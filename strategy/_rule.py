@@ -74,6 +74,11 @@ class Meta:
 
 def meta_of(spec: Spec) -> Meta:
     """The metadata of a spec's tensor."""
+    if not isinstance(spec, Spec):
+        raise StrategyError(
+            f"meta_of takes a Spec, got {spec!r}; build one with Spec(mesh, placements, shape)",
+            value=spec,
+        )
     return Meta(spec.shape, spec.dtype)
 
 
@@ -166,6 +171,13 @@ _PLACEMENT_TYPES = (Shard, StridedShard, Replicate, Partial, Placeholder)
 def _entries(value: Iterable[DimPlacement]) -> tuple[DimPlacement, ...]:
     if isinstance(value, _PLACEMENT_TYPES):
         value = (value,)
+    if isinstance(value, str | bytes) or not isinstance(value, Iterable):
+        raise StrategyError(
+            f"{value!r} is not a sequence of placements; a single-dim strategy lists one "
+            "placement (or Placeholder) per output and input, e.g. DimStrategy([Shard(0)], "
+            "[Shard(0), Replicate()])",
+            value=value,
+        )
     out = tuple(value)
     for p in out:
         if not isinstance(p, _PLACEMENT_TYPES):
@@ -291,8 +303,15 @@ def shard_kinds(specs: Sequence[Spec]) -> tuple[int, ...]:
     >>> shard_kinds([Spec(mesh, (StridedShard(0, 4), Replicate()), (8, 2))])
     (1, 4)
     """
+    if isinstance(specs, Spec | str | bytes) or not isinstance(specs, Iterable):
+        raise StrategyError(
+            f"shard_kinds takes a sequence of Spec values (one per input), got {specs!r}",
+            value=specs,
+        )
     found = {1}
     for spec in specs:
+        if not isinstance(spec, Spec):
+            raise StrategyError(f"shard_kinds: {spec!r} is not a Spec", value=spec)
         for p in spec.placements:
             if isinstance(p, StridedShard):
                 found.add(p.split_factor)

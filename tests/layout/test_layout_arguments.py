@@ -17,6 +17,7 @@ from meshplan.layout import (
     complement,
     compose,
     flatten,
+    row_major_strides,
     unflatten,
 )
 from meshplan.layout._frozen import FrozenMap
@@ -53,6 +54,11 @@ BAD = {
     "frozen map of None": lambda: FrozenMap(None),
     "frozen map of text": lambda: FrozenMap("ab"),
     "frozen map of unorderable keys": lambda: FrozenMap({1j: 1, 2j: 2}),
+    # regression: built, then hashing it raised a bare TypeError
+    "frozen map of a list value": lambda: FrozenMap({"a": [1]}),
+    "row-major strides of a float size": lambda: row_major_strides([2, 1.5]),
+    # regression: returned the strides (-1, 1)
+    "row-major strides of a negative size": lambda: row_major_strides([2, -1]),
     # the dim order followed the hash seed before
     "names as a set": lambda: Mesh.create((2, 3), names={"x", "y"}),
     "shape as bytes": lambda: Mesh.create(b"\x02"),

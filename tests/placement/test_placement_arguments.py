@@ -79,6 +79,22 @@ BAD = {
     # an empty index before
     "intervals of None": lambda: gather_index(None),
     "a short coordinate": lambda: partial_keeps(Spec(SQUARE, (Replicate(), Partial()), (4,)), (0,)),
+    # regression: a TypeError for an int, and (5, 0) on a (2, 2) mesh answered False
+    "an int coordinate": lambda: partial_keeps(Spec(SQUARE, (Partial(), Replicate()), (4,)), 0),
+    "a coordinate outside the mesh": lambda: partial_keeps(
+        Spec(SQUARE, (Partial(), Replicate()), (4,)), (5, 0)
+    ),
+    # regression: rank 9 (not in the 4-rank mesh) was silently ignored
+    "unshard a rank outside the mesh": lambda: unshard(
+        {r: torch.zeros(2, 2) for r in (0, 1, 2, 3, 9)}, S
+    ),
+    "unshard a text rank": lambda: unshard({**{r: torch.zeros(2, 2) for r in range(4)}, "0": 0}, S),
+    # regression: parsed as Shard(3) (Arabic-Indic digit three; int() and \d take it)
+    "parse a non-ASCII digit": lambda: parse_placements("S(\u0663)"),
+    # regression: returned "1 2"
+    "format non-placements": lambda: format_placements([1, 2]),
+    # regression: a size beyond int64 was taken
+    "a global size beyond int64": lambda: Spec(SQUARE, (Replicate(), Replicate()), (2**70,)),
     "replicate as a shard": lambda: shard_intervals(((0, 8),), Replicate(), 2, 0),
 }
 

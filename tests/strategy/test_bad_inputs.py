@@ -18,11 +18,13 @@ from meshplan.strategy import (
     check_constraint,
     check_rule,
     expand,
+    meta_of,
     propagate,
     propagate_simulated,
     replicate_strategy,
     run_local,
     select,
+    shard_kinds,
 )
 
 MESH = Mesh.create(2)
@@ -130,11 +132,31 @@ def test_replicate_strategy_validates_its_counts_without_hanging():
         (lambda: Placeholder(0).fill(None), "split factor None"),
         (lambda: Placeholder(0, even="yes"), "even= must be True or False"),
         (lambda: DimStrategy([Placeholder(0)], [Placeholder(0)]).fill(0), "split factor 0"),
+        # regression: these three raised a bare AttributeError / TypeError
+        (lambda: meta_of(None), "meta_of takes a Spec, got None"),
+        (lambda: shard_kinds(None), "shard_kinds takes a sequence of Spec values .* got None"),
+        (lambda: DimStrategy(None, None), "None is not a sequence of placements"),
     ],
 )
 def test_bad_arguments_raise_strategy_errors(call, match):
     with pytest.raises(StrategyError, match=match):
         call()
+
+
+def test_cached_int_arguments_do_not_answer_float_or_bool_ones():
+    # regression: 48.0 == 48 and True == 1 share a cache key, so after a call with ints
+    # the same call with floats or bools (which the rules refuse) answered from the cache
+    x = Spec(MESH, (Replicate(),), (48,))
+    assert select("view", (x,), shape=(48,)).output_spec.shape == (48,)
+    with pytest.raises(StrategyError, match=r"shape=\(48.0,\) needs ints"):
+        select("view", (x,), shape=(48.0,))
+    one = Spec(MESH, (Replicate(),), (1,))
+    assert select("view", (one,), shape=(1,)).output_spec.shape == (1,)
+    with pytest.raises(StrategyError, match=r"shape=\(True,\) needs ints"):
+        select("view", (one,), shape=(True,))
+    assert select("sum", (A,), dim=1, keepdim=True).output_spec.shape == (4, 1)
+    with pytest.raises(StrategyError, match="keepdim=1 must be a bool"):
+        select("sum", (A,), dim=1, keepdim=1)
 
 
 def test_membership_of_unhashable_op_names_is_false():
