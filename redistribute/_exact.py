@@ -52,6 +52,33 @@ def piece(length: int, links: tuple, coords: tuple) -> tuple:
     return _merged(shard_intervals(ivs, _placement(sf), n, coords[-1]))
 
 
+@functools.lru_cache(maxsize=1024)
+def piece_classes(length: int, dims: tuple, sizes: tuple, codes: tuple) -> tuple[dict, dict]:
+    """Every way the mesh dims ``dims`` (sorted; ``sizes``: the mesh's) may shard a tensor
+    dim of ``length`` (a shard code of ``codes`` each, ``(tensor dim, split factor)``, in
+    any order), grouped by the pieces the ranks hold: ``((placements, order) -> pieces,
+    pieces -> {placements: [orders]})``, with ``placements`` a code per dim of ``dims``
+    and the pieces each rank's index intervals (by coordinates on ``dims``). Two ways of
+    one group give every rank the very same piece.
+
+    >>> sig_of, members = piece_classes(1, (0, 1), (2, 2), ((0, 1),))
+    >>> members[sig_of[((0, 1), (0, 1)), (0, 1)]]  # one row: only rank (0, 0) holds it
+    {((0, 1), (0, 1)): [(0, 1), (1, 0)]}
+    """
+    coords = list(itertools.product(*(range(sizes[x]) for x in dims)))
+    sig_of: dict = {}
+    members: dict = {}
+    for own in itertools.product(codes, repeat=len(dims)):
+        code_of = dict(zip(dims, own, strict=True))
+        for order in itertools.permutations(dims):
+            chain_links = tuple([(sizes[x], code_of[x][1]) for x in order])
+            where = [dims.index(x) for x in order]
+            sig = tuple([piece(length, chain_links, tuple([c[i] for i in where])) for c in coords])
+            sig_of[own, order] = sig
+            members.setdefault(sig, {}).setdefault(own, []).append(order)
+    return sig_of, members
+
+
 def _merged(ivs) -> tuple:
     """The union of half-open intervals, as sorted, disjoint, non-adjacent intervals."""
     out: list = []

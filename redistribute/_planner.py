@@ -26,9 +26,14 @@ the sum of its steps' prices under the cost model, each times a deterministic
 tie-breaking factor below 1 + 5e-10 (``_search._tie``), so the cheapest plan is unique.
 A context (mesh, shape, dtype, model, placements, memory bound) plans its first pairs by
 A* search (the heuristic is a lower bound, so the result is a minimum over every plan of
-such steps: ``tests/redistribute/test_plan_optimal.py`` checks it against a brute
-force); after ``_table.lazy_pairs`` pairs, a context small enough builds an all-pairs table
-and walks it, to the very same plan (``tests/redistribute/test_table.py``). Contexts
+such steps: ``tests/redistribute/test_plan_optimal.py`` checks it against a brute force).
+A plan may end at any spec holding the target's layout (``same_layout``: a StridedShard
+and a shard order that chunk alike, a tiny dim's orders that leave the same pieces): the
+search goes to the nearest of them (``_goal_class``; past ``_CLASS_LIMIT`` of them to the
+target alone), and a plan stops where every rank first holds its target (a relabel to the
+target's words would move nothing and cost a launch). After ``_table.lazy_pairs`` pairs,
+a context small enough builds an all-pairs table and walks it, to the very same plan
+(``tests/redistribute/test_table.py``). Contexts
 whose prices are all linear in the tensor's bytes (regular shapes, objective "time") form
 a family across tensor sizes (:mod:`._family`): a size between two planned sizes with
 one plan takes it without a search (``tests/redistribute/test_family.py``). Then
@@ -41,6 +46,7 @@ cached on the frozen arguments.
 from __future__ import annotations
 
 import functools
+import itertools
 import math
 
 from meshplan.errors import PlanError
@@ -56,8 +62,8 @@ from meshplan.placement import (
     same_layout,
 )
 
-from ._cost import OBJECTIVES, CostModel, as_model, collective_weight
-from ._exact import exact_covers
+from ._cost import OBJECTIVES, CostModel, as_model, collective_weight, padded_local_bytes
+from ._exact import _may_empty, exact_covers, piece_classes
 from ._family import clear_families, extremes, family_of, record, shared
 from ._merge import merge_plan, warn_missed, warned
 from ._search import R, clear_contexts, context, search
@@ -291,65 +297,138 @@ def _min_cost_plan(
     src: Spec, dst: Spec, model: CostModel, bound, objective: str = "time", merge: bool = True
 ) -> tuple[Plan, tuple]:
     """The cheapest plan of single-dim steps, permutes and (with ``merge``) steps merged
-    onto the mesh's aliases, and its steps' prices."""
+    onto the mesh's aliases, to ``dst`` or another spec of its layout (``_goal_class``),
+    and its steps' prices."""
     start_state, goal_state = _state(src), _state(dst)
     if start_state == goal_state or same_layout(src, dst):
         # every rank holds its target already (the specs may say so in two ways)
         return _plan_value(src, dst, ()), ()
     shards, ptargets = _universe_of(start_state[0], goal_state[0], src.ndim)
-    # a plan shared across the tensor sizes of a family (no context needed), else the
-    # context's table (once it has planned enough pairs) or a search
-    fam = family_of(src.mesh, src.shape, model, shards, ptargets, bound, objective, merge)
-    moves = None
-    if fam is not None:
-        size = dtype_itemsize(src.dtype) * math.prod(src.shape)
-        moves = shared(fam, size, start_state, goal_state)
+    args = (src, model, bound, objective, merge, shards, ptargets)
+    goals = _goal_class(goal_state, src.shape, src.mesh.shape, shards)
+    moves = _moves_to(args, start_state, goals)
     if moves is None:
-        ctx = context(
-            src.mesh, src.shape, src.dtype, model, shards, ptargets, bound, objective, merge
+        b_start = padded_local_bytes(src)
+        b_goal = padded_local_bytes(dst)
+        raise PlanError(
+            f"no plan from {src} to {dst} keeps peak local memory within max_local_bytes="
+            f"{bound} (source holds {b_start} and target {b_goal} bytes per rank, and "
+            "every step holds its input and output); raise the bound",
+            value=bound,
         )
-        if fam is not None and built(ctx) is None and _extend(fam, ctx, start_state, goal_state):
-            moves = shared(fam, size, start_state, goal_state)
-    if moves is None:
-        with ctx.lock:
-            ctx._trim()
-            start, goal = ctx.intern(start_state), ctx.intern(goal_state)
-            tab = table(ctx)
-            if tab is not None:
-                found = walk(ctx, tab, start, goal)
-            else:
-                found = search(ctx, start, goal)
-                if found is not None and fam is not None:
-                    record(fam, ctx, start_state, goal_state, found)
-            if found is not None:
-                states = ctx.states
-                moves = [(states[i], trans, states[j]) for i, trans, j in found[1]]
-            b_start, b_goal = ctx.nbytes(start), ctx.nbytes(goal)
-        if moves is None:
-            raise PlanError(
-                f"no plan from {src} to {dst} keeps peak local memory within max_local_bytes="
-                f"{bound} (source holds {b_start} and target {b_goal} bytes per rank, and "
-                "every step holds its input and output); raise the bound",
-                value=bound,
-            )
     steps = []
     a = src
     last = len(moves) - 1
     for k, (_, trans, state) in enumerate(moves):
-        b = dst if k == last else _spec(src, state)
+        b = dst if state == goal_state else _spec(src, state)
         dims, kind = trans[2], trans[3]
         alias = _alias_named(src.mesh, dims) if len(dims) > 1 and kind != "all_permute" else None
         steps.append(_step(dims, a, b, kind, alias))
+        if k != last and same_layout(b, dst):
+            # every rank holds its target already: the rest (a relabel saying the same
+            # pieces as the target says them) would move nothing, and costs a launch
+            break
         a = b
-    return _plan_value(src, dst, tuple(steps)), tuple(trans[0] for _, trans, _ in moves)
+    prices = tuple(trans[0] for _, trans, _ in moves[: len(steps)])
+    return _plan_value(src, dst, tuple(steps)), prices
 
 
-def _extend(fam, ctx, start_state, goal_state) -> bool:
-    """Plan the pair at the smallest or largest size of family ``fam`` (``ctx``: a context
-    of it) too, when ``_family.extremes`` asks (each on its own context, under its own
-    lock); whether it asked."""
+def _moves_to(args, start_state, goals: tuple):
+    """The cheapest path from ``start_state`` to the nearest of ``goals`` (states of one
+    layout) as ``[(state, transition, next state)]`` (None: none within the memory
+    bound): shared across the tensor sizes of a family (no context needed), else the
+    context's table (once it has planned enough pairs) or a search."""
+    src, model, bound, objective, merge, shards, ptargets = args
+    key = goals[0] if len(goals) == 1 else ("layout", goals)  # the pair's key in a family
+    fam = family_of(src.mesh, src.shape, model, shards, ptargets, bound, objective, merge)
+    if fam is not None:
+        size = dtype_itemsize(src.dtype) * math.prod(src.shape)
+        moves = shared(fam, size, start_state, key)
+        if moves is not None:
+            return moves
+    ctx = context(src.mesh, src.shape, src.dtype, model, shards, ptargets, bound, objective, merge)
+    if fam is not None and built(ctx) is None and _extend(fam, ctx, start_state, goals, key):
+        moves = shared(fam, size, start_state, key)
+        if moves is not None:
+            return moves
+    with ctx.lock:
+        ctx._trim()
+        start = ctx.intern(start_state)
+        goal = _interned(ctx, goals)
+        tab = table(ctx)
+        if tab is not None:
+            found = walk(ctx, tab, start, goal)
+        else:
+            found = search(ctx, start, goal)
+            if found is not None and fam is not None:
+                record(fam, ctx, start_state, key, found)
+        if found is None:
+            return None
+        states = ctx.states
+        return [(states[i], trans, states[j]) for i, trans, j in found[1]]
+
+
+def _interned(ctx, goals: tuple):
+    """The ctx id of the one goal, or a tuple of the goals' ids."""
+    if len(goals) == 1:
+        return ctx.intern(goals[0])
+    return tuple(ctx.intern(g) for g in goals)
+
+
+_CLASS_LIMIT = 8  # specs of the target's layout a plan is searched to, at most
+
+
+@functools.lru_cache(maxsize=4096)
+def _goal_class(goal_state: tuple, shape: tuple, sizes: tuple, shards: tuple) -> tuple:
+    """The states holding the layout of ``goal_state`` (every rank the same local tensor),
+    ``goal_state`` first: on a tiny tensor dim or one with StridedShards, another shard
+    placement of its mesh dims in another order may chunk it alike (the search's
+    ``_relabels``). The cheapest plan to any of them is the cheapest plan; past
+    ``_CLASS_LIMIT`` of them (or on an empty tensor, where every shard placement holds
+    nothing) the goal alone is searched to, and the plan cut where the layout is first
+    right."""
+    if 0 in shape:
+        return (goal_state,)
+    codes, chains = goal_state
+    active = tuple(sorted(n for n in sizes if n > 1))
+    per_dim = []
+    count = 1
+    for d, chain in enumerate(chains):
+        if not chain:
+            continue
+        if not (any(c[0] == d and c[1] > 1 for c in shards) or _may_empty(shape[d], active)):
+            continue  # two shard orders of this dim never hold the same pieces
+        dims = tuple(sorted(chain))
+        sig_of, members = piece_classes(
+            shape[d], dims, sizes, tuple(c for c in shards if c[0] == d)
+        )
+        ways = members[sig_of[tuple(codes[x] for x in dims), chain]]
+        ways = [(own, order) for own, orders in ways.items() for order in orders]
+        count *= len(ways)
+        if count > _CLASS_LIMIT:
+            return (goal_state,)
+        if len(ways) > 1:
+            per_dim.append((d, dims, ways))
+    out = [goal_state]
+    for combo in itertools.product(*(ways for _, _, ways in per_dim)):
+        new_codes, new_chains = list(codes), list(chains)
+        for (d, dims, _), (own, order) in zip(per_dim, combo, strict=True):
+            for x, c in zip(dims, own, strict=True):
+                new_codes[x] = c
+            new_chains[d] = order
+        state = (tuple(new_codes), tuple(new_chains))
+        if state != goal_state:
+            out.append(state)
+    return tuple(out)
+
+
+def _extend(fam, ctx, start_state, goals, key) -> bool:
+    """Plan the pair (``key``: its key in the family, ``goals``: its goal states) at the
+    smallest or largest size of family ``fam`` (``ctx``: a context of it) too, when
+    ``_family.extremes`` asks (each on its own context, under its own lock); whether it
+    asked."""
     merge = fam[-1]
-    shapes = extremes(fam, ctx, start_state, goal_state)
+    shapes = extremes(fam, ctx, start_state, key)
     for shape in shapes:
         other = context(
             ctx.mesh, shape, ctx.dtype, ctx.model, ctx.shards, ctx.ptargets, None, "time", merge
@@ -358,9 +437,9 @@ def _extend(fam, ctx, start_state, goal_state) -> bool:
             continue
         with other.lock:
             other._trim()
-            found = search(other, other.intern(start_state), other.intern(goal_state))
+            found = search(other, other.intern(start_state), _interned(other, goals))
             if found is not None:
-                record(fam, other, start_state, goal_state, found)
+                record(fam, other, start_state, key, found)
     return bool(shapes)
 
 

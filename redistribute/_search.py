@@ -56,7 +56,14 @@ from ._cost import (
     collective_weight,
     group_link,
 )
-from ._exact import _may_empty, _smallest_piece, even_steps, exact_covers, links, piece
+from ._exact import (
+    _may_empty,
+    _smallest_piece,
+    even_steps,
+    exact_covers,
+    links,
+    piece_classes,
+)
 from ._heuristic import SUMAVG, R, _Bounds
 
 __all__ = [
@@ -799,34 +806,9 @@ class _Context(_Bounds):
         return found
 
     def _piece_classes(self, d: int, dims: tuple) -> tuple[dict, dict]:
-        """Every way the mesh dims ``dims`` (sorted) may shard tensor dim ``d`` (a shard
-        placement of ``d`` each, in any order), grouped by the pieces the ranks hold:
-        ``((placements, order) -> pieces, pieces -> {placements: [orders]})``, with
-        ``placements`` a shard code per dim of ``dims`` and the pieces each rank's index
-        intervals of ``d`` (by coordinates on ``dims``). Two ways of one group give every
-        rank the very same piece. Memoized."""
-        key = ("piece classes", d, dims)
-        found = self._exacts.get(key)
-        if found is not None:
-            return found
-        length = self.shape[d]
-        sizes = self.sizes
-        codes_of_d = [c for c in self.shards if c[0] == d]
-        coords = list(itertools.product(*(range(sizes[x]) for x in dims)))
-        sig_of: dict = {}
-        members: dict = {}
-        for own in itertools.product(codes_of_d, repeat=len(dims)):
-            code_of = dict(zip(dims, own, strict=True))
-            for order in itertools.permutations(dims):
-                chain_links = tuple([(sizes[x], code_of[x][1]) for x in order])
-                where = [dims.index(x) for x in order]
-                sig = tuple(
-                    [piece(length, chain_links, tuple([c[i] for i in where])) for c in coords]
-                )
-                sig_of[own, order] = sig
-                members.setdefault(sig, {}).setdefault(own, []).append(order)
-        found = self._exacts[key] = (sig_of, members)
-        return found
+        """:func:`~._exact.piece_classes` of tensor dim ``d`` and the mesh dims ``dims``."""
+        codes_of_d = tuple([c for c in self.shards if c[0] == d])
+        return piece_classes(self.shape[d], dims, self.sizes, codes_of_d)
 
     def _inserted(self, state, codes, chains, m, code, last=True):
         """``(state, touch)`` where mesh dim ``m`` takes shard ``code``, joining its tensor
@@ -1045,8 +1027,13 @@ def clear_contexts() -> None:
     _MERGED_MOVES.clear()
 
 
-def search(ctx: _Context, start: int, goal: int):
-    """A* from state ``start`` to ``goal`` (ids); ``(cost, [(state, transition, next)])``.
+def search(ctx: _Context, start: int, goal):
+    """A* from state ``start`` to ``goal`` (ids; or a tuple of them, states of one layout,
+    the first to reach ends the search); ``(cost, [(state, transition, next)])``.
+
+    With several goals the heuristic is the least of theirs (a lower bound of the price to
+    the nearest, consistent as each is), so the first goal taken from the queue is the
+    cheapest to reach.
 
     Prices carry the tie-breaking factor of :func:`_tie`, so the minimum is unique: the
     search and a plan table (``_table``) find the same plan. Partial-order reduction:
@@ -1059,7 +1046,10 @@ def search(ctx: _Context, start: int, goal: int):
     singles = ctx.singles
     states = ctx.states
 
-    goal_codes = states[goal][0]
+    goals = (goal,) if type(goal) is int else tuple(goal)
+    goal = goals[0] if len(goals) == 1 else goals
+    # (the goals differ only in how they say shards: their Partial dims are the same)
+    goal_codes = states[goals[0]][0]
     kept_memo = ctx._kept
     merges_on = bool(ctx.aliases)
     merge_dims = ctx.merge_dims
@@ -1068,7 +1058,7 @@ def search(ctx: _Context, start: int, goal: int):
         key = (i, goal)
         h = hmemo.get(key)
         if h is None:
-            h = hmemo[key] = heuristic(i, goal)
+            h = hmemo[key] = min([heuristic(i, g) for g in goals])
         return h
 
     memo: dict = {start: h_of(start)}
@@ -1134,7 +1124,7 @@ def search(ctx: _Context, start: int, goal: int):
             if g + h > key:
                 push(heap, (g + h, neg_g, next(counter), i))
                 continue
-        if i == goal:
+        if i == goal or (i in goals and len(goals) > 1):
             moves = []
             while parent[i] is not None:
                 prev, trans = parent[i]

@@ -177,10 +177,15 @@ def clear_tables() -> None:
         _TABLES.clear()
 
 
-def walk(ctx, tab: Table, start: int, goal: int):
-    """The cheapest plan from state ``start`` to ``goal`` (ctx ids), as :func:`search`
-    returns it: ``(price, [(state, transition, next)])``, or None when unreachable."""
-    a, b = tab.index[start], tab.index[goal]
+def walk(ctx, tab: Table, start: int, goal):
+    """The cheapest plan from state ``start`` to ``goal`` (ctx ids; or a tuple of them, to
+    the nearest), as :func:`search` returns it: ``(price, [(state, transition, next)])``,
+    or None when unreachable."""
+    a = tab.index[start]
+    if type(goal) is int:
+        b = tab.index[goal]
+    else:
+        b = min((tab.index[g] for g in goal), key=lambda x: float(tab.dist[a, x]))
     total = float(tab.dist[a, b])
     if total == math.inf:
         return None

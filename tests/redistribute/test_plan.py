@@ -506,26 +506,32 @@ def test_a_plan_may_end_at_a_spec_of_the_targets_layout():
 
 
 @pytest.mark.parametrize(
-    "src_text, dst_text, collectives",
+    "src_text, dst_text, collectives, relabel",
     [
         # a shard order written as a StridedShard midway: the gather of tp, which comes
         # first in dim 0's order, leaves dp's rows as SS(0,2) says; a local step (moving
         # nothing) re-expresses the order first, then one gather (it took an all_to_all
         # sending nothing, then the gather)
-        ("S(0)[1,0] S(0)", "SS(0,2) R", ("all_gather",)),
-        # tp's slice of an FSDP weight holds the order's rows already: no collective
-        ("SS(0,2) R", "S(0)[1,0] S(0)", ()),
+        ("S(0)[1,0] S(0)", "SS(0,2) R", ("all_gather",), True),
+        # tp's slice of an FSDP weight holds the order's rows already: no collective, and
+        # the plan ends there (it went on to say SS(0,2) as the order, moving nothing)
+        ("SS(0,2) R", "S(0)[1,0] S(0)", (), False),
     ],
 )
-def test_a_shard_placement_said_another_way_is_a_local_step(src_text, dst_text, collectives):
+def test_a_shard_placement_said_another_way_is_a_local_step(
+    src_text, dst_text, collectives, relabel
+):
     mesh = Mesh.create((2, 2), ("dp", "tp"))
     src, dst = spec(mesh, src_text, (64, 8)), spec(mesh, dst_text, (64, 8))
     p = plan(src, dst)
     assert p.collectives == collectives, str(p)
-    assert any(
-        s.collective is None
+    relabels = [
+        s
+        for s in p.steps
+        if s.collective is None
         and isinstance(s.src.placements[s.mesh_dims[0]], Shard | StridedShard)
         and isinstance(s.dst.placements[s.mesh_dims[0]], Shard | StridedShard)
-        for s in p.steps
-    ), str(p)
+    ]
+    assert bool(relabels) == relabel, str(p)
+    assert same_layout(p.steps[-1].dst, dst)
     assert delivers(p, values((64, 8)))

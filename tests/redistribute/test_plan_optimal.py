@@ -8,7 +8,8 @@ placement kinds), or that rearranges several sharded mesh dims (an all_permute),
 on a mesh with an alias, that runs one collective over the alias's dims; a step is an
 edge when the exchange bookkeeping delivers every rank's target data (collectives) or
 when the simulator turns random data into the target (local steps). Dijkstra over that
-graph, priced with the same cost model, gives the minimum that ``plan(..., merge=False)``
+graph to any spec holding the target's layout, priced with the same cost model, gives the
+minimum that ``plan(..., merge=False)``
 (and, with an alias, ``plan()``) must match; ordered by (collectives, cost), the minimum
 that ``plan(..., objective="collectives")`` must match.
 """
@@ -42,6 +43,7 @@ from meshplan.placement import (
 )
 from meshplan.redistribute import CostModel, HardwareProfile, Step, cost, plan, simulate
 from meshplan.redistribute._cost import step_cost
+from meshplan.redistribute._planner import _CLASS_LIMIT
 from meshplan.redistribute.exchange import reduce_blocks, transfers_to
 
 # -- the brute force ------------------------------------------------------------------------
@@ -140,17 +142,48 @@ def brute_force_cost(src: Spec, dst: Spec, model: CostModel) -> float:
 def brute_force(
     src: Spec, dst: Spec, model: CostModel, fewest_collectives: bool = False
 ) -> tuple[float, list[Step]]:
-    """Dijkstra over every spec; with ``fewest_collectives`` the price of a path is
-    (its collectives, its cost), compared lexicographically, and the result is that pair.
+    """The minimum price of a path from ``src`` to ``dst`` itself, and the path
+    (:func:`brute_force_bounds`)."""
+    _, exact = brute_force_bounds(src, dst, model, fewest_collectives)
+    return exact
+
+
+def assert_planned_optimal(got, src: Spec, dst: Spec, model: CostModel, p, fewest=False):
+    """``got`` (the plan ``p``'s price) is the brute force's minimum over paths to any spec
+    holding the target's layout. Where more than ``_CLASS_LIMIT`` specs hold it, ``plan``
+    searches to ``dst`` itself and cuts the path where every rank first holds its target:
+    then ``got`` lies between that minimum and the cheapest path to ``dst``."""
+    (low, path), (high, _) = brute_force_bounds(src, dst, model, fewest)
+    alike = sum(1 for s in _all_specs(src, dst) if same_layout(s, dst))
+    if not fewest:  # as (collectives, cost) pairs: the collectives compare exactly
+        got, low, high = (0, got), (0, low), (0, high)
+
+    def close(a, b):
+        return a[0] == b[0] and a[1] == pytest.approx(b[1], rel=1e-9, abs=1e-15)
+
+    if alike <= _CLASS_LIMIT:
+        assert close(got, low), (str(p), got, low, [str(x) for x in path])
+    else:
+        assert low <= got or close(got, low), (str(p), got, low)
+        assert got <= high or close(got, high), (str(p), got, high)
+
+
+def brute_force_bounds(
+    src: Spec, dst: Spec, model: CostModel, fewest_collectives: bool = False
+) -> tuple[tuple, tuple]:
+    """Dijkstra over every spec: ``((price, path) to the first spec that holds the
+    target's layout, (price, path) to the target itself)``. With ``fewest_collectives``
+    the price of a path is (its collectives, its cost), compared lexicographically.
 
     On a mesh with aliases, a step may also run one collective over every dim of an alias:
     from any spec, wherever a chain of like-kind single-dim steps over those dims leads
     (each dim once, any order), if the exchange bookkeeping accepts it as one step.
 
-    A source that holds the target's layout already (``same_layout``) needs no step."""
+    A spec that holds the target's layout (``same_layout``: every rank the same local
+    tensor) may say it another way; a source that holds it already needs no step."""
     zero = (0, 0.0) if fewest_collectives else 0.0
     if same_layout(src, dst):
-        return zero, []
+        return (zero, []), (zero, [])
     specs = _all_specs(src, dst)
     assert src in specs and dst in specs
     mesh = src.mesh
@@ -214,14 +247,21 @@ def brute_force(
     heap = [(zero, 0, src)]
     count = itertools.count(1)
     done = set()
+    first = None
+
+    def path_to(s):
+        path = []
+        while parent[s] is not None:
+            path.append(parent[s])
+            s = parent[s].src
+        return path[::-1]
+
     while heap:
         c, _, s = heapq.heappop(heap)
+        if first is None and same_layout(s, dst):
+            first = (c, path_to(s))
         if s == dst:
-            path = []
-            while parent[s] is not None:
-                path.append(parent[s])
-                s = parent[s].src
-            return c, path[::-1]
+            return first, (c, path_to(s))
         if s in done:
             continue
         done.add(s)
@@ -336,9 +376,7 @@ def small_pairs(draw, max_ranks=6, allow_partial=True, alias=False):
 def test_plan_cost_equals_brute_force_minimum(case):
     src, dst, model = case
     p = plan(src, dst, cost_model=model, merge=False)
-    want = brute_force_cost(src, dst, model)
-    got = cost(p, model).total
-    assert got == pytest.approx(want, rel=1e-9, abs=1e-15), (str(p), got, want)
+    assert_planned_optimal(cost(p, model).total, src, dst, model, p)
 
 
 @pytest.mark.parametrize(
@@ -378,9 +416,8 @@ def test_fewest_collectives_objective_equals_lexicographic_brute_force(case):
     """objective="collectives": the fewest collectives of any plan, then the least cost."""
     src, dst, model = case
     p = plan(src, dst, cost_model=model, merge=False, objective="collectives")
-    (count, want), _ = brute_force(src, dst, model, fewest_collectives=True)
-    assert len(p.collectives) == count, str(p)
-    assert cost(p, model).total == pytest.approx(want, rel=1e-9, abs=1e-15), str(p)
+    got = (len(p.collectives), cost(p, model).total)
+    assert_planned_optimal(got, src, dst, model, p, fewest=True)
     assert len(p.collectives) <= len(plan(src, dst, cost_model=model, merge=False).collectives)
 
 
@@ -410,16 +447,15 @@ def test_plan_with_an_alias_equals_brute_force_minimum_with_merged_steps(case):
     the cheapest path of single-dim, permute and merged steps costs."""
     src, dst, model = case
     p = plan(src, dst, cost_model=model)
-    want, path = brute_force(src, dst, model)
-    got = cost(p, model).total
-    assert got == pytest.approx(want, rel=1e-9, abs=1e-15), (str(p), [str(x) for x in path])
+    assert_planned_optimal(cost(p, model).total, src, dst, model, p)
 
 
-def test_a_local_step_may_say_the_whole_order_another_way():
-    # on a tiny dim the last step turns b's SS(0,2) into S(0) and says the order (b, c, a)
-    # as (a, c, b): every rank keeps its piece, so it is a local step. The search offered
-    # only an all_permute there, and planned a gather and three slices instead, 0.1 ns
-    # dearer than the brute force's plan
+def test_a_plan_ends_where_every_rank_holds_its_target():
+    # on a tiny dim the state (S(0), SS(0,2), SS(0,2)) with order (b, c, a) gives every rank
+    # the very piece the target (order (a, c, b), b's SS(0,2) an S(0)) gives it. The search
+    # offered only an all_permute there, and planned a gather and three slices instead, 0.1
+    # ns dearer than the brute force's plan; then a local relabel to the target's words,
+    # which moves nothing and costs a launch: the plan now stops where the layout is right
     from meshplan.placement import parse_placements
 
     mesh = Mesh.create((2, 2, 2), ("a", "b", "c")).flatten(("a", "b"), "x")
@@ -431,11 +467,11 @@ def test_a_local_step_may_say_the_whole_order_another_way():
     src, dst = spec("R R S(0)"), spec("S(0)[0,2,1] S(0) SS(0,2)")
     model = CostModel(HardwareProfile.nvlink_ib(gpus_per_node=2))
     p = plan(src, dst, cost_model=model)
-    assert cost(p, model).total == pytest.approx(brute_force_cost(src, dst, model), rel=1e-12)
-    assert p.collectives == ("all_to_all",)
-    last = p.steps[-1]
-    assert last.collective is None and last.src.order(0) == (1, 2, 0)
-    assert last.dst.order(0) == (0, 2, 1)
+    (low, _), (high, _) = brute_force_bounds(src, dst, model)
+    assert cost(p, model).total == pytest.approx(low, rel=1e-12) and low < high
+    assert p.collectives == ("all_to_all",) and len(p) == 3
+    end = p.steps[-1].dst
+    assert end != dst and same_layout(end, dst) and end.order(0) == (1, 2, 0)
     x = torch.arange(5.0, dtype=torch.float64)
     out, want = simulate(p, shard(x, src)), shard(x, dst)
     assert all(torch.equal(out[r], want[r]) for r in range(8))

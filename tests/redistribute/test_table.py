@@ -33,9 +33,12 @@ MODELS = [
 
 
 def _context(src, dst, model, bound=None, objective="time"):
+    """A context of the pair, the start's id and the goal's: its id, or the ids of every
+    state of its layout when plan() searches to those (``_planner._goal_class``)."""
     shards, ptargets = P._universe(src, dst, src.ndim)
     ctx = S.context(src.mesh, src.shape, src.dtype, model, shards, ptargets, bound, objective)
-    return ctx, ctx.intern(P._state(src)), ctx.intern(P._state(dst))
+    goals = P._goal_class(P._state(dst), src.shape, src.mesh.shape, shards)
+    return ctx, ctx.intern(P._state(src)), P._interned(ctx, goals)
 
 
 def _moves(found):
@@ -57,6 +60,7 @@ def test_the_table_walk_is_the_search_plan(pair, model, bounded, objective):
         full = math.prod(src.shape) * 8
         bound = max(full // 2, 16)
     ctx, start, goal = _context(src, dst, model, bound, objective)
+    event("one goal" if type(goal) is int else "several goals of one layout")
     with ctx.lock:
         tab = T.table(ctx, after=0)
         event("tabled" if tab is not None else "too many states for a table")
