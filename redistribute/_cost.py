@@ -153,15 +153,6 @@ def _link_of(value, name: str) -> Link:
     return Link(*value)
 
 
-def _node_link(name: str):
-    """A converter taking a Link or ``(latency_s, bytes_per_s)`` for the field ``name``."""
-
-    def convert(value) -> Link:
-        return _link_of(value, name)
-
-    return convert
-
-
 COLLECTIVES = ("all_gather", "reduce_scatter", "all_reduce", "all_to_all", "all_permute")
 """The collectives a plan's steps run (``HardwareProfile.per_collective``'s keys)."""
 
@@ -285,8 +276,12 @@ class HardwareProfile:
     FrozenMap({'all_reduce': Link(latency_s=2e-05, bytes_per_s=1000000000.0)})
     """
 
-    intra: Link = attrs.field(default=Link(1e-6, 150e9), converter=_node_link("intra"))
-    inter: Link = attrs.field(default=Link(5e-6, 25e9), converter=_node_link("inter"))
+    intra: Link = attrs.field(
+        default=Link(1e-6, 150e9), converter=functools.partial(_link_of, name="intra")
+    )
+    inter: Link = attrs.field(
+        default=Link(5e-6, 25e9), converter=functools.partial(_link_of, name="inter")
+    )
     ranks_per_node: int | None = None
     dims: tuple[Link, ...] | None = attrs.field(default=None, converter=_links)
     launch_s: float = attrs.field(default=8e-6, validator=_non_negative, converter=_number)

@@ -20,6 +20,26 @@ def _may_empty(length: int, sizes: tuple[int, ...]) -> bool:
     return any(_smallest_piece(length, order) == 0 for order in set(itertools.permutations(sizes)))
 
 
+@functools.lru_cache(maxsize=1024)
+def tiny_dims(shape: tuple, sizes: tuple, shards: tuple) -> tuple[bool, ...]:
+    """Per tensor dim of ``shape``, whether two ways of sharding it (``shards``: the shard
+    codes ``(tensor dim, split factor)`` of a placement universe, on a mesh of ``sizes``)
+    may hold the same pieces, so that a mesh dim may leave or join the middle of its order
+    and another shard placement may say it: a tensor without elements (every piece is
+    empty), a dim with StridedShards (an SS may encode an order), or a dim some order of
+    the mesh dims leaves a piece of empty.
+
+    >>> tiny_dims((1, 8), (2, 2), ((0, 1), (1, 1))), tiny_dims((8,), (2, 2), ((0, 1), (0, 2)))
+    ((True, False), (True,))
+    """
+    active = tuple(sorted(n for n in sizes if n > 1))
+    empty = 0 in shape
+    return tuple(
+        empty or any(c[0] == d and c[1] > 1 for c in shards) or _may_empty(length, active)
+        for d, length in enumerate(shape)
+    )
+
+
 @functools.lru_cache(maxsize=65536)
 def _smallest_piece(length: int, sizes: tuple[int, ...]) -> int:
     """The shortest piece any rank holds when plain shards of ``sizes`` chunk ``length``."""

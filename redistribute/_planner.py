@@ -63,7 +63,7 @@ from meshplan.placement import (
 )
 
 from ._cost import OBJECTIVES, CostModel, as_model, collective_weight, padded_local_bytes
-from ._exact import _may_empty, exact_covers, piece_classes
+from ._exact import exact_covers, piece_classes, tiny_dims
 from ._family import clear_families, extremes, family_of, record, shared
 from ._merge import merge_plan, warn_missed, warned
 from ._search import R, clear_contexts, context, search
@@ -390,14 +390,12 @@ def _goal_class(goal_state: tuple, shape: tuple, sizes: tuple, shards: tuple) ->
     if 0 in shape:
         return (goal_state,)
     codes, chains = goal_state
-    active = tuple(sorted(n for n in sizes if n > 1))
+    tiny = tiny_dims(shape, sizes, shards)
     per_dim = []
     count = 1
     for d, chain in enumerate(chains):
-        if not chain:
-            continue
-        if not (any(c[0] == d and c[1] > 1 for c in shards) or _may_empty(shape[d], active)):
-            continue  # two shard orders of this dim never hold the same pieces
+        if not chain or not tiny[d]:
+            continue  # (elsewhere two shard orders never hold the same pieces)
         dims = tuple(sorted(chain))
         sig_of, members = piece_classes(
             shape[d], dims, sizes, tuple(c for c in shards if c[0] == d)

@@ -57,12 +57,12 @@ from ._cost import (
     group_link,
 )
 from ._exact import (
-    _may_empty,
     _smallest_piece,
     even_steps,
     exact_covers,
     links,
     piece_classes,
+    tiny_dims,
 )
 from ._heuristic import SUMAVG, R, _Bounds
 
@@ -107,18 +107,12 @@ class _Context(_Bounds):
         self.objective = objective
         self.strided = any(c[1] > 1 for c in shards)
         self.empty = 0 in shape
-        active_sizes = tuple(sorted(mesh.shape[m] for m in self.active))
         # tensor dims where a mesh dim may leave or join the middle of an order: tiny
         # dims (some order of mesh dims leaves a piece empty) and dims with StridedShards
         # (an SS may encode an order); such moves are checked exactly, and the heuristic
         # ignores order positions there. A tensor without elements takes every such move
         # (no rank holds or needs an element: ``_exact``)
-        self.tiny = tuple(
-            self.empty
-            or any(c[0] == d and c[1] > 1 for c in shards)
-            or _may_empty(length, active_sizes)
-            for d, length in enumerate(shape)
-        )
+        self.tiny = tiny_dims(shape, mesh.shape, shards)
         # keys of the shape-free moves (``_SINGLE_MOVES``, ``_HUBS``, ``_HUB_MEMBERS``)
         # this context shares with others on the mesh: a tiny dim's moves depend on its
         # length, unless every shard order chunks it evenly (-2: a multiple of its
@@ -792,7 +786,8 @@ class _Context(_Bounds):
         if self.empty:  # no rank holds an element: every relabel keeps the (empty) pieces
             return [(code, c) for code in options for c in itertools.permutations(chain)]
         dims = tuple(sorted(chain))
-        sig_of, members = self._piece_classes(d, dims)
+        codes_of_d = tuple([c for c in self.shards if c[0] == d])
+        sig_of, members = piece_classes(self.shape[d], dims, self.sizes, codes_of_d)
         own = tuple([codes[x] for x in dims])
         ways = members[sig_of[own, chain]]
         at = dims.index(m)
@@ -804,11 +799,6 @@ class _Context(_Bounds):
             for order in sorted(orders, key=lambda o: [position[x] for x in o]):
                 found.append((code, order))
         return found
-
-    def _piece_classes(self, d: int, dims: tuple) -> tuple[dict, dict]:
-        """:func:`~._exact.piece_classes` of tensor dim ``d`` and the mesh dims ``dims``."""
-        codes_of_d = tuple([c for c in self.shards if c[0] == d])
-        return piece_classes(self.shape[d], dims, self.sizes, codes_of_d)
 
     def _inserted(self, state, codes, chains, m, code, last=True):
         """``(state, touch)`` where mesh dim ``m`` takes shard ``code``, joining its tensor
@@ -1124,7 +1114,7 @@ def search(ctx: _Context, start: int, goal):
             if g + h > key:
                 push(heap, (g + h, neg_g, next(counter), i))
                 continue
-        if i == goal or (i in goals and len(goals) > 1):
+        if i in goals:
             moves = []
             while parent[i] is not None:
                 prev, trans = parent[i]
