@@ -12,6 +12,7 @@ import math
 from ._exact import _bit_owners, even_base, links, piece
 
 R = 0  # the code of Replicate; Partial sum/avg/max/min are 1..4 (see ``_search``)
+ANY = -2  # a goal's code for "any placement but Partial" (a tensor without elements)
 SUMAVG = (1, 2)  # the Partial codes that mix
 _SUMAVG = SUMAVG
 
@@ -120,7 +121,10 @@ class _Bounds:
                 if type(a) is int:
                     reduce = True
                     b = goal_codes[m]
-                    if type(b) is not tuple:
+                    if b == ANY:
+                        # reduced by an all_reduce or a reduce_scatter: the cheaper
+                        w_single += dw
+                    elif type(b) is not tuple:
                         red = ((m, dw),) if red is None else red + ((m, dw),)
                     elif m not in self.merge_dims:
                         # reduce-scattered: the later it runs, the smaller its input
@@ -475,13 +479,19 @@ class _Bounds:
 
     def _goal_table(self, goal):
         goal_codes, goal_chains = goal
-        partial = any(type(c) is int and c != R for c in goal_codes)
+        partial = any(type(c) is int and c > R for c in goal_codes)
         return [(m, {}) for m in self.active], partial, goal_chains, goal_codes
 
     def _entry(self, m, a, b):
         """What mesh dim ``m`` going from ``a`` to the goal's ``b`` needs, for the heuristic:
         ``(kind, split, latency, local steps, bandwidth weight)``."""
         wt = self.weights[m]
+        if b == ANY:
+            # any placement but Partial will do: a Partial dim needs a reduction (an
+            # all_reduce or a reduce_scatter), any other nothing
+            if type(a) is int and a != R:
+                return (1, self.sizes[m], self.reduce_alpha[m], 0, wt[1])
+            return (4, 1, 0.0, 0, 0.0) if a == R else (0, self.sizes[m], 0.0, 0, 0.0)
         n = self.sizes[m] if (type(a) is tuple or type(b) is tuple) else 1
         if a == b:
             if a == R:
@@ -561,6 +571,7 @@ class _Bounds:
             codes, chains = self.states[i]
             out = []
             for d, chain in enumerate(chains):
+                chain = chain or ()  # (None: a pattern's dim of length 0, ``unreduced_goal``)
                 key = (d, chain, tuple([codes[m] for m in chain]))
                 pid = self._pieces.get(key)
                 if pid is None:

@@ -66,7 +66,7 @@ from ._cost import OBJECTIVES, CostModel, as_model, collective_weight, padded_lo
 from ._exact import exact_covers, piece_classes, tiny_dims
 from ._family import clear_families, extremes, family_of, record, shared
 from ._merge import merge_plan, warn_missed, warned
-from ._search import R, clear_contexts, context, search
+from ._search import R, clear_contexts, context, search, unreduced_goal
 from ._step import Plan, Step, _avg_scale
 from ._table import built, clear_tables, table, walk
 
@@ -384,17 +384,23 @@ def _goal_class(goal_state: tuple, shape: tuple, sizes: tuple, shards: tuple) ->
     ``goal_state`` first: on a tiny tensor dim or one with StridedShards, another shard
     placement of its mesh dims in another order may chunk it alike (the search's
     ``_relabels``). The cheapest plan to any of them is the cheapest plan; past
-    ``_CLASS_LIMIT`` of them (or on an empty tensor, where every shard placement holds
-    nothing) the goal alone is searched to, and the plan cut where the layout is first
-    right."""
+    ``_CLASS_LIMIT`` of them the goal alone is searched to, and the plan cut where the
+    layout is first right. On a tensor without elements, along a dim of length 0 every
+    rank holds nothing however mesh dims shard it: each goal is then a pattern standing
+    for every state that differs from it only there (``_search.unreduced_goal``)."""
+    found = _goal_states(goal_state, shape, sizes, shards)
     if 0 in shape:
-        return (goal_state,)
+        return tuple(dict.fromkeys(unreduced_goal(s, shape) for s in found))
+    return found
+
+
+def _goal_states(goal_state: tuple, shape: tuple, sizes: tuple, shards: tuple) -> tuple:
     codes, chains = goal_state
     tiny = tiny_dims(shape, sizes, shards)
     per_dim = []
     count = 1
     for d, chain in enumerate(chains):
-        if not chain or not tiny[d]:
+        if not chain or not tiny[d] or shape[d] == 0:
             continue  # (elsewhere two shard orders never hold the same pieces)
         dims = tuple(sorted(chain))
         sig_of, members = piece_classes(

@@ -64,9 +64,10 @@ from ._exact import (
     piece_classes,
     tiny_dims,
 )
-from ._heuristic import SUMAVG, R, _Bounds
+from ._heuristic import ANY, SUMAVG, R, _Bounds
 
 __all__ = [
+    "ANY",
     "R",
     "SUMAVG",
     "search",
@@ -1040,6 +1041,8 @@ def search(ctx: _Context, start: int, goal):
     goal = goals[0] if len(goals) == 1 else goals
     # (the goals differ only in how they say shards: their Partial dims are the same)
     goal_codes = states[goals[0]][0]
+    # a pattern (a tensor without elements: ``unreduced_goal``) is every state it admits
+    pattern = None in states[goals[0]][1]
     kept_memo = ctx._kept
     merges_on = bool(ctx.aliases)
     merge_dims = ctx.merge_dims
@@ -1069,7 +1072,7 @@ def search(ctx: _Context, start: int, goal):
                 # it is reduced in a step merged onto an alias, the only one there may be)
                 m = trans[2][0]
                 b = goal_codes[m]
-                if (type(b) is not int or b == R) and m not in merge_dims:
+                if (type(b) is not int or b <= R) and m not in merge_dims:
                     continue
             ng = g + c
             old = best.get(t)
@@ -1082,8 +1085,12 @@ def search(ctx: _Context, start: int, goal):
                 push(heap, (ng + ht, -ng, next(counter), t))
                 closed.discard(t)
 
+    one = len(goals) == 1 and not pattern
+    reached = limit = None  # goals reached at the least price, and that price
     while heap:
         key, neg_g, _, i = heapq.heappop(heap)
+        if reached is not None and key > limit:
+            break
         g = -neg_g
         if type(i) is tuple:
             # a permute hub, reached at ``g`` with ``key - g`` a lower bound of the rest
@@ -1114,18 +1121,16 @@ def search(ctx: _Context, start: int, goal):
             if g + h > key:
                 push(heap, (g + h, neg_g, next(counter), i))
                 continue
-        if i in goals:
-            moves = []
-            while parent[i] is not None:
-                prev, trans = parent[i]
-                if type(prev) is tuple:
-                    # through a permute hub: one all_permute, its two halves' prices summed
-                    prev, first = parent[prev]
-                    trans = (first[0] + trans[0],) + trans[1:]
-                moves.append((prev, trans, i))
-                i = prev
-            moves.reverse()
-            return g, moves
+        if i in goals or (pattern and any(admits(states[x], states[i]) for x in goals)):
+            if one:
+                return g, _path(parent, i)
+            # of several goals reached at this very price (a tie the tie-breaking factors
+            # lost to rounding), the first in ``state_order`` wins, as in a table walk
+            if reached is None:
+                reached, limit = [], g
+            reached.append(i)
+            closed.add(i)
+            continue
         closed.add(i)
         via = parent[i]
         succ = singles(i)
@@ -1146,7 +1151,61 @@ def search(ctx: _Context, start: int, goal):
         if floor < math.inf:
             # every permute leads to a state ranked at least this
             push(heap, (g + (floor if floor > h else h), neg_g, next(counter), ~i))
-    return None
+    if reached is None:
+        return None
+    i = min(reached, key=lambda x: state_order(states[x]))
+    return limit, _path(parent, i)
+
+
+def _path(parent: dict, i: int) -> list:
+    """The moves ``[(state, transition, next)]`` of the search's way to state ``i``."""
+    moves = []
+    while parent[i] is not None:
+        prev, trans = parent[i]
+        if type(prev) is tuple:
+            # through a permute hub: one all_permute, its two halves' prices summed
+            prev, first = parent[prev]
+            trans = (first[0] + trans[0],) + trans[1:]
+        moves.append((prev, trans, i))
+        i = prev
+    moves.reverse()
+    return moves
+
+
+def state_order(state: tuple) -> tuple:
+    """A total order of states (codes mix ints and tuples, which do not compare): of goals
+    reached at one price, the least in it is the plan's end (search and table walk)."""
+    codes, chains = state
+    return (tuple((0, c, 0) if type(c) is int else (1,) + c for c in codes), chains)
+
+
+def unreduced_goal(goal_state: tuple, shape: tuple) -> tuple:
+    """The search goal of a plan to ``goal_state`` on a tensor of ``shape`` without
+    elements. Along a tensor dim of length 0 every rank holds nothing however mesh dims
+    shard it, so any state with the goal's Partial dims (and ops) and its shard orders of
+    the other tensor dims holds the target's layout, whatever its remaining mesh dims do
+    but Partial. As a state: ANY for the codes of those mesh dims (Replicate or sharding
+    a dim of length 0 in the goal), and None for the orders of the dims of length 0
+    (:func:`admits`)."""
+    codes, chains = goal_state
+    free = {m for d, chain in enumerate(chains) if shape[d] == 0 for m in chain}
+    return (
+        tuple(ANY if c == R or m in free else c for m, c in enumerate(codes)),
+        tuple(None if shape[d] == 0 else chain for d, chain in enumerate(chains)),
+    )
+
+
+def admits(goal: tuple, state: tuple) -> bool:
+    """Whether ``state`` is one of those the pattern ``goal`` (:func:`unreduced_goal`)
+    stands for: its codes, where a goal code ANY takes any but a Partial, and its shard
+    orders, where a goal order None takes any."""
+    for g, c in zip(goal[0], state[0], strict=True):
+        if g == ANY:
+            if type(c) is int and c != R:
+                return False
+        elif g != c:
+            return False
+    return all(g is None or g == c for g, c in zip(goal[1], state[1], strict=True))
 
 
 class _Merges:

@@ -27,7 +27,7 @@ import numpy as np
 
 from meshplan.errors import PlanError
 
-from ._search import R, mixable
+from ._search import R, admits, mixable, state_order
 
 __all__ = ["MAX_STATES", "LAZY", "Table", "lazy_pairs", "table", "built", "walk", "clear_tables"]
 
@@ -54,7 +54,7 @@ def lazy_pairs(states: int) -> int:
 class Table:
     """A context's states (ctx ids in canonical order), transitions and all-pairs prices."""
 
-    __slots__ = ("ids", "index", "edges", "dist", "hop")
+    __slots__ = ("ids", "index", "edges", "dist", "hop", "admitted")
 
     def __init__(self, ids: list, edges: list, dist: np.ndarray, hop: np.ndarray):
         self.ids = ids  # row -> ctx state id
@@ -62,6 +62,7 @@ class Table:
         self.edges = edges  # row -> ((price, row of target, transition), ...)
         self.dist = dist  # dist[a, b]: minimum price from row a to row b (inf: none)
         self.hop = hop  # hop[a, b]: the edge of row a a cheapest plan to b takes first
+        self.admitted: dict = {}  # pattern goal id -> the rows it admits (``walk``)
 
 
 def _codes(ctx):
@@ -172,6 +173,17 @@ def built(ctx) -> Table | None:
         return _TABLES.get(ctx)
 
 
+def _admitted(ctx, tab: Table, goal: int) -> list:
+    """The rows of the states the pattern goal ``goal`` admits (memoized on the table)."""
+    found = tab.admitted.get(goal)
+    if found is None:
+        pattern = ctx.states[goal]
+        found = tab.admitted[goal] = [
+            row for row, i in enumerate(tab.ids) if admits(pattern, ctx.states[i])
+        ]
+    return found
+
+
 def clear_tables() -> None:
     with _LOCK:
         _TABLES.clear()
@@ -182,10 +194,17 @@ def walk(ctx, tab: Table, start: int, goal):
     the nearest), as :func:`search` returns it: ``(price, [(state, transition, next)])``,
     or None when unreachable."""
     a = tab.index[start]
-    if type(goal) is int:
-        b = tab.index[goal]
+    goals = (goal,) if type(goal) is int else goal
+    if None in ctx.states[goals[0]][1]:
+        # patterns (``_search.unreduced_goal``): the nearest state one admits
+        rows = [row for g in goals for row in _admitted(ctx, tab, g)]
     else:
-        b = min((tab.index[g] for g in goal), key=lambda x: float(tab.dist[a, x]))
+        rows = [tab.index[g] for g in goals]
+    if len(rows) == 1:
+        b = rows[0]
+    else:  # the nearest; of several at one price, the first in ``state_order`` (as a search)
+        states, ids = ctx.states, tab.ids
+        b = min(rows, key=lambda x: (float(tab.dist[a, x]), state_order(states[ids[x]])))
     total = float(tab.dist[a, b])
     if total == math.inf:
         return None

@@ -505,6 +505,30 @@ def test_a_plan_may_end_at_a_spec_of_the_targets_layout():
         Plan(strided, Spec(mesh, (Shard(0), Shard(0)), (8, 4)), ())
 
 
+def test_a_tensor_without_elements_plans_to_the_nearest_spec_of_its_layout():
+    # along a dim of length 0 every rank holds nothing however it is sharded: the plan
+    # reduces the Partial dim and stops (a reduce_scatter, leaving d0 sharding that dim),
+    # where it once searched to (R R R) itself and, with aliases, merged an all_reduce
+    # over f0 after two local steps (twice the price)
+    mesh = Mesh.create((2, 2, 2), ("d0", "d1", "d2"))
+    mesh = mesh.flatten(("d0", "d1", "d2"), "f0").flatten(("d0", "d1"), "f1")
+    P, R = Partial(), Replicate()
+    src = Spec(mesh, (P, R, Shard(0)), (0,), "float64")
+    dst = Spec(mesh, (R, R, R), (0,), "float64")
+    for merge in (True, False):
+        p = plan(src, dst, merge=merge)
+        assert p.collectives == ("reduce_scatter",)
+        assert same_layout(p.steps[-1].dst, dst)
+        assert delivers(p, values(src.shape), seed=0)
+    # a dim of positive length keeps its pieces: d1 must slice dim 1 as the target does
+    src = Spec(mesh, (P, R, Shard(0)), (0, 3), "float64")
+    dst = Spec(mesh, (R, Shard(1), R), (0, 3), "float64")
+    p = plan(src, dst)
+    assert p.collectives == ("reduce_scatter",)
+    assert same_layout(p.steps[-1].dst, dst)
+    assert delivers(p, values(src.shape), seed=0)
+
+
 @pytest.mark.parametrize(
     "src_text, dst_text, collectives, relabel",
     [

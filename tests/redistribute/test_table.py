@@ -17,7 +17,14 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from meshplan.layout import Mesh
-from meshplan.placement import Replicate, Shard, Spec, is_shard_like, parse_placements
+from meshplan.placement import (
+    Replicate,
+    Shard,
+    Spec,
+    StridedShard,
+    is_shard_like,
+    parse_placements,
+)
 from meshplan.redistribute import CostModel, HardwareProfile, clear_plan_cache, cost, plan
 from meshplan.redistribute import _planner as P
 from meshplan.redistribute import _search as S
@@ -209,13 +216,35 @@ def _old_candidate(step, goal: Spec) -> bool:
 
 def test_a_merged_step_and_a_permute_at_one_price_resolve_alike():
     # an empty tensor: a merged all_to_all over (d1, d2) and an all_permute over the
-    # same dims cost the same latency; the table must keep the search's choice
+    # same dims cost the same latency; the table must keep the search's choice (to the
+    # target state itself: plan() would take none, as every spec here holds its layout)
     mesh = Mesh.create((1, 2, 4), ("d0", "d1", "d2")).flatten(("d1", "d2"), "f0")
     src = Spec(mesh, [Replicate(), Shard(0), Shard(0)], (0, 0), "float64")
     dst = Spec(mesh, [Replicate(), Shard(1), Shard(1)], (0, 0), "float64")
-    ctx, start, goal = _context(src, dst, CostModel(HardwareProfile.nvlink_ib()))
+    ctx, start, _ = _context(src, dst, CostModel(HardwareProfile.nvlink_ib()))
+    goal = ctx.intern(P._state(dst))
+    assert plan(src, dst).steps == ()
     with ctx.lock:
         by_search = S.search(ctx, start, goal)
         by_table = T.walk(ctx, T.table(ctx, after=0), start, goal)
     assert _moves(by_table) == _moves(by_search)
     assert [t[3] for _, t, _ in by_search[1]] == ["all_to_all"]
+
+
+def test_goals_reached_at_one_price_resolve_alike():
+    # under the "collectives" objective a collective's weight dwarfs its bytes, and the
+    # tie-breaking factors of two permutes into two specs of the target's layout round
+    # away: both reach a goal at one price, and the search and the table walk must end
+    # at the same one (``_search.state_order``)
+    mesh = Mesh.create((2, 2, 2, 2), ("d0", "d1", "d2", "d3"))
+    R = Replicate()
+    src = Spec(mesh, (Shard(0), R, R, R), (2,), "float64")
+    dst = Spec(mesh, (StridedShard(0, 2), R, Shard(0), R), (2,), "float64", {0: (0, 2)})
+    model = CostModel(HardwareProfile.nvlink_ib(gpus_per_node=8))
+    ctx, start, goal = _context(src, dst, model, 16, "collectives")
+    assert type(goal) is tuple
+    with ctx.lock:
+        by_search = S.search(ctx, start, goal)
+        by_table = T.walk(ctx, T.table(ctx, after=0), start, goal)
+    assert _moves(by_table) == _moves(by_search)
+    assert by_table[0] == by_search[0]
