@@ -350,6 +350,33 @@ class _Bounds:
             best = missing
         return h + best
 
+    def kept_bound(self, state, goal) -> float:
+        """A lower bound on the price from any state an all_permute out of ``state`` leads
+        to, to ``goal`` (ids): a permute keeps every mesh dim Partial, Replicate or
+        sharding, so the collectives of the dims to gather or reduce and the local steps
+        the heuristic counts stay due (its launch and latency terms for them)."""
+        codes = self.states[state][0]
+        info = self._goal_info.get(goal)
+        if info is None:
+            info = self._goal_info[goal] = self._goal_table(self.states[goal])
+        tables, _, _, goal_codes = info
+        single = local = 0
+        lat = 0.0
+        for m, table in tables:
+            a = codes[m]
+            e = table.get(a)
+            if e is None:
+                e = table[a] = self._entry(m, a, goal_codes[m])
+            kind = e[0]
+            if kind == 1:
+                single += 1
+                lat += e[2]
+                local += e[3]
+            elif kind == 3:
+                local += 1
+        count = -(-single // self.widest)
+        return count * (self.launch + self.per_collective) + lat + local * self.local_launch
+
     def _reduce_weight(self, red, mask: int) -> tuple[float, float]:
         """The least bandwidth weight of reducing the Partial dims ``red`` ((mesh dim,
         reduce-scatter weight) each) when the mesh dims of the bit ``mask`` may shard the

@@ -151,6 +151,7 @@ class _Context(_Bounds):
         self._relabel_memo: dict = {}  # the heuristic's ``_may_relabel`` answers
         self._goal_info: dict = {}
         self._h: dict = {}
+        self._kept_bounds: dict = {}  # (state, goal) -> ``kept_bound`` (permutes out of it)
         self._covers: dict = {}  # the heuristic's collective counts (``_cover``)
         self._order_memo: dict = {}  # the heuristic's gather and scatter orders (``_orders``)
         self._red_memo: dict = {}  # the heuristic's reduction weights (``_reduce_weight``)
@@ -315,6 +316,7 @@ class _Context(_Bounds):
             self._group_memo.clear()
             self._apart_memo.clear()
             self._h.clear()
+            self._kept_bounds.clear()
             self._kept.clear()
             self._merges.clear()
 
@@ -1033,6 +1035,7 @@ def search(ctx: _Context, start: int, goal):
     in every order.
     """
     heuristic = ctx.heuristic
+    kept_bound = ctx.kept_bound
     hmemo = ctx._h
     singles = ctx.singles
     states = ctx.states
@@ -1044,6 +1047,7 @@ def search(ctx: _Context, start: int, goal):
     # a pattern (a tensor without elements: ``unreduced_goal``) is every state it admits
     pattern = None in states[goals[0]][1]
     kept_memo = ctx._kept
+    kept_bounds = ctx._kept_bounds
     merges_on = bool(ctx.aliases)
     merge_dims = ctx.merge_dims
 
@@ -1063,7 +1067,8 @@ def search(ctx: _Context, start: int, goal):
     done: dict = {}  # permute hub -> the cost it was expanded at
     push = heapq.heappush
 
-    def relax(i, g, h, succ):
+    def relax(i, g, h, succ, floor=0.0):
+        # (``floor``: a lower bound of the rest from every state of ``succ``)
         for trans in succ:
             c, t = trans[0], trans[1]
             if trans[3] is None and trans[6] == () and len(trans[2]) == 1:
@@ -1081,7 +1086,7 @@ def search(ctx: _Context, start: int, goal):
                 parent[t] = (i, trans)
                 ht = memo.get(t)
                 if ht is None:
-                    ht = h - c if h > c else 0.0
+                    ht = h - c if h - c > floor else floor
                 push(heap, (ng + ht, -ng, next(counter), t))
                 closed.discard(t)
 
@@ -1096,8 +1101,11 @@ def search(ctx: _Context, start: int, goal):
             # a permute hub, reached at ``g`` with ``key - g`` a lower bound of the rest
             if g <= best[i] and done.get(i, math.inf) > g:
                 done[i] = g
-                via = parent[i][1]
-                relax(i, g, key - g, ctx.hub_members(i, via[2], via[4]))
+                source, via = parent[i]
+                kept = kept_bounds.get((source, goal))
+                if kept is None:
+                    kept = kept_bounds[(source, goal)] = min([kept_bound(source, x) for x in goals])
+                relax(i, g, key - g, ctx.hub_members(i, via[2], via[4]), kept)
             continue
         if type(i) is _Merges:
             i = i.state
