@@ -68,6 +68,20 @@ def freeze_args(args: Mapping[str, Any]) -> tuple[tuple[str, Any], ...]:
     return tuple(sorted((k, freeze(v)) for k, v in args.items()))
 
 
+def _check_hashable(op: str, entry: OpRule) -> None:
+    """Raise a StrategyError naming ``op`` when its rule or outputs function is unhashable."""
+    for what, fn in (("rule", entry.strategies), ("outputs=", entry.outputs)):
+        try:
+            hash(fn)
+        except TypeError:
+            raise StrategyError(
+                f"{what} for {op!r} must be hashable (a RuleSet is a frozen value, and "
+                f"strategies are cached on it), got {fn!r}; pass a function, a "
+                "functools.partial, or an object that defines __hash__",
+                value=fn,
+            ) from None
+
+
 def _rules(value: Mapping[str, OpRule]) -> FrozenMap[str, OpRule]:
     if not isinstance(value, Mapping):
         raise StrategyError(
@@ -82,6 +96,7 @@ def _rules(value: Mapping[str, OpRule]) -> FrozenMap[str, OpRule]:
                 "OpRule(rule, outputs) or add it with ruleset.with_rule(op, rule, outputs=...)",
                 value=rule,
             )
+        _check_hashable(op, rule)
     return value if isinstance(value, FrozenMap) else FrozenMap(value)
 
 
@@ -152,6 +167,7 @@ class RuleSet:
                     )
                 outputs = self.rules[op].outputs
             entry = OpRule(rule, outputs)
+        _check_hashable(op, entry)
         return RuleSet(self.rules.set(op, entry))
 
     def __repr__(self) -> str:

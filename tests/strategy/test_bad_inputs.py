@@ -114,6 +114,16 @@ def test_replicate_strategy_validates_its_counts_without_hanging():
 # -- bad arguments: StrategyErrors, never bare builtins -------------------------------
 
 
+class _Unhashable:
+    """A callable that cannot be hashed (it defines __eq__ alone)."""
+
+    def __eq__(self, other):
+        return self is other
+
+    def __call__(self, *args, **kwargs):
+        return []
+
+
 @pytest.mark.parametrize(
     ("call", "match"),
     [
@@ -126,6 +136,9 @@ def test_replicate_strategy_validates_its_counts_without_hanging():
         (lambda: RuleSet([("mm", 5)]), "mapping of op names"),
         (lambda: RuleSet.default().with_rule("mm", _rule, outputs=5), "outputs= for 'mm'"),
         (lambda: OpRule(5, 5), "OpRule strategies must be a function"),
+        # regression: an unhashable rule raised the FrozenMap's MeshError
+        (lambda: RuleSet.default().with_rule("mm", _Unhashable()), "rule for 'mm' must be hash"),
+        (lambda: RuleSet({"mm": OpRule(_rule, _Unhashable())}), "outputs= for 'mm' must be hash"),
         (lambda: OpRule(_rule, 5), "OpRule outputs must be a function"),
         (lambda: RuleSet.default()[["mm"]], r"op names are strings, got \['mm'\]"),
         (lambda: Meta(None), "tensor shape None is not a sequence"),
