@@ -100,6 +100,11 @@ class _Bounds:
                     e = (m, 0.0, (), 0, 0)
                 elif m in self.merge_dims:
                     e = (m, 0.0, self.detour_items[m] if kind == 1 else (), 1, 0)
+                elif type(b) is int and b > R:
+                    # Partial here and in the goal: a reduce_scatter, and a local step back
+                    # to Partial (no gather; a sum <-> avg change counts that step already)
+                    back = self.local_launch if kind == 0 else 0.0
+                    e = (m, self.launch + self.per_collective + self.alpha_log[m] + back, (), 1, 1)
                 else:
                     e = (
                         m,
