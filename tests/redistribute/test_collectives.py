@@ -416,7 +416,10 @@ def test_calibrate_measures_each_collective_per_mesh_dim_and_agrees_across_ranks
     assert len(first.dims) == mesh.ndim
     dp, one, tp = first.dims
     for link in (dp, tp):
-        assert 0 < link.latency_s < 1.0
+        # (a dim's latency may fit to 0 when the launch, measured apart, takes all of its
+        # small all_gather's time: noise on a busy machine; the two together never do)
+        assert 0 <= link.latency_s < 1.0
+        assert 0 < first.launch_s + link.latency_s < 1.0
         assert 1e5 < link.bytes_per_s < 1e13
     assert one.latency_s == 0.0  # a dim of size 1 never communicates
     # every collective has its own fitted links per dim; the all_gather's are ``dims``
