@@ -55,9 +55,7 @@ class _Bounds:
         """
         sid = state
         codes, chains = state = self.states[state]
-        info = self._goal_info.get(goal)
-        if info is None:
-            info = self._goal_info[goal] = self._goal_table(self.states[goal])
+        info = self._goal_info.get(goal) or self._goal_table(goal)
         tables, goal_partial, goal_chains, goal_codes = info
         single = 0
         other = False
@@ -361,10 +359,7 @@ class _Bounds:
         sharding, so the collectives of the dims to gather or reduce and the local steps
         the heuristic counts stay due (its launch and latency terms for them)."""
         codes = self.states[state][0]
-        info = self._goal_info.get(goal)
-        if info is None:
-            info = self._goal_info[goal] = self._goal_table(self.states[goal])
-        tables, _, _, goal_codes = info
+        tables, _, _, goal_codes = self._goal_info.get(goal) or self._goal_table(goal)
         single = local = 0
         lat = 0.0
         for m, table in tables:
@@ -509,10 +504,14 @@ class _Bounds:
             reach |= x
         return best + (1 if omask and not omask & reach else 0)
 
-    def _goal_table(self, goal):
-        goal_codes, goal_chains = goal
+    def _goal_table(self, goal: int):
+        """The heuristic's memo of goal ``goal`` (an id): per active mesh dim a table of
+        :meth:`_entry` values, whether the goal has a Partial dim, its orders and codes."""
+        goal_codes, goal_chains = self.states[goal]
         partial = any(type(c) is int and c > R for c in goal_codes)
-        return [(m, {}) for m in self.active], partial, goal_chains, goal_codes
+        info = [(m, {}) for m in self.active], partial, goal_chains, goal_codes
+        self._goal_info[goal] = info
+        return info
 
     def _entry(self, m, a, b):
         """What mesh dim ``m`` going from ``a`` to the goal's ``b`` needs, for the heuristic:

@@ -31,8 +31,8 @@ A plan may end at any spec holding the target's layout (``same_layout``: a Strid
 and a shard order that chunk alike, a tiny dim's orders that leave the same pieces): the
 search goes to the nearest of them (``_goal_class``; past ``_CLASS_LIMIT`` of them to the
 target alone; on a tensor without elements to a pattern: any placement but Partial of the
-mesh dims that shard only dims of length 0), and a plan stops where every rank first holds its target (a relabel to the
-target's words would move nothing and cost a launch). After ``_table.lazy_pairs`` pairs,
+mesh dims that shard only dims of length 0), and a plan stops where every rank first
+holds its target (a relabel to the target's words would move nothing and cost a launch). After ``_table.lazy_pairs`` pairs,
 a context small enough builds an all-pairs table and walks it, to the very same plan
 (``tests/redistribute/test_table.py``). Contexts
 whose prices are all linear in the tensor's bytes (regular shapes, objective "time") form

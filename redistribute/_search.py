@@ -67,7 +67,6 @@ from ._exact import (
 from ._heuristic import ANY, SUMAVG, R, _Bounds
 
 __all__ = [
-    "ANY",
     "R",
     "SUMAVG",
     "search",
