@@ -13,6 +13,9 @@ from ._exact import _bit_owners, even_base, links, piece
 
 R = 0  # the code of Replicate; Partial sum/avg/max/min are 1..4 (see ``_search``)
 ANY = -2  # a goal's code for "any placement but Partial" (a tensor without elements)
+# a goal's code for "any shard placement of tensor dim d" is ``SHARD_ANY - d`` (a pattern
+# of a big goal class: ``_search.class_goal``)
+SHARD_ANY = -3
 SUMAVG = (1, 2)  # the Partial codes that mix
 _SUMAVG = SUMAVG
 
@@ -124,8 +127,9 @@ class _Bounds:
                 if type(a) is int:
                     reduce = True
                     b = goal_codes[m]
-                    if b == ANY:
-                        # reduced by an all_reduce or a reduce_scatter: the cheaper
+                    if type(b) is int and b < R:
+                        # (ANY, or a SHARD_ANY code) reduced by an all_reduce or a
+                        # reduce_scatter: the cheaper
                         w_single += dw
                     elif type(b) is not tuple:
                         red = ((m, dw),) if red is None else red + ((m, dw),)
@@ -153,7 +157,8 @@ class _Bounds:
                     w_other = dw
             elif kind == 3:  # local
                 local += 1
-                lw += self.sizes[m] if type(goal_codes[m]) is int else 1
+                b = goal_codes[m]
+                lw += self.sizes[m] if type(b) is int and b > R else 1
             elif kind == 4:  # replicated in both
                 spare = (m,) if spare is None else spare + (m,)
             elif kind == 6 and self._may_relabel(m, a[0], state, goal):
@@ -523,6 +528,18 @@ class _Bounds:
             if type(a) is int and a != R:
                 return (1, self.sizes[m], self.reduce_alpha[m], 0, wt[1])
             return (4, 1, 0.0, 0, 0.0) if a == R else (0, self.sizes[m], 0.0, 0, 0.0)
+        if type(b) is int and b <= SHARD_ANY:
+            # any shard placement of tensor dim d, in any order position: a Partial dim
+            # needs a reduction, a replicated one a slice (a local step), one sharding
+            # another tensor dim a collective, one sharding d nothing
+            n = self.sizes[m]
+            if a == R:
+                return (3, n, 0.0, 1, 0.0)
+            if type(a) is int:
+                return (1, n, self.reduce_alpha[m], 0, wt[1])
+            if a[0] == SHARD_ANY - b:
+                return (0, n, 0.0, 0, 0.0)
+            return (2, n, self.alpha_log[m], 0, self._reshard_weight(m))
         n = self.sizes[m] if (type(a) is tuple or type(b) is tuple) else 1
         if a == b:
             if a == R:
@@ -602,18 +619,27 @@ class _Bounds:
             codes, chains = self.states[i]
             out = []
             for d, chain in enumerate(chains):
-                chain = chain or ()  # (None: a pattern's dim of length 0, ``unreduced_goal``)
-                key = (d, chain, tuple([codes[m] for m in chain]))
+                if type(chain) is tuple:
+                    key = (d, chain, tuple([codes[m] for m in chain]))
+                elif chain is None:  # a pattern's dim of length 0 (``unreduced_goal``)
+                    key = (d, (), ())
+                else:
+                    # a pattern's ways of one layout (``_search.class_goal``): each gives
+                    # every rank the same piece, so any one says it
+                    own, chain = min(chain)
+                    by_dim = dict(zip(sorted(chain), own, strict=True))
+                    key = (d, chain, tuple([by_dim[m] for m in chain]))
                 pid = self._pieces.get(key)
                 if pid is None:
                     pid = self._pieces[key] = len(self._piece_list)
-                    self._piece_list.append(self._piece0_uncached(d, chain, codes))
+                    self._piece_list.append(self._piece0_uncached(d, key[1], key[2]))
                 out.append(pid)
             ids = self._state_pieces[i] = tuple(out)
         return ids
 
-    def _piece0_uncached(self, d, chain, codes):
-        links = tuple([(self.sizes[m], codes[m][1]) for m in chain])
+    def _piece0_uncached(self, d, chain, own):
+        # (``own``: the codes of ``chain``'s mesh dims, in its order)
+        links = tuple([(self.sizes[m], c[1]) for m, c in zip(chain, own, strict=True)])
         return piece(self.shape[d], links, (0,) * len(chain))
 
 

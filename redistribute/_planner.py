@@ -29,12 +29,12 @@ A* search (the heuristic is a lower bound, so the result is a minimum over every
 such steps: ``tests/redistribute/test_plan_optimal.py`` checks it against a brute force).
 A plan may end at any spec holding the target's layout (``same_layout``: a StridedShard
 and a shard order that chunk alike, a tiny dim's orders that leave the same pieces): the
-search goes to the nearest of them (``_goal_class``; past ``_CLASS_LIMIT`` of them to the
-target alone; on a tensor without elements to a pattern: any placement but Partial of the
-mesh dims that shard only dims of length 0), and a plan stops where every rank first
-holds its target (a relabel to the target's words would move nothing and cost a launch). After ``_table.lazy_pairs`` pairs,
-a context small enough builds an all-pairs table and walks it, to the very same plan
-(``tests/redistribute/test_table.py``). Contexts
+search goes to the nearest of them (``_goal_class``; past ``_CLASS_LIMIT`` of them to a
+pattern admitting each; on a tensor without elements to a pattern: any placement but
+Partial of the mesh dims that shard only dims of length 0), and a plan stops where every
+rank first holds its target (a relabel to the target's words would move nothing and cost
+a launch). After ``_table.lazy_pairs`` pairs, a context small enough builds an all-pairs
+table and walks it, to the very same plan (``tests/redistribute/test_table.py``). Contexts
 whose prices are all linear in the tensor's bytes (regular shapes, objective "time") form
 a family across tensor sizes (:mod:`._family`): a size between two planned sizes with
 one plan takes it without a search (``tests/redistribute/test_family.py``). Then
@@ -67,7 +67,7 @@ from ._cost import OBJECTIVES, CostModel, as_model, collective_weight, padded_lo
 from ._exact import exact_covers, piece_classes, tiny_dims
 from ._family import clear_families, extremes, family_of, record, shared
 from ._merge import merge_plan, warn_missed, warned
-from ._search import R, clear_contexts, context, search, unreduced_goal
+from ._search import R, class_goal, clear_contexts, context, search, unreduced_goal
 from ._step import Plan, Step, _avg_scale
 from ._table import built, clear_tables, table, walk
 
@@ -385,17 +385,25 @@ def _goal_class(goal_state: tuple, shape: tuple, sizes: tuple, shards: tuple) ->
     ``goal_state`` first: on a tiny tensor dim or one with StridedShards, another shard
     placement of its mesh dims in another order may chunk it alike (the search's
     ``_relabels``). The cheapest plan to any of them is the cheapest plan; past
-    ``_CLASS_LIMIT`` of them the goal alone is searched to, and the plan cut where the
-    layout is first right. On a tensor without elements, along a dim of length 0 every
+    ``_CLASS_LIMIT`` of them (a min over each one's heuristic would cost too much) a
+    pattern stands for them all (``_search.class_goal``: a looser bound, the same
+    optimum). On a tensor without elements, along a dim of length 0 every
     rank holds nothing however mesh dims shard it: each goal is then a pattern standing
     for every state that differs from it only there (``_search.unreduced_goal``)."""
-    found = _goal_states(goal_state, shape, sizes, shards)
+    per_dim, count = _class_ways(goal_state, shape, sizes, shards)
+    if count > _CLASS_LIMIT:
+        found = (class_goal(goal_state, {d: ways for d, _, ways in per_dim}),)
+    else:
+        found = _goal_states(goal_state, per_dim)
     if 0 in shape:
         return tuple(dict.fromkeys(unreduced_goal(s, shape) for s in found))
     return found
 
 
-def _goal_states(goal_state: tuple, shape: tuple, sizes: tuple, shards: tuple) -> tuple:
+def _class_ways(goal_state: tuple, shape: tuple, sizes: tuple, shards: tuple):
+    """Per tiny tensor dim with more than one, ``(d, its mesh dims sorted, ways)``: the
+    ``(placements, order)`` of its mesh dims that chunk it as ``goal_state`` does; and the
+    size of the goal class (the product of their counts)."""
     codes, chains = goal_state
     tiny = tiny_dims(shape, sizes, shards)
     per_dim = []
@@ -409,11 +417,15 @@ def _goal_states(goal_state: tuple, shape: tuple, sizes: tuple, shards: tuple) -
         )
         ways = members[sig_of[tuple(codes[x] for x in dims), chain]]
         ways = [(own, order) for own, orders in ways.items() for order in orders]
-        count *= len(ways)
-        if count > _CLASS_LIMIT:
-            return (goal_state,)
         if len(ways) > 1:
+            count *= len(ways)
             per_dim.append((d, dims, ways))
+    return per_dim, count
+
+
+def _goal_states(goal_state: tuple, per_dim: list) -> tuple:
+    """Every state of the goal class (:func:`_class_ways`), ``goal_state`` first."""
+    codes, chains = goal_state
     out = [goal_state]
     for combo in itertools.product(*(ways for _, _, ways in per_dim)):
         new_codes, new_chains = list(codes), list(chains)

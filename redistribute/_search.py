@@ -64,7 +64,7 @@ from ._exact import (
     piece_classes,
     tiny_dims,
 )
-from ._heuristic import ANY, SUMAVG, R, _Bounds
+from ._heuristic import ANY, SHARD_ANY, SUMAVG, R, _Bounds
 
 __all__ = [
     "R",
@@ -327,7 +327,8 @@ class _Context(_Bounds):
             codes, chains = state
             b = self.itemsize
             for d, chain in enumerate(chains):
-                b *= self.extent(d, chain, codes) if chain else self.shape[d]
+                # (a pattern's orders, ``is_pattern``: its bytes are never asked)
+                b *= self.extent(d, chain, codes) if type(chain) is tuple else self.shape[d]
             self._nbytes.append(b)
         return i
 
@@ -1043,8 +1044,8 @@ def search(ctx: _Context, start: int, goal):
     goal = goals[0] if len(goals) == 1 else goals
     # (the goals differ only in how they say shards: their Partial dims are the same)
     goal_codes = states[goals[0]][0]
-    # a pattern (a tensor without elements: ``unreduced_goal``) is every state it admits
-    pattern = None in states[goals[0]][1]
+    # a pattern (``unreduced_goal``, ``class_goal``) is every state it admits
+    pattern = is_pattern(states[goals[0]])
     kept_memo = ctx._kept
     kept_bounds = ctx._kept_bounds
     merges_on = bool(ctx.aliases)
@@ -1202,17 +1203,52 @@ def unreduced_goal(goal_state: tuple, shape: tuple) -> tuple:
     )
 
 
+def class_goal(goal_state: tuple, ways: dict) -> tuple:
+    """The search goal standing for every state of the layout of ``goal_state`` (a big goal
+    class, ``_planner._goal_class``): ``ways`` gives per tiny tensor dim ``d`` the
+    ``(placements, order)`` of its mesh dims (placements by sorted mesh dim) that chunk it
+    as ``goal_state`` does, and the class is every choice of one per dim. As a state: the
+    code ``SHARD_ANY - d`` for those mesh dims (any shard placement of ``d``, for the
+    heuristic) and the frozen set of ways for ``d``'s order (:func:`admits`).
+
+    >>> class_goal((((0, 1), (0, 1)), ((0, 1),)), {0: [(((0, 1), (0, 1)), (0, 1)),
+    ...                                                  (((0, 1), (0, 1)), (1, 0))]})
+    ((-3, -3), (frozenset({(((0, 1), (0, 1)), (0, 1)), (((0, 1), (0, 1)), (1, 0))}),))
+    """
+    codes, chains = list(goal_state[0]), list(goal_state[1])
+    for d, options in ways.items():
+        for m in chains[d]:
+            codes[m] = SHARD_ANY - d
+        chains[d] = frozenset(options)
+    return tuple(codes), tuple(chains)
+
+
+def is_pattern(state: tuple) -> bool:
+    """Whether ``state`` is a goal pattern (:func:`unreduced_goal`, :func:`class_goal`)."""
+    return any(type(chain) is not tuple for chain in state[1])
+
+
 def admits(goal: tuple, state: tuple) -> bool:
-    """Whether ``state`` is one of those the pattern ``goal`` (:func:`unreduced_goal`)
-    stands for: its codes, where a goal code ANY takes any but a Partial, and its shard
-    orders, where a goal order None takes any."""
-    for g, c in zip(goal[0], state[0], strict=True):
+    """Whether ``state`` is one of those the pattern ``goal`` stands for: its codes, where
+    a goal code ANY takes any but a Partial (and a SHARD_ANY code any, its order decides),
+    and its shard orders, where a goal order None takes any, and a set of ways (of
+    :func:`class_goal`) the state's placements and order of that tensor dim if it holds
+    them."""
+    codes = state[0]
+    for g, c in zip(goal[0], codes, strict=True):
         if g == ANY:
             if type(c) is int and c != R:
                 return False
-        elif g != c:
+        elif g != c and not (type(g) is int and g <= SHARD_ANY):
             return False
-    return all(g is None or g == c for g, c in zip(goal[1], state[1], strict=True))
+    for g, chain in zip(goal[1], state[1], strict=True):
+        if g is None or g == chain:
+            continue
+        if type(g) is tuple:
+            return False
+        if (tuple([codes[m] for m in sorted(chain)]), chain) not in g:
+            return False
+    return True
 
 
 class _Merges:

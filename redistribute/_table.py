@@ -27,7 +27,7 @@ import numpy as np
 
 from meshplan.errors import PlanError
 
-from ._search import R, admits, mixable, state_order
+from ._search import R, admits, is_pattern, mixable, state_order
 
 __all__ = ["MAX_STATES", "LAZY", "Table", "lazy_pairs", "table", "built", "walk", "clear_tables"]
 
@@ -195,8 +195,8 @@ def walk(ctx, tab: Table, start: int, goal):
     or None when unreachable."""
     a = tab.index[start]
     goals = (goal,) if type(goal) is int else goal
-    if None in ctx.states[goals[0]][1]:
-        # patterns (``_search.unreduced_goal``): the nearest state one admits
+    if is_pattern(ctx.states[goals[0]]):
+        # patterns (``_search.unreduced_goal``, ``class_goal``): the nearest state one admits
         rows = [row for g in goals for row in _admitted(ctx, tab, g)]
     else:
         rows = [tab.index[g] for g in goals]

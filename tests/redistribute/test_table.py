@@ -114,6 +114,30 @@ def test_the_table_walk_is_the_search_plan_on_every_pair_of_a_context(mesh_shape
             assert _moves(walked) == _moves(found), (ctx.states[start], ctx.states[goal])
 
 
+@pytest.mark.parametrize("objective", ["time", "collectives"])
+def test_the_table_walk_to_a_big_goal_class_is_the_search_plan(objective):
+    """Past ``_planner._CLASS_LIMIT`` specs of the target's layout, the goal is a pattern
+    of them all (``_search.class_goal``): the walk scans the rows it admits."""
+    mesh = Mesh.create((2, 2, 2))
+    dst = Spec(mesh, *parse_placements("S(0) SS(0,2) R")[:1], (1,), "float64")
+    # (each source brings a split factor that makes 16 or more specs of one layout)
+    sources = ["SS(0,3) R S(0)", "P(max) SS(0,3) R", "R R SS(0,4)", "SS(0,3) S(0) SS(0,3)"]
+    sources += ["R SS(0,4) P(max)", "P(sum) P(sum) SS(0,3)"]
+    model = on_mesh(CostModel(HardwareProfile.nvlink_ib(gpus_per_node=2)), mesh)
+    for text in sources:
+        src = Spec(mesh, *parse_placements(text)[:1], (1,), "float64")
+        ctx, start, goal = _context(src, dst, model, None, objective)
+        assert type(goal) is int and S.is_pattern(ctx.states[goal])
+        with ctx.lock:
+            tab = T.table(ctx, after=0)
+            assert tab is not None
+            by_search = S.search(ctx, start, goal)
+            by_table = T.walk(ctx, tab, start, goal)
+        assert _moves(by_table) == _moves(by_search), text
+        end = ctx.states[by_search[1][-1][2]]
+        assert S.admits(ctx.states[goal], end)
+
+
 def test_state_count_is_the_number_of_states_enumerated():
     mesh = Mesh.create((2, 3, 2))
     for text_a, text_b, shape in [
