@@ -194,20 +194,32 @@ def _check_keywords(op: str, fn, metas: tuple, kwargs: dict) -> None:
     """Raise :class:`StrategyError` when ``fn`` cannot take ``kwargs`` (a misspelt or
     unsupported argument of the op), before calling it."""
     try:
-        sig = inspect.signature(fn)
-    except (TypeError, ValueError):  # no signature to read: let the call decide
-        return
+        problem = _keyword_problem(fn, tuple(kwargs))
+    except TypeError:  # an unhashable callable: read its signature each time
+        problem = _keyword_problem.__wrapped__(fn, tuple(kwargs))
+    if problem is not None:
+        raise StrategyError(
+            f"{op} does not take the arguments {sorted(kwargs)!r} {problem}", value=kwargs
+        )
+
+
+@functools.lru_cache(maxsize=1024)
+def _keyword_problem(fn, names: tuple) -> str | None:
+    """Why ``fn`` cannot be called with the metas and keyword arguments ``names`` (None:
+    it can, or it has no signature to read and the call decides). A property of the
+    function alone, read once."""
     try:
-        sig.bind(metas, **kwargs)
+        sig = inspect.signature(fn)
+    except (TypeError, ValueError):
+        return None
+    try:
+        sig.bind(None, **dict.fromkeys(names))
     except TypeError as e:
         takes = [
             p.name for p in sig.parameters.values() if p.kind is inspect.Parameter.KEYWORD_ONLY
         ]
-        raise StrategyError(
-            f"{op} does not take the arguments {sorted(kwargs)!r} ({e}); it takes "
-            f"{takes or 'no keyword arguments'}",
-            value=kwargs,
-        ) from None
+        return f"({e}); it takes {takes or 'no keyword arguments'}"
+    return None
 
 
 def build_problem(

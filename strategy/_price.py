@@ -23,7 +23,15 @@ import math
 
 from meshplan.errors import StrategyError
 from meshplan.layout import Mesh
-from meshplan.placement import Partial, Placement, Replicate, Spec, dtype_itemsize
+from meshplan.placement import (
+    Partial,
+    Placement,
+    Replicate,
+    Shard,
+    Spec,
+    StridedShard,
+    dtype_itemsize,
+)
 
 __all__ = [
     "redistribute_cost",
@@ -121,12 +129,17 @@ def _alias_dims(mesh: Mesh, axis) -> tuple[int, ...]:
 
 
 def _kind(p: Placement) -> str:
+    kind = _KINDS.get(type(p))
+    if kind is not None:
+        return kind
     if isinstance(p, Replicate):
         return "R"
     if isinstance(p, Partial):
         return "P"
     return "S"
 
+
+_KINDS = {Replicate: "R", Partial: "P", Shard: "S", StridedShard: "S"}
 
 _COLLECTIVES = (None, "all_gather", "all_to_all", "all_permute", "all_reduce", "reduce_scatter")
 

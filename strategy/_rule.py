@@ -168,7 +168,12 @@ DimPlacement = Placement | Placeholder
 _PLACEMENT_TYPES = (Shard, StridedShard, Replicate, Partial, Placeholder)
 
 
+_EXACT_TYPES = frozenset(_PLACEMENT_TYPES)
+
+
 def _entries(value: Iterable[DimPlacement]) -> tuple[DimPlacement, ...]:
+    if type(value) in (tuple, list) and all(type(p) in _EXACT_TYPES for p in value):
+        return tuple(value)  # (the common case, checked by exact types)
     if isinstance(value, _PLACEMENT_TYPES):
         value = (value,)
     if isinstance(value, str | bytes) or not isinstance(value, Iterable):
