@@ -24,7 +24,7 @@ import os
 
 import pytest
 import torch
-from _plan_cases import FLAT, PER_COLLECTIVE, on_mesh
+from _plan_cases import FLAT, PER_COLLECTIVE, delivers, on_mesh, values
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
@@ -542,6 +542,7 @@ def test_plan_to_a_big_goal_class_equals_brute_force_minimum(case, objective):
     src, dst, model = case
     assume(_class_size(src, dst) > 8)
     p = plan(src, dst, cost_model=model, merge=False, objective=objective)
+    assert delivers(p, values(src.shape))
     if objective == "time":
         assert_planned_optimal(cost(p, model).total, src, dst, model, p)
     else:
