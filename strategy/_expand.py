@@ -190,7 +190,7 @@ def _prepare(
     return build_problem(op, ruleset[op], specs, args, shard_kinds(specs))
 
 
-def _check_keywords(op: str, fn, metas: tuple, kwargs: dict) -> None:
+def _check_keywords(op: str, fn, kwargs: dict) -> None:
     """Raise :class:`StrategyError` when ``fn`` cannot take ``kwargs`` (a misspelt or
     unsupported argument of the op), before calling it."""
     try:
@@ -229,7 +229,7 @@ def build_problem(
     metas = tuple(meta_of(s) for s in specs)
     kwargs = dict(args)
     for fn in (rule.strategies, rule.outputs):
-        _check_keywords(op, fn, metas, kwargs)
+        _check_keywords(op, fn, kwargs)
     # outputs first: it computes the result's dtype, refusing dtypes torch refuses
     outputs = _sequence(op, "outputs function", rule.outputs(metas, **kwargs))
     if not outputs:
