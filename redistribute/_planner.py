@@ -120,17 +120,29 @@ def _state(spec: Spec) -> tuple:
 def _spec(template: Spec, state: tuple) -> Spec:
     """A canonical Spec for an encoded state, built without re-validating (states are canonical)."""
     codes, chains = state
-    order = object.__new__(FrozenMap)
-    object.__setattr__(order, "_data", {d: c for d, c in enumerate(chains) if c})
-    object.__setattr__(order, "_hash", None)
+    order = _order_map(chains)
     spec = object.__new__(Spec)
     object.__setattr__(spec, "mesh", template.mesh)
-    object.__setattr__(spec, "placements", tuple(_placement(c) for c in codes))
+    object.__setattr__(spec, "placements", _placements(codes))
     object.__setattr__(spec, "shape", template.shape)
     object.__setattr__(spec, "dtype", template.dtype)
     object.__setattr__(spec, "shard_order", order)
     object.__setattr__(spec, "_attrs_cached_hash", None)
     return spec
+
+
+@functools.lru_cache(maxsize=4096)
+def _placements(codes: tuple) -> tuple:
+    return tuple(_placement(c) for c in codes)
+
+
+@functools.lru_cache(maxsize=4096)
+def _order_map(chains: tuple) -> FrozenMap:
+    """The shard-order map of a state's chains (frozen: specs share it)."""
+    order = object.__new__(FrozenMap)
+    object.__setattr__(order, "_data", {d: c for d, c in enumerate(chains) if c})
+    object.__setattr__(order, "_hash", None)
+    return order
 
 
 def _step(dims: tuple[int, ...], src: Spec, dst: Spec, collective, alias=None) -> Step:
@@ -241,7 +253,7 @@ def check_plannable(src: Spec, dst: Spec) -> None:
     for name, spec in (("source", src), ("target", dst)):
         if not isinstance(spec, Spec):
             raise PlanError(f"plan needs Specs; the {name} is {spec!r}", value=spec)
-    if src.mesh != dst.mesh:
+    if src.mesh is not dst.mesh and src.mesh != dst.mesh:
         a, b = src.mesh, dst.mesh
         if a.shape != b.shape:
             what = f"mesh shape {a.shape} vs {b.shape}"
@@ -301,7 +313,9 @@ def _min_cost_plan(
     onto the mesh's aliases, to ``dst`` or another spec of its layout (``_goal_class``),
     and its steps' prices."""
     start_state, goal_state = _state(src), _state(dst)
-    if start_state == goal_state or same_layout(src, dst):
+    if start_state == goal_state or (
+        _may_share_layout(start_state[0], goal_state[0], 0 in src.shape) and same_layout(src, dst)
+    ):
         # every rank holds its target already (the specs may say so in two ways)
         return _plan_value(src, dst, ()), ()
     shards, ptargets = _universe_of(start_state[0], goal_state[0], src.ndim)
@@ -320,18 +334,33 @@ def _min_cost_plan(
     steps = []
     a = src
     last = len(moves) - 1
+    empty = 0 in src.shape
     for k, (_, trans, state) in enumerate(moves):
         b = dst if state == goal_state else _spec(src, state)
         dims, kind = trans[2], trans[3]
         alias = _alias_named(src.mesh, dims) if len(dims) > 1 and kind != "all_permute" else None
         steps.append(_step(dims, a, b, kind, alias))
-        if k != last and same_layout(b, dst):
+        if k != last and _may_share_layout(state[0], goal_state[0], empty) and same_layout(b, dst):
             # every rank holds its target already: the rest (a relabel saying the same
             # pieces as the target says them) would move nothing, and costs a launch
             break
         a = b
     prices = tuple(trans[0] for _, trans, _ in moves[: len(steps)])
     return _plan_value(src, dst, tuple(steps)), prices
+
+
+def _may_share_layout(codes_a: tuple, codes_b: tuple, empty: bool) -> bool:
+    """Whether specs of these placement codes may give every rank the same local tensor
+    (``same_layout``'s first test, on codes): each Partial dim alike, and unless the
+    tensor is empty, each mesh dim sharding the same tensor dim or none."""
+    for x, y in zip(codes_a, codes_b, strict=True):
+        if x == y:
+            continue
+        if type(x) is int and x != R or type(y) is int and y != R:
+            return False
+        if not empty and (type(x) is not tuple or type(y) is not tuple or x[0] != y[0]):
+            return False
+    return True
 
 
 def _moves_to(args, start_state, goals: tuple):
@@ -341,22 +370,26 @@ def _moves_to(args, start_state, goals: tuple):
     context's table (once it has planned enough pairs) or a search."""
     src, model, bound, objective, merge, shards, ptargets = args
     key = goals[0] if len(goals) == 1 else ("layout", goals)  # the pair's key in a family
-    fam = family_of(src.mesh, src.shape, model, shards, ptargets, bound, objective, merge)
-    if fam is not None:
-        size = dtype_itemsize(src.dtype) * math.prod(src.shape)
+    setting = (src.mesh, src.shape, src.dtype, model, shards, ptargets, bound, objective, merge)
+    found = _SETTINGS.get(setting)
+    if found is None:
+        found = _SETTINGS[setting] = _setting(*setting)
+    fam, size, ctx = found
+    tab = built(ctx)
+    if fam is not None and tab is None:
         moves = shared(fam, size, start_state, key)
         if moves is not None:
             return moves
-    ctx = context(src.mesh, src.shape, src.dtype, model, shards, ptargets, bound, objective, merge)
-    if fam is not None and built(ctx) is None and _extend(fam, ctx, start_state, goals, key):
-        moves = shared(fam, size, start_state, key)
-        if moves is not None:
-            return moves
+        if _extend(fam, ctx, start_state, goals, key):
+            moves = shared(fam, size, start_state, key)
+            if moves is not None:
+                return moves
     with ctx.lock:
         ctx._trim()
         start = ctx.intern(start_state)
         goal = _interned(ctx, goals)
-        tab = table(ctx)
+        if tab is None:
+            tab = table(ctx)
         if tab is not None:
             found = walk(ctx, tab, start, goal)
         else:
@@ -367,6 +400,20 @@ def _moves_to(args, start_state, goals: tuple):
             return None
         states = ctx.states
         return [(states[i], trans, states[j]) for i, trans, j in found[1]]
+
+
+_SETTINGS: dict = {}  # a context's arguments -> (its family, its tensor's bytes, it)
+
+
+def _setting(mesh, shape, dtype, model, shards, ptargets, bound, objective, merge) -> tuple:
+    """The family, tensor bytes and search context of these arguments, looked up once
+    per setting rather than per plan."""
+    if len(_SETTINGS) >= 256:
+        _SETTINGS.clear()
+    fam = family_of(mesh, shape, model, shards, ptargets, bound, objective, merge)
+    size = dtype_itemsize(dtype) * math.prod(shape)
+    ctx = context(mesh, shape, dtype, model, shards, ptargets, bound, objective, merge)
+    return fam, size, ctx
 
 
 def _interned(ctx, goals: tuple):
@@ -569,6 +616,7 @@ def clear_plan_cache(*, tables: bool = True) -> None:
     _missed_merges.cache_clear()
     if tables:
         _STATES.clear()
+        _SETTINGS.clear()
         clear_tables()
         clear_contexts()
         clear_families()
