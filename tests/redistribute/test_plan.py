@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import sys
 import warnings
 
@@ -10,7 +11,7 @@ from _plan_cases import delivers, spec_pairs, values
 from hypothesis import given, note
 from hypothesis import strategies as st
 
-from meshplan.errors import PlanError
+from meshplan.errors import PlacementError, PlanError
 from meshplan.layout import Mesh
 from meshplan.placement import (
     Partial,
@@ -559,3 +560,29 @@ def test_a_shard_placement_said_another_way_is_a_local_step(
     assert bool(relabels) == relabel, str(p)
     assert same_layout(p.steps[-1].dst, dst)
     assert delivers(p, values((64, 8)))
+
+
+@pytest.mark.parametrize("shape", [(1, 3), (0, 2), (2, 3), (4, 3), (3, 5)])
+def test_the_layout_test_on_codes_never_rejects_specs_of_one_layout(shape):
+    # the planner asks ``same_layout`` only of specs whose placement codes pass
+    # ``_may_share_layout``: every pair of specs on a 2x2 mesh (each placement, each shard
+    # order) that holds one layout must pass it
+    from meshplan.redistribute._planner import _may_share_layout, _state
+
+    mesh = Mesh.create((2, 2), ("a", "b"))
+    kinds = [Replicate(), Partial("sum"), Partial("max"), Shard(0), Shard(1), StridedShard(0, 2)]
+    found = []
+    for pl in itertools.product(kinds, repeat=2):
+        for order in ({}, {0: (1, 0)}, {1: (1, 0)}):
+            try:
+                found.append(Spec(mesh, pl, shape, "float32", order))
+            except PlacementError:
+                continue  # an order of a tensor dim fewer than two mesh dims shard
+    specs = list(dict.fromkeys(found))
+    shared = 0
+    for a, b in itertools.product(specs, repeat=2):
+        if same_layout(a, b):
+            shared += a != b
+            assert _may_share_layout(_state(a)[0], _state(b)[0], 0 in shape), (a, b)
+    if shape in ((1, 3), (0, 2)):
+        assert shared  # (specs of one layout that differ as values: the case it guards)
