@@ -27,7 +27,7 @@ import numpy as np
 
 from meshplan.errors import PlanError
 
-from ._search import R, admits, is_pattern, mixable, state_order
+from ._search import SUMAVG, R, admits, is_pattern, mixable, state_order
 
 __all__ = ["MAX_STATES", "LAZY", "Table", "lazy_pairs", "table", "built", "walk", "clear_tables"]
 
@@ -90,12 +90,33 @@ def state_count(ctx) -> int:
     """How many states the context has (code assignments times shard orders)."""
     if len(ctx.active) > 4:
         return MAX_STATES + 1  # never tabled: counting alone would be slow
+    return _count(len(ctx.active), tuple(ctx.ptargets), tuple(ctx.shards), ctx.ndim)
+
+
+def _count(n_active: int, ops: tuple, shards: tuple, ndim: int) -> int:
+    """The states of :func:`_states` counted without listing them: per way of giving the
+    active mesh dims placement codes, the product over tensor dims of the orders of the
+    mesh dims sharding it (``k!`` for ``k`` of them), summed over the ways whose Partial
+    ops mix (one op, or sum and avg). By mesh dim, the ways grouped by how many mesh dims
+    shard each tensor dim and which ops they use so far."""
+    ways: dict = {((0,) * ndim, frozenset()): 1}
+    for _ in range(n_active):
+        nxt: dict = collections.defaultdict(int)
+        for (ks, used), n in ways.items():
+            nxt[(ks, used)] += n  # Replicate
+            for op in ops:
+                nxt[(ks, used | {op})] += n
+            for d, _ in shards:
+                nxt[(ks[:d] + (ks[d] + 1,) + ks[d + 1 :], used)] += n
+        ways = nxt
     total = 0
-    for codes in _codes(ctx):
-        total += math.prod(math.factorial(len(m)) for m in _members(ctx, codes))
-        if total > MAX_STATES:
-            break
+    for (ks, used), n in ways.items():
+        if len(used) <= 1 or used <= _SUMAVG_SET:
+            total += n * math.prod(math.factorial(k) for k in ks)
     return total
+
+
+_SUMAVG_SET = frozenset(SUMAVG)
 
 
 def _states(ctx):

@@ -155,6 +155,25 @@ def test_state_count_is_the_number_of_states_enumerated():
             assert P._state(P._spec(a, s)) == s
 
 
+@pytest.mark.parametrize("sizes", [(8,), (2, 4), (2, 2, 2), (2, 3, 2), (2, 2, 2, 2), (2, 1, 2)])
+def test_state_count_counts_what_the_listing_lists(sizes):
+    # the count (no listing) against every code assignment's shard orders, listed: one
+    # Partial op or several (mixing or not), StridedShards, tensors of 1-3 dims
+    mesh = Mesh.create(sizes)
+    for ndim in (1, 2, 3):
+        plain = tuple((d, 1) for d in range(ndim))
+        for shards in (plain, plain + ((0, 2),), plain + ((0, 2), (ndim - 1, 3))):
+            for ops in ((), (1,), (1, 2), (3,), (1, 3), (1, 2, 3, 4)):
+                ctx = S.context(
+                    mesh, (8,) * ndim, "float32", CostModel.default(), shards, ops, None
+                )
+                listed = sum(
+                    math.prod(math.factorial(len(m)) for m in T._members(ctx, codes))
+                    for codes in T._codes(ctx)
+                )
+                assert T.state_count(ctx) == listed, (shards, ops)
+
+
 def test_a_context_builds_its_table_only_after_planning_some_pairs():
     clear_plan_cache()
     mesh = Mesh.create((2, 2, 2))
