@@ -668,7 +668,34 @@ def _orders(items: tuple) -> tuple[float, float]:
     free = _weight(best)
     if _keeps(best):
         return free, free
-    return free, min(_weight(order) for order in itertools.permutations(items) if _keeps(order))
+    return free, _kept_weight(items)
+
+
+def _kept_weight(items: tuple) -> float:
+    """The least weight (:func:`_weight`) of an order of ``items`` that keeps each tensor
+    dim's shard order: over the sets of items taken first, as the product of their sizes
+    multiplies the next one's weight whatever order they came in (each set keeps its
+    least weight; rounding is monotone, so the result is an order's own weight)."""
+    k = len(items)
+    # the items each one must follow: its tensor dim's at higher order positions
+    after = [
+        sum(1 << j for j, y in enumerate(items) if y[2] == x[2] >= 0 and y[3] > x[3]) for x in items
+    ]
+    best: dict = {0: (0.0, 1)}  # a set (bit mask) -> (least weight, product of sizes)
+    for mask in range(1 << k):  # (every set before the sets holding it)
+        v = best.get(mask)
+        if v is None:
+            continue
+        w, prefix = v
+        for x in range(k):
+            if mask >> x & 1 or after[x] & ~mask:
+                continue
+            nxt = mask | 1 << x
+            nw = w + items[x][0] * prefix
+            old = best.get(nxt)
+            if old is None or nw < old[0]:
+                best[nxt] = (nw, prefix * items[x][1])
+    return best[(1 << k) - 1][0]
 
 
 def _weight(order) -> float:

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from meshplan.layout import Mesh
 from meshplan.placement import Partial, Replicate, Shard, Spec, StridedShard
 from meshplan.redistribute import CostModel, HardwareProfile
-from meshplan.redistribute._heuristic import _orders
+from meshplan.redistribute._heuristic import _keeps, _orders, _weight
 from meshplan.redistribute._planner import _state, _universe
 from meshplan.redistribute._search import _Context, search
 
@@ -295,6 +295,27 @@ def test_orders_keep_each_tensor_dims_shard_order():
         if all(not (x[2] == y[2] >= 0 and x[3] < y[3]) for i, x in enumerate(o) for y in o[i + 1 :])
     ]
     assert _orders(items) == (min(map(weight, orders)), min(map(weight, keeps)))
+
+
+@given(
+    st.lists(
+        st.tuples(
+            st.sampled_from([0.5, 1.0, 3.0, 2.5e-11, 7.3e-10]),
+            st.sampled_from([2, 3, 4, 8]),
+            st.integers(-1, 2),
+            st.integers(0, 3),
+        ),
+        min_size=1,
+        max_size=5,
+    )
+)
+def test_orders_equal_the_least_weight_over_every_order(items):
+    # the kept order's weight (a least weight over sets of items taken first) is exactly
+    # the least weight over every order that keeps each tensor dim's shard order
+    items = tuple(items)
+    orders = list(itertools.permutations(items))
+    kept = [o for o in orders if _keeps(o)]
+    assert _orders(items) == (min(map(_weight, orders)), min(map(_weight, kept)))
 
 
 def test_a_merged_reduction_is_priced_on_the_input_it_runs_on():
