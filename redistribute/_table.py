@@ -11,9 +11,9 @@ on most cheaply.
 Prices are tie-broken (``_search._tie``), so each pair has one cheapest plan: the walk
 returns exactly what the A* search returns. That makes the table a pure speed-up, built
 lazily once a context has planned :func:`lazy_pairs` pairs (more for bigger state
-spaces), whatever each process planned before. Building takes 0.1-6 ms on 1-3-D meshes
-over 2-D tensors and about 100 ms for the 4-D ones (536 states); a walk then costs a few
-microseconds per step.
+spaces), whatever each process planned before. Building takes 0.1-8 ms on 1-3-D meshes
+over 2-D tensors and 60-250 ms for the 4-D ones (261-536 states); a walk then costs a
+few microseconds per step.
 """
 
 from __future__ import annotations
@@ -42,8 +42,9 @@ of its state count."""
 def lazy_pairs(states: int) -> int:
     """How many pairs a context of ``states`` states plans by search before building its
     table: about as many as make the searches cost what the table does (a rent-or-buy
-    rule; a table costs about ``states / 8`` first searches: 0.4 ms vs 0.1 ms on a 2-D
-    mesh, 85-150 ms vs 1.5 ms on a 4-D one), at least 2 and at most 64.
+    rule; a table costs about ``states / 8`` searches: 0.5-0.9 ms vs 0.1-0.6 ms on a
+    2-D mesh, 60-250 ms vs 0.5-2 ms (a warm context) on a 4-D one), at least 2 and at
+    most 64.
 
     >>> lazy_pairs(18), lazy_pairs(92), lazy_pairs(536)
     (2, 11, 64)
