@@ -370,11 +370,13 @@ def _moves_to(args, start_state, goals: tuple):
     context's table (once it has planned enough pairs) or a search."""
     src, model, bound, objective, merge, shards, ptargets = args
     key = goals[0] if len(goals) == 1 else ("layout", goals)  # the pair's key in a family
-    setting = (src.mesh, src.shape, src.dtype, model, shards, ptargets, bound, objective, merge)
-    found = _SETTINGS.get(setting)
-    if found is None:
-        found = _SETTINGS[setting] = _setting(*setting)
-    fam, size, ctx = found
+    ctx = context(src.mesh, src.shape, src.dtype, model, shards, ptargets, bound, objective, merge)
+    fam = ctx.family
+    if fam is False:  # (not known yet: once per context)
+        fam = ctx.family = family_of(
+            src.mesh, src.shape, model, shards, ptargets, bound, objective, merge
+        )
+    size = ctx.total_bytes
     tab = built(ctx)
     if fam is not None and tab is None:
         moves = shared(fam, size, start_state, key)
@@ -400,20 +402,6 @@ def _moves_to(args, start_state, goals: tuple):
             return None
         states = ctx.states
         return [(states[i], trans, states[j]) for i, trans, j in found[1]]
-
-
-_SETTINGS: dict = {}  # a context's arguments -> (its family, its tensor's bytes, it)
-
-
-def _setting(mesh, shape, dtype, model, shards, ptargets, bound, objective, merge) -> tuple:
-    """The family, tensor bytes and search context of these arguments, looked up once
-    per setting rather than per plan."""
-    if len(_SETTINGS) >= 256:
-        _SETTINGS.clear()
-    fam = family_of(mesh, shape, model, shards, ptargets, bound, objective, merge)
-    size = dtype_itemsize(dtype) * math.prod(shape)
-    ctx = context(mesh, shape, dtype, model, shards, ptargets, bound, objective, merge)
-    return fam, size, ctx
 
 
 def _interned(ctx, goals: tuple):
@@ -616,7 +604,6 @@ def clear_plan_cache(*, tables: bool = True) -> None:
     _missed_merges.cache_clear()
     if tables:
         _STATES.clear()
-        _SETTINGS.clear()
         clear_tables()
         clear_contexts()
         clear_families()

@@ -129,6 +129,7 @@ class _Context(_Bounds):
         # the memo tables below are shared by every search on this context: one at a time
         self.lock = threading.Lock()
         self.tabled = None  # whether a plan table fits (``_table``), once known
+        self.family = False  # its family of sizes (``_family.family_of``), once known
         self.planned = 0  # pairs planned by search, towards building the table
         self.lazy = 0  # how many (``_table.lazy_pairs``), once the table is known to fit
         self._ids: dict = {}  # state -> id (states are hashed once, then ids are used)
