@@ -6,6 +6,7 @@ per-mesh-dim weights, latencies and launch prices set up there, and its memo tab
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 
@@ -643,7 +644,9 @@ class _Bounds:
         return piece(self.shape[d], links, (0,) * len(chain))
 
 
+@functools.lru_cache(maxsize=65536)
 def _sequences_uncached(gathers, scatters, more) -> tuple[float, float]:
+    # (a pure function of its items: shared by every context, e.g. a mesh's tensor shapes)
     free = kept = 0.0
     if gathers is not None or more:
         f, k = _orders(gathers + more if gathers is not None else more)

@@ -64,7 +64,7 @@ from ._exact import (
     piece_classes,
     tiny_dims,
 )
-from ._heuristic import ANY, SHARD_ANY, SUMAVG, R, _Bounds
+from ._heuristic import ANY, SHARD_ANY, SUMAVG, R, _Bounds, _sequences_uncached
 
 __all__ = [
     "R",
@@ -1013,6 +1013,7 @@ def clear_contexts() -> None:
     """Forget every search context (and so every memo table), and the shape-free moves."""
     _context.cache_clear()
     price_coefficients.cache_clear()
+    _sequences_uncached.cache_clear()
     _SINGLE_MOVES.clear()
     _HUBS.clear()
     _HUB_MEMBERS.clear()
