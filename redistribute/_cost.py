@@ -774,8 +774,13 @@ def cost(plan, model: CostModel | None = None) -> Cost:
     """
     from ._step import as_plan
 
-    model = as_model(model)
+    return _plan_cost(as_plan(plan, "cost"), as_model(model))
+
+
+@functools.lru_cache(maxsize=65536)
+def _plan_cost(plan, model: CostModel) -> Cost:
+    # (plans and models are frozen values: a plan's price is kept, as the plan is)
     total = Cost()
-    for step in as_plan(plan, "cost").steps:
+    for step in plan.steps:
         total = total + _step_price(step.src, step.dst, step.mesh_dims, step.collective, model)
     return total

@@ -63,7 +63,14 @@ from meshplan.placement import (
     same_layout,
 )
 
-from ._cost import OBJECTIVES, CostModel, as_model, collective_weight, padded_local_bytes
+from ._cost import (
+    OBJECTIVES,
+    CostModel,
+    _plan_cost,
+    as_model,
+    collective_weight,
+    padded_local_bytes,
+)
 from ._exact import exact_covers, piece_classes, tiny_dims
 from ._family import clear_families, extremes, family_of, record, shared
 from ._merge import merge_plan, warn_missed, warned
@@ -602,6 +609,7 @@ def clear_plan_cache(*, tables: bool = True) -> None:
     """
     _plan_cached.cache_clear()
     _missed_merges.cache_clear()
+    _plan_cost.cache_clear()
     if tables:
         _STATES.clear()
         clear_tables()
