@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping
 from typing import Any, Generic, TypeVar
 
+from meshplan.errors import MeshError
+
 K = TypeVar("K")
 V = TypeVar("V")
 
@@ -26,8 +28,6 @@ class FrozenMap(Mapping[K, V], Generic[K, V]):
     __slots__ = ("_data", "_hash")
 
     def __init__(self, data: Mapping[K, V] | Any = (), **kwargs: V) -> None:
-        from meshplan.errors import MeshError
-
         try:
             items = dict(data)
         except (TypeError, ValueError):
@@ -107,6 +107,19 @@ def frozen_map(value: Mapping | Any) -> FrozenMap:
     if isinstance(value, FrozenMap):
         return value
     return FrozenMap(value)
+
+
+def int_keyed_map(data: dict) -> FrozenMap:
+    """A :class:`FrozenMap` of ``data``, whose keys are ints in increasing order and whose
+    values are hashable, as its (internal) caller built it: taken without the checks,
+    sort and hash of the constructor (hashed when first asked)."""
+    m = object.__new__(FrozenMap)
+    m._data = data
+    m._hash = None
+    return m
+
+
+EMPTY_MAP: FrozenMap = FrozenMap()
 
 
 T = TypeVar("T", bound=type)

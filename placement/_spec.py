@@ -9,7 +9,7 @@ import attrs
 
 from meshplan.errors import PlacementError
 from meshplan.layout import FrozenMap, Mesh
-from meshplan.layout._frozen import identity_first_eq
+from meshplan.layout._frozen import EMPTY_MAP, identity_first_eq, int_keyed_map
 from meshplan.layout._ints import as_int, int_or_same
 
 from ._types import Partial, Placement, Replicate, Shard, StridedShard, dtype_name
@@ -89,7 +89,7 @@ class Spec:
     placements: tuple[Placement, ...] = attrs.field(converter=_placements)
     shape: tuple[int, ...] = attrs.field(converter=_shape)
     dtype: str = "float32"
-    shard_order: FrozenMap[int, tuple[int, ...]] = attrs.field(factory=FrozenMap, converter=_order)
+    shard_order: FrozenMap[int, tuple[int, ...]] = attrs.field(default=EMPTY_MAP, converter=_order)
 
     def __attrs_post_init__(self) -> None:
         if not isinstance(self.mesh, Mesh):
@@ -233,17 +233,21 @@ def _canonical_placements(
                         f"range for a {ndim}-D tensor; use a dim in [{-ndim}, {ndim})",
                         value=p,
                     )
-                d %= ndim
                 if mesh.shape[i] == 1:
-                    out.append(Replicate())
+                    out.append(_REPLICATE)
+                elif d >= 0 and (
+                    type(p) is Shard or (type(p) is StridedShard and p.split_factor > 1)
+                ):
+                    out.append(p)  # canonical already (a frozen value: shared)
                 elif isinstance(p, StridedShard) and p.split_factor > 1:
+                    d %= ndim
                     out.append(StridedShard(d, p.split_factor))
                 else:
-                    out.append(Shard(d))
+                    out.append(Shard(d % ndim))
             case Replicate():
                 out.append(p)
             case Partial():
-                out.append(Replicate() if mesh.shape[i] == 1 else p)
+                out.append(_REPLICATE if mesh.shape[i] == 1 else p)
             case _:
                 hint = " (convert torch placements with from_torch)" if _from_torch(p) else ""
                 raise PlacementError(
@@ -252,6 +256,9 @@ def _canonical_placements(
                     value=p,
                 )
     return tuple(out)
+
+
+_REPLICATE = Replicate()
 
 
 def _from_torch(p: object) -> bool:
@@ -341,4 +348,4 @@ def _canonical_order(
             )
         if kept:
             order[d] = kept
-    return FrozenMap(order)
+    return int_keyed_map(dict(sorted(order.items())))

@@ -52,6 +52,7 @@ import math
 
 from meshplan.errors import PlanError
 from meshplan.layout import FrozenMap, Mesh
+from meshplan.layout._frozen import int_keyed_map
 from meshplan.layout._ints import as_bool, as_int
 from meshplan.placement import (
     Partial,
@@ -146,10 +147,7 @@ def _placements(codes: tuple) -> tuple:
 @functools.lru_cache(maxsize=4096)
 def _order_map(chains: tuple) -> FrozenMap:
     """The shard-order map of a state's chains (frozen: specs share it)."""
-    order = object.__new__(FrozenMap)
-    object.__setattr__(order, "_data", {d: c for d, c in enumerate(chains) if c})
-    object.__setattr__(order, "_hash", None)
-    return order
+    return int_keyed_map({d: c for d, c in enumerate(chains) if c})
 
 
 def _step(dims: tuple[int, ...], src: Spec, dst: Spec, collective, alias=None) -> Step:
