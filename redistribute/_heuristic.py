@@ -251,7 +251,7 @@ class _Bounds:
         if gathers is None and scatters is None:
             seq = (0.0, 0.0)
         else:
-            seq = self._sequences(gathers, scatters, ())
+            seq = sequence_weights(gathers, scatters, ())
         bw_free, bw_kept = w_rest + seq[0], w_rest + seq[1]
         if bw_free:
             red_lat += min(o_gap * full, o_pen)
@@ -316,7 +316,7 @@ class _Bounds:
                         if o_gap:
                             v = o_gap * full / n
                             extra += v if v < o_pen else o_pen
-                        v = self._sequences(gathers, scatters, more) if more else seq
+                        v = sequence_weights(gathers, scatters, more) if more else seq
                         wf, wk = w + v[0], w + v[1]
                         v = extra + wf * full / n
                         if v < bw_free:
@@ -481,16 +481,6 @@ class _Bounds:
             v = self._group_memo[key] = (alone, count, w)
         return v
 
-    def _sequences(self, gathers, scatters, more) -> tuple[float, float]:
-        """The least bandwidth weight of the gather sequence (``gathers`` and the detour
-        dims ``more``) and the reduce-scatter sequence (``scatters``, counted from the
-        last), in any order and in one that keeps the shard orders (:func:`_orders`)."""
-        key = (gathers, scatters, more)
-        v = self._order_memo.get(key)
-        if v is None:
-            v = self._order_memo[key] = _sequences_uncached(gathers, scatters, more)
-        return v
-
     def _cover(self, smask: int, omask: int) -> int:
         """Collectives a plan needs at least for the dims of ``smask`` (each must gather
         or reduce: in a collective of its own or merged over an alias holding it) and
@@ -645,8 +635,11 @@ class _Bounds:
 
 
 @functools.lru_cache(maxsize=65536)
-def _sequences_uncached(gathers, scatters, more) -> tuple[float, float]:
-    # (a pure function of its items: shared by every context, e.g. a mesh's tensor shapes)
+def sequence_weights(gathers, scatters, more) -> tuple[float, float]:
+    """The least bandwidth weight of the gather sequence (``gathers`` and the detour
+    dims ``more``) and the reduce-scatter sequence (``scatters``, counted from the
+    last), in any order and in one that keeps the shard orders (:func:`_orders`). A pure
+    function of its items, so one memo serves every context (a mesh's tensor shapes)."""
     free = kept = 0.0
     if gathers is not None or more:
         f, k = _orders(gathers + more if gathers is not None else more)

@@ -64,7 +64,7 @@ from ._exact import (
     piece_classes,
     tiny_dims,
 )
-from ._heuristic import ANY, SHARD_ANY, SUMAVG, R, _Bounds, _sequences_uncached
+from ._heuristic import ANY, SHARD_ANY, SUMAVG, R, _Bounds, sequence_weights
 
 __all__ = [
     "R",
@@ -153,7 +153,6 @@ class _Context(_Bounds):
         self._h: dict = {}
         self._kept_bounds: dict = {}  # (state, goal) -> ``kept_bound`` (permutes out of it)
         self._covers: dict = {}  # the heuristic's collective counts (``_cover``)
-        self._order_memo: dict = {}  # the heuristic's gather and scatter orders (``_orders``)
         self._red_memo: dict = {}  # the heuristic's reduction weights (``_reduce_weight``)
         self._group_memo: dict = {}  # the heuristic's re-shard groups (``_group``)
         self._apart_memo: dict = {}  # the heuristic's collectives apart (``_apart``)
@@ -311,7 +310,6 @@ class _Context(_Bounds):
             self._exacts.clear()
             self._relabel_memo.clear()
             self._goal_info.clear()
-            self._order_memo.clear()
             self._red_memo.clear()
             self._group_memo.clear()
             self._apart_memo.clear()
@@ -1013,7 +1011,7 @@ def clear_contexts() -> None:
     """Forget every search context (and so every memo table), and the shape-free moves."""
     _context.cache_clear()
     price_coefficients.cache_clear()
-    _sequences_uncached.cache_clear()
+    sequence_weights.cache_clear()
     _SINGLE_MOVES.clear()
     _HUBS.clear()
     _HUB_MEMBERS.clear()

@@ -90,7 +90,7 @@ def _members(ctx, codes) -> list[list[int]]:
 def state_count(ctx) -> int:
     """How many states the context has (code assignments times shard orders)."""
     if len(ctx.active) > 4:
-        return MAX_STATES + 1  # never tabled: counting alone would be slow
+        return MAX_STATES + 1  # never tabled: 5+ active dims make too big a table
     return _count(len(ctx.active), tuple(ctx.ptargets), tuple(ctx.shards), ctx.ndim)
 
 
