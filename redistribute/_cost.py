@@ -777,9 +777,10 @@ def cost(plan, model: CostModel | None = None) -> Cost:
     return _plan_cost(as_plan(plan, "cost"), as_model(model))
 
 
-@functools.lru_cache(maxsize=65536)
+@functools.lru_cache(maxsize=4096)
 def _plan_cost(plan, model: CostModel) -> Cost:
-    # (plans and models are frozen values: a plan's price is kept, as the plan is)
+    # (plans and models are frozen values: a plan's price is kept as long as the plan
+    # cache keeps plans, so the memo holds no more plans than that cache does)
     total = Cost()
     for step in plan.steps:
         total = total + _step_price(step.src, step.dst, step.mesh_dims, step.collective, model)
