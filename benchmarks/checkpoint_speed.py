@@ -49,7 +49,7 @@ def _rank_task(rows: int, root: str, rounds: int) -> dict[str, list[float]]:
     from meshplan.checkpoint import load, save
     from meshplan.layout import Mesh
     from meshplan.placement import Shard, Sharded, Spec, shard_one
-    from meshplan.redistribute._groups import ProcessGroups
+    from meshplan.runtime._groups import ProcessGroups
 
     rank = dist.get_rank()
     x = _tensor(rows)
@@ -115,7 +115,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args()
 
-    from meshplan.redistribute._pool import WorkerPool
+    from meshplan.runtime._pool import WorkerPool
 
     rows_of = {mb: mb * 2**20 // (4 * COLS) for mb in args.sizes}
     results = []

@@ -104,7 +104,8 @@ def _bench(world, sizes, budget, rounds, model_name="nvlink_ib"):
 
     from meshplan.layout import Mesh
     from meshplan.placement import Spec, shard_one, to_torch
-    from meshplan.redistribute import ProcessGroups, plan, redistribute, run
+    from meshplan.redistribute import plan
+    from meshplan.runtime import ProcessGroups, redistribute, run
 
     torch.set_num_threads(1)
     rank = dist.get_rank()
@@ -113,7 +114,8 @@ def _bench(world, sizes, budget, rounds, model_name="nvlink_ib"):
     groups = ProcessGroups(mesh, timeout=120)
     groups.create_all()
     if model_name == "calibrated":
-        from meshplan.redistribute import CostModel, calibrate
+        from meshplan.redistribute import CostModel
+        from meshplan.runtime import calibrate
 
         model = CostModel(calibrate(groups))  # the same profile on every rank
     else:
@@ -235,7 +237,7 @@ def main(argv=None) -> int:
 
     import torch
 
-    from meshplan.redistribute import WorkerPool
+    from meshplan.runtime import WorkerPool
 
     sizes = SIZES["quick" if args.quick else "full"]
     budget, rounds = (0.05, 3) if args.quick else (0.1, 7)

@@ -133,11 +133,11 @@ def _make_dir(directory: str) -> None:
 
 
 def _check_groups(groups: Any) -> None:
-    from meshplan.redistribute import ProcessGroups
+    from meshplan.runtime import ProcessGroups
 
     if not isinstance(groups, ProcessGroups):
         raise CheckpointError(
-            f"groups={groups!r:.80} must be a meshplan.redistribute.ProcessGroups built on the "
+            f"groups={groups!r:.80} must be a meshplan.runtime.ProcessGroups built on the "
             "mesh (ProcessGroups(mesh)), or None",
             value=groups,
         )
@@ -340,7 +340,7 @@ def save(
 ) -> Metadata | None:
     """Save one rank's sharded tensors to the checkpoint directory ``path``; return its index.
 
-    With ``groups`` (a :class:`~meshplan.redistribute.ProcessGroups`), every rank of
+    With ``groups`` (a :class:`~meshplan.runtime.ProcessGroups`), every rank of
     ``groups.mesh`` calls ``save`` with its own state; each writes only the boxes it owns
     (one writer per replica), all wait for each other, and the rank at mesh coordinate 0
     commits the index. On a mesh over part of the world the other ranks call ``save``
@@ -638,7 +638,7 @@ def load(
     ``targets`` maps tensor names to the specs to load them as: any mesh, world size,
     placements, shard order or StridedShard, as long as the global shape and dtype are
     the saved ones (Partial targets get meshplan's canonical split). The rank comes
-    from ``groups`` (a :class:`~meshplan.redistribute.ProcessGroups`) or ``rank=``; no
+    from ``groups`` (a :class:`~meshplan.runtime.ProcessGroups`) or ``rank=``; no
     collective runs. Only chunks overlapping this rank's boxes are read; with ``verify``
     each is read whole once and its checksum checked.
 

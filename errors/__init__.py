@@ -11,6 +11,7 @@ True
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 __all__ = [
@@ -22,6 +23,8 @@ __all__ = [
     "CheckpointError",
     "MissingTensorError",
     "RuntimeShellError",
+    "WorkerError",
+    "MergeWarning",
 ]
 
 
@@ -62,3 +65,23 @@ class MissingTensorError(CheckpointError, KeyError):
 
 class RuntimeShellError(MeshplanError, RuntimeError):
     """A collective failed, timed out, or ranks disagreed at run time."""
+
+
+class WorkerError(RuntimeShellError):
+    """A worker-pool task failed on some ranks: it raised, its worker died, or it timed out.
+
+    ``errors`` maps each failed rank to its exception (the remote one, re-raised with the
+    remote traceback as ``__cause__``); ``results`` maps the other ranks to what they
+    returned.
+    """
+
+    def __init__(
+        self, message: str, *, errors: Mapping[int, BaseException], results: Mapping[int, Any]
+    ) -> None:
+        super().__init__(message, value=dict(errors))
+        self.errors = dict(errors)
+        self.results = dict(results)
+
+
+class MergeWarning(UserWarning):
+    """Like-kind collectives run one after another because the mesh lacks a flattened alias."""

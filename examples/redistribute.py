@@ -21,15 +21,8 @@ import torch.distributed as dist
 
 from meshplan.layout import Mesh
 from meshplan.placement import Partial, Replicate, Shard, Spec, shard
-from meshplan.redistribute import (
-    CostModel,
-    ProcessGroups,
-    WorkerPool,
-    calibrate,
-    plan,
-    redistribute,
-    run,
-)
+from meshplan.redistribute import CostModel, plan
+from meshplan.runtime import ProcessGroups, WorkerPool, calibrate, redistribute, run
 
 R, P, S = Replicate(), Partial(), Shard
 

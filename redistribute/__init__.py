@@ -1,8 +1,10 @@
 """meshplan.redistribute — plans that move a tensor from one layout to another.
 
 Decides the steps (collectives and local transforms), prices them, merges them onto
-flattened meshes, and simulates them on all ranks at once; a thin shell runs them on
-torch.distributed process groups. The planning part never imports torch.
+flattened meshes, and simulates them on all ranks at once. It never talks to other
+processes: the shell that runs plans on torch.distributed process groups is
+:mod:`meshplan.runtime`. Importing it loads neither torch nor numpy (only ``simulate``,
+which touches tensor values, imports torch, when it is first used).
 """
 
 from meshplan.errors import PlanError
@@ -15,21 +17,10 @@ from ._merge import MergeWarning, merge, reset_merge_warnings
 from ._planner import check_plannable, clear_plan_cache, plan
 from ._step import COLLECTIVES, Plan, Step, reduce_op
 
-# simulate touches tensor values, and the runtime shell imports torch.distributed:
-# imported only when they are used.
+# simulate touches tensor values: imported only when it is used.
 _LAZY = {
     "simulate": "_simulate",
     "simulate_step": "_simulate",
-    "Group": "_groups",
-    "ProcessGroups": "_groups",
-    "WorkerError": "_pool",
-    "WorkerPool": "_pool",
-    "calibrate": "_calibrate",
-    "run": "_run",
-    "run_step": "_run",
-    "prepare_groups": "_run",
-    "redistribute": "_run",
-    "grad_spec": "_run",
 }
 
 __getattr__ = lazy_attributes(__name__, _LAZY)
@@ -58,14 +49,4 @@ __all__ = [
     "transition_cost",
     "simulate",
     "simulate_step",
-    "Group",
-    "ProcessGroups",
-    "WorkerError",
-    "WorkerPool",
-    "calibrate",
-    "run",
-    "run_step",
-    "prepare_groups",
-    "redistribute",
-    "grad_spec",
 ]

@@ -27,7 +27,7 @@ from __future__ import annotations
 import itertools
 import warnings
 
-from meshplan.errors import PlanError
+from meshplan.errors import MergeWarning, PlanError
 from meshplan.layout._mesh import first_instance
 from meshplan.placement import Partial, Replicate, is_shard_like
 
@@ -39,10 +39,6 @@ __all__ = ["merge", "merge_plan", "MergeWarning", "reset_merge_warnings", "MERGE
 MERGEABLE = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all")
 
 _WARNED: set[tuple[int, ...]] = set()
-
-
-class MergeWarning(UserWarning):
-    """Like-kind collectives run one after another because the mesh lacks a flattened alias."""
 
 
 def reset_merge_warnings() -> None:

@@ -23,8 +23,6 @@ import itertools
 import math
 import threading
 
-import numpy as np
-
 from meshplan.errors import PlanError
 
 from ._search import SUMAVG, R, admits, is_pattern, mixable, state_order
@@ -127,6 +125,8 @@ def _states(ctx):
 
 
 def _build(ctx) -> Table:
+    import numpy as np  # Floyd-Warshall only: not loaded until a table is built
+
     ids = [ctx.intern(s) for s in _states(ctx)]
     index = {i: row for row, i in enumerate(ids)}
     n = len(ids)

@@ -138,9 +138,9 @@ def propagate_simulated(
 
 def _redistribute():
     try:
-        from meshplan.redistribute import redistribute
+        from meshplan.runtime import redistribute
     except ImportError:
-        from meshplan.redistribute._run import redistribute
+        from meshplan.runtime._run import redistribute
     return redistribute
 
 
@@ -155,7 +155,7 @@ def propagate(
     """Run ``op`` on this rank's :class:`~meshplan.placement.Sharded` inputs; Sharded output(s).
 
     Selects the cheapest strategy for the inputs' specs, redistributes each input that
-    needs it with ``meshplan.redistribute.redistribute`` over ``groups`` (every rank
+    needs it with ``meshplan.runtime.redistribute`` over ``groups`` (every rank
     must call this together, as with any collective), and runs the op locally.
     """
     from meshplan.placement import Sharded
@@ -177,7 +177,7 @@ def propagate(
         if same_layout(x.spec, dst):  # nothing moves (the specs may still differ)
             locals_.append(x.local)
             continue
-        from meshplan.redistribute import ProcessGroups
+        from meshplan.runtime import ProcessGroups
 
         if not isinstance(groups, ProcessGroups):
             raise StrategyError(

@@ -48,7 +48,7 @@ def fake_world():
 
 
 def _pool(world_size):
-    from meshplan.redistribute._pool import WorkerPool
+    from meshplan.runtime._pool import WorkerPool
 
     pool = WorkerPool(
         world_size, "gloo", timeout=60.0, pg_timeout=30.0, preload=("pytest", "hypothesis")

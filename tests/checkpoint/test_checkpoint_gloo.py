@@ -37,7 +37,7 @@ def _save(path, bad_rank=None, crash_commit=False):
 
     from meshplan.checkpoint import CheckpointError, save
     from meshplan.placement import Sharded, shard_one
-    from meshplan.redistribute._groups import ProcessGroups
+    from meshplan.runtime._groups import ProcessGroups
 
     rank = dist.get_rank()
     groups = ProcessGroups(MESH8)
@@ -62,7 +62,7 @@ def _load(path):
     import torch.distributed as dist
 
     from meshplan.checkpoint import load
-    from meshplan.redistribute._groups import ProcessGroups
+    from meshplan.runtime._groups import ProcessGroups
 
     groups = ProcessGroups(MESH4)
     got = load(path, TARGETS, groups)
@@ -118,8 +118,9 @@ def _save_on_a_stage_then_use_the_world(path):
 
     from meshplan.checkpoint import save
     from meshplan.placement import Partial, Sharded, shard_one
-    from meshplan.redistribute import plan, run
-    from meshplan.redistribute._groups import ProcessGroups
+    from meshplan.redistribute import plan
+    from meshplan.runtime import run
+    from meshplan.runtime._groups import ProcessGroups
 
     rank = dist.get_rank()
     stage = Mesh.create((2,), ("tp",), ranks=(0, 1))

@@ -338,13 +338,13 @@ def _bad_inputs():
 
     from meshplan.redistribute import (
         explain,
-        grad_spec,
         merge,
         reduce_op,
         simulate_step,
         step_cost,
         transition_cost,
     )
+    from meshplan.runtime import grad_spec
 
     mesh = Mesh.create((2, 2), ("a", "b"))
     a, b = spec(mesh, "S(0) R", (4, 4)), spec(mesh, "R R", (4, 4))

@@ -49,7 +49,7 @@ def _propagate_all():
     import torch.distributed as dist
 
     from meshplan.placement import Sharded
-    from meshplan.redistribute._groups import ProcessGroups
+    from meshplan.runtime._groups import ProcessGroups
     from meshplan.strategy import propagate
 
     rank = dist.get_rank()

@@ -36,9 +36,9 @@ import torch
 from meshplan.errors import RuntimeShellError
 
 from . import _collectives as C
-from ._cost import COLLECTIVES, FLATTENED, HardwareProfile, Link, link_terms
+from meshplan.redistribute._cost import COLLECTIVES, FLATTENED, HardwareProfile, Link, link_terms
 from ._groups import ProcessGroups
-from ._planner import alias_dims
+from meshplan.redistribute._planner import alias_dims
 
 __all__ = ["calibrate", "measure"]
 
@@ -59,7 +59,7 @@ def measure(
 
     The same dict on every rank of the mesh (each value the slowest rank's).
 
-    >>> measure.__name__   # runs collectives; see tests/redistribute/test_collectives.py
+    >>> measure.__name__   # runs collectives; see tests/runtime/test_collectives.py
     'measure'
     """
     if not isinstance(groups, ProcessGroups):
@@ -291,7 +291,7 @@ def calibrate(
     largest input per rank it times (4 MiB): the fit is best for steps up to about that
     size, so give the size of the tensors the plans will move.
 
-    >>> calibrate.__name__   # runs collectives; see tests/redistribute/test_collectives.py
+    >>> calibrate.__name__   # runs collectives; see tests/runtime/test_collectives.py
     'calibrate'
     """
     found = measure(groups, nbytes=nbytes, repeats=repeats, device=device)

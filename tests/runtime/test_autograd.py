@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 
 from meshplan.layout import Mesh
 from meshplan.placement import Partial, Replicate, Shard, Spec, shard, unshard
-from meshplan.redistribute._run import grad_spec, redistribute
+from meshplan.runtime._run import grad_spec, redistribute
 
 BATCH = 12
 NO_SHRINK = [Phase.explicit, Phase.reuse, Phase.generate]  # a failing batch prints its case
@@ -220,7 +220,8 @@ def _stage_backward_then_world(seed):
     # groups as documented. The backward of R -> S(0) (local) is an all_gather: its group
     # must exist on every rank already, or the world's next group waits under another name
     from meshplan.layout import Mesh as _Mesh
-    from meshplan.redistribute import ProcessGroups, plan, prepare_groups, run
+    from meshplan.redistribute import plan
+    from meshplan.runtime import ProcessGroups, prepare_groups, run
 
     rank = dist.get_rank()
     stage = _Mesh.create((2,), (f"tp{seed}",), ranks=(0, 1))

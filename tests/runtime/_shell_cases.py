@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from meshplan.layout import Mesh
 from meshplan.placement import Spec, shard_one
 from meshplan.redistribute import Plan
-from meshplan.redistribute._run import grad_spec
+from meshplan.runtime._run import grad_spec
 from meshplan.testing import mesh_dims, specs
 
 GROUP_TIMEOUT = 30.0
@@ -167,7 +167,7 @@ _GROUPS: dict[tuple[Mesh, float], object] = {}
 
 def groups_for(mesh: Mesh, timeout: float = GROUP_TIMEOUT):
     """This worker's ``ProcessGroups`` for ``mesh`` (one per mesh, kept across tasks)."""
-    from meshplan.redistribute._groups import ProcessGroups
+    from meshplan.runtime._groups import ProcessGroups
 
     key = (mesh, float(timeout))
     if key not in _GROUPS:
@@ -179,7 +179,7 @@ def run_here(plan: Plan, locals_: Mapping[int, torch.Tensor], timeout: float = G
     """Run ``plan`` on this rank (every rank of the world calls it): (output, contiguous)."""
     import torch.distributed as dist
 
-    from meshplan.redistribute._run import prepare_groups, run
+    from meshplan.runtime._run import prepare_groups, run
 
     groups = groups_for(plan.src.mesh, timeout)
     prepare_groups(plan, groups)

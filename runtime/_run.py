@@ -30,11 +30,11 @@ from meshplan.placement import Partial, Replicate, Spec, local_shape
 from meshplan.placement._tensor import reduction_dtype
 
 from . import _collectives as C
-from . import exchange as _exchange
+from meshplan.redistribute import exchange as _exchange
 from ._groups import Group, ProcessGroups
-from ._local_ops import apply_local, finish_reduce, pack, traced_as_constant, unpack_into
-from ._step import Plan, Step, reduce_op
-from .exchange import Segments, step_group
+from meshplan.redistribute._local_ops import apply_local, finish_reduce, pack, traced_as_constant, unpack_into
+from meshplan.redistribute._step import Plan, Step, reduce_op
+from meshplan.redistribute.exchange import Segments, step_group
 
 # the per-rank bookkeeping, kept as constants by torch.compile (see traced_as_constant)
 transfers_from = traced_as_constant(_exchange.transfers_from)
@@ -454,7 +454,7 @@ def grad_spec(spec: Spec) -> Spec:
 class _Redistribute(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, local, src, dst, groups, options):  # type: ignore[override]
-        from ._planner import plan
+        from meshplan.redistribute._planner import plan
 
         ctx.specs = (src, dst)
         ctx.groups = groups

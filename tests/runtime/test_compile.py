@@ -57,7 +57,7 @@ def _compile(fn, backend: str):
 def _compiled_cases(cases):
     import warnings
 
-    from meshplan.redistribute._run import redistribute, run
+    from meshplan.runtime._run import redistribute, run
 
     rank = dist.get_rank()
     out = []

@@ -13,9 +13,9 @@ from torch.testing import assert_close
 
 from meshplan.errors import RuntimeShellError
 from meshplan.layout import Mesh
-from meshplan.redistribute import _collectives as C
-from meshplan.redistribute._groups import Group, ProcessGroups
-from meshplan.redistribute._pool import WorkerDied, WorkerPool
+from meshplan.runtime import _collectives as C
+from meshplan.runtime._groups import Group, ProcessGroups
+from meshplan.runtime._pool import WorkerDied, WorkerPool
 from meshplan.testing import mesh_dims
 
 DTYPES = ["float32", "float64", "int64", "bfloat16"]
@@ -394,7 +394,7 @@ def test_a_group_of_one_needs_no_process_group():
 
 
 def _calibrate(mesh):
-    from meshplan.redistribute._calibrate import calibrate
+    from meshplan.runtime._calibrate import calibrate
 
     groups = ProcessGroups(mesh)
     return calibrate(groups, nbytes=1 << 16, repeats=3)
@@ -455,7 +455,7 @@ def test_calibrate_measures_each_collective_per_mesh_dim_and_agrees_across_ranks
 def test_calibrate_waits_for_queued_work_before_reading_the_clock(monkeypatch):
     # on an accelerator a collective returns once queued: a timing that did not wait for
     # it would measure launches only
-    from meshplan.redistribute import _calibrate as K
+    from meshplan.runtime import _calibrate as K
 
     waited = []
     monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: waited.append(device))
@@ -474,7 +474,7 @@ def test_calibrate_tells_the_launch_apart_from_the_per_hop_latency():
     # small all_gathers along each dim (1 and 2 hops) and over the whole mesh (3 hops),
     # timed as launch + hops * latency + bytes / bandwidth, give back the launch
     from meshplan.redistribute import HardwareProfile
-    from meshplan.redistribute import _calibrate as K
+    from meshplan.runtime import _calibrate as K
 
     shape = HardwareProfile()
     mesh = Mesh.create((2, 1, 4), ("dp", "one", "tp"))

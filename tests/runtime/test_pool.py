@@ -8,7 +8,7 @@ import torch
 import torch.distributed as dist
 
 from meshplan.errors import RuntimeShellError
-from meshplan.redistribute._pool import TaskTimeout, WorkerDied, WorkerError, WorkerPool
+from meshplan.runtime._pool import TaskTimeout, WorkerDied, WorkerError, WorkerPool
 
 # -- tasks (run on every rank) ------------------------------------------------------------
 

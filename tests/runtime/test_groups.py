@@ -12,9 +12,9 @@ from hypothesis import strategies as st
 
 from meshplan.errors import MeshError, RuntimeShellError
 from meshplan.layout import Mesh
-from meshplan.redistribute import _collectives as C
-from meshplan.redistribute._groups import Group, ProcessGroups
-from meshplan.redistribute._pool import WorkerPool
+from meshplan.runtime import _collectives as C
+from meshplan.runtime._groups import Group, ProcessGroups
+from meshplan.runtime._pool import WorkerPool
 from meshplan.testing import mesh_dims
 
 # -- tasks (run on every rank) ------------------------------------------------------------

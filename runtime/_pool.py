@@ -35,9 +35,9 @@ import weakref
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from meshplan.errors import RuntimeShellError
+from meshplan.errors import RuntimeShellError, WorkerError
 
-__all__ = ["WorkerError", "WorkerPool", "RemoteError"]
+__all__ = ["WorkerPool", "RemoteError"]
 
 _HOST = "127.0.0.1"
 _PRELOAD = (
@@ -45,26 +45,10 @@ _PRELOAD = (
     "torch",
     "torch.distributed",
     "meshplan.layout",
-    "meshplan.redistribute._pool",
-    "meshplan.redistribute._groups",
-    "meshplan.redistribute._collectives",
+    "meshplan.runtime._pool",
+    "meshplan.runtime._groups",
+    "meshplan.runtime._collectives",
 )
-
-
-class WorkerError(RuntimeShellError):
-    """A pool task failed on some ranks: it raised, its worker died, or it timed out.
-
-    ``errors`` maps each failed rank to its exception (the remote one, re-raised here
-    with the remote traceback as ``__cause__``); ``results`` maps the other ranks to what
-    they returned.
-    """
-
-    def __init__(
-        self, message: str, *, errors: Mapping[int, BaseException], results: Mapping[int, Any]
-    ) -> None:
-        super().__init__(message, value=dict(errors))
-        self.errors = dict(errors)
-        self.results = dict(results)
 
 
 class RemoteError(RuntimeShellError):

@@ -132,7 +132,7 @@ def _timeout(group: Group) -> datetime.timedelta:
 def all_reduce(tensor: torch.Tensor, group: Group, op: str = "sum") -> torch.Tensor:
     """Reduce ``tensor`` over the group with ``op``; every member gets the result.
 
-    >>> from meshplan.redistribute._groups import Group
+    >>> from meshplan.runtime._groups import Group
     >>> alone = Group("d0", ranks=(0,), pg_ranks=(0,), rank=0, pg=None)
     >>> all_reduce(torch.tensor([1, 5]), alone, "avg")
     tensor([1, 5])
@@ -159,7 +159,7 @@ def all_gather(
     equal to the local one); the other dims must agree on every member. Uneven pieces are
     padded on the wire and trimmed.
 
-    >>> from meshplan.redistribute._groups import Group
+    >>> from meshplan.runtime._groups import Group
     >>> alone = Group("d0", ranks=(3,), pg_ranks=(3,), rank=3, pg=None)
     >>> all_gather(torch.arange(4).view(2, 2), alone, dim=1)
     [tensor([[0, 1],
@@ -205,7 +205,7 @@ def all_gather_concat(
     Without padding or reordering (even sizes, dim 0, coordinate order equal to the torch
     group's order) the gathered buffer is returned as is, with no copy.
 
-    >>> from meshplan.redistribute._groups import Group
+    >>> from meshplan.runtime._groups import Group
     >>> alone = Group("d0", ranks=(0,), pg_ranks=(0,), rank=0, pg=None)
     >>> all_gather_concat(torch.ones(2), alone)
     tensor([1., 1.])
@@ -251,7 +251,7 @@ def reduce_scatter(
     (any shapes, equal on every member for the same position). Uneven blocks are padded
     with zeros on the wire.
 
-    >>> from meshplan.redistribute._groups import Group
+    >>> from meshplan.runtime._groups import Group
     >>> alone = Group("d0", ranks=(0,), pg_ranks=(0,), rank=0, pg=None)
     >>> reduce_scatter(torch.tensor([4.0, 6.0]), alone, "avg")
     tensor([4., 6.])
@@ -329,7 +329,7 @@ def all_to_all(
     ``recv_shapes[p]`` is the shape of the block position ``p`` sends to this rank
     (default: the shapes sent, for symmetric exchanges). One ``all_to_all_single`` call.
 
-    >>> from meshplan.redistribute._groups import Group
+    >>> from meshplan.runtime._groups import Group
     >>> alone = Group("d0", ranks=(0,), pg_ranks=(0,), rank=0, pg=None)
     >>> all_to_all([torch.arange(3)], alone)
     [tensor([0, 1, 2])]
@@ -375,7 +375,7 @@ def all_to_all_single(
     """Split ``tensor`` along ``dim`` by ``send_sizes`` (one piece per position), exchange,
     and concatenate the received pieces (``recv_sizes``) along ``dim`` in position order.
 
-    >>> from meshplan.redistribute._groups import Group
+    >>> from meshplan.runtime._groups import Group
     >>> alone = Group("d0", ranks=(0,), pg_ranks=(0,), rank=0, pg=None)
     >>> all_to_all_single(torch.arange(4).view(2, 2), alone, [2], [2], dim=1)
     tensor([[0, 1],
@@ -420,7 +420,7 @@ def exchange(
     own position are copied locally; empty messages are not sent. ``dtype``/``device``
     default to the first send's (a rank that only receives must give ``dtype``).
 
-    >>> from meshplan.redistribute._groups import Group
+    >>> from meshplan.runtime._groups import Group
     >>> alone = Group("d0", ranks=(0,), pg_ranks=(0,), rank=0, pg=None)
     >>> exchange([(0, torch.tensor([1, 2]))], [(0, (2,))], alone)
     [tensor([1, 2])]
@@ -493,7 +493,7 @@ def permute(
     ``recv_shape`` defaults to ``tensor``'s shape; ``dst``/``src`` may be None (send or
     receive nothing; then the result is None when nothing is received).
 
-    >>> from meshplan.redistribute._groups import Group
+    >>> from meshplan.runtime._groups import Group
     >>> alone = Group("d0", ranks=(0,), pg_ranks=(0,), rank=0, pg=None)
     >>> permute(torch.tensor([7]), alone, dst=0, src=0)
     tensor([7])

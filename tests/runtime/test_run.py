@@ -42,7 +42,7 @@ from meshplan.placement import (
     unshard,
 )
 from meshplan.redistribute import Plan, Step, plan, simulate
-from meshplan.redistribute._run import run
+from meshplan.runtime._run import run
 
 BATCH = 16
 

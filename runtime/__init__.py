@@ -1,0 +1,45 @@
+"""meshplan.runtime — the shell: runs plans and programs on torch.distributed process groups.
+
+It owns process groups (:class:`ProcessGroups`, one group per distinct rank set, created
+once), issues collectives in mesh-coordinate order, runs a :class:`~meshplan.redistribute.Plan`
+on this rank's local tensor (:func:`run`), makes that differentiable (:func:`redistribute`,
+whose backward plans from the gradient's derived layout), measures a hardware profile
+(:func:`calibrate`) and starts a world of local worker processes (:class:`WorkerPool`, what
+the examples and the test suite use to run on several ranks without a launcher). It never
+decides anything: every step it takes is described by a pure plan that the in-process
+simulator (:func:`meshplan.redistribute.simulate`) runs alike.
+
+Attributes are imported on first use, so ``import meshplan.runtime`` is cheap until a
+name that needs torch is touched.
+"""
+
+from meshplan.errors import RuntimeShellError, WorkerError
+from meshplan.layout._lazy import lazy_attributes
+
+_LAZY = {
+    "Group": "_groups",
+    "ProcessGroups": "_groups",
+    "WorkerPool": "_pool",
+    "calibrate": "_calibrate",
+    "run": "_run",
+    "run_step": "_run",
+    "prepare_groups": "_run",
+    "redistribute": "_run",
+    "grad_spec": "_run",
+}
+
+__getattr__ = lazy_attributes(__name__, _LAZY)
+
+__all__ = [
+    "Group",
+    "ProcessGroups",
+    "RuntimeShellError",
+    "WorkerError",
+    "WorkerPool",
+    "calibrate",
+    "grad_spec",
+    "prepare_groups",
+    "redistribute",
+    "run",
+    "run_step",
+]
