@@ -24,7 +24,12 @@ def _shape(value: Iterable[int]) -> tuple[int, ...]:
         raise PlacementError(
             f"global shape {value!r} is not a sequence of sizes; write e.g. (8, 4)", value=value
         )
-    return tuple(int_or_same(v) for v in value)
+    try:
+        return tuple(int_or_same(v) for v in value)
+    except TypeError:  # an iterable that refuses to iterate (a 0-d tensor or array)
+        raise PlacementError(
+            f"global shape {value!r} is not a sequence of sizes; write e.g. (8, 4)", value=value
+        ) from None
 
 
 def _placements(value: Iterable[Any]) -> tuple[Any, ...]:
@@ -106,6 +111,12 @@ class Spec:
                     f"are at most {_MAX_SIZE} (2**63 - 1)",
                     value=self.shape,
                 )
+        if self.numel() > _MAX_SIZE:
+            raise PlacementError(
+                f"global shape {self.shape!r} holds {self.numel()} elements, beyond int64; a "
+                f"torch tensor holds at most {_MAX_SIZE} (2**63 - 1): use smaller sizes",
+                value=self.shape,
+            )
         object.__setattr__(self, "dtype", dtype_name(self.dtype))
         placements = _canonical_placements(self.mesh, self.placements, len(self.shape))
         object.__setattr__(self, "placements", placements)

@@ -14,7 +14,7 @@ from meshplan.layout._ranks import short_repr
 
 from ._local import Intervals, check_coordinate, local_intervals
 from ._spec import Spec
-from ._types import Partial
+from ._types import Partial, Replicate
 
 __all__ = ["shard", "shard_one", "unshard", "gather_index", "partial_keeps", "reduction_dtype"]
 
@@ -105,11 +105,17 @@ def shard(tensor: torch.Tensor, spec: Spec) -> dict[int, torch.Tensor]:
     return {rank: _local(tensor, spec, rank) for rank in first_instance(spec.mesh)}
 
 
-def unshard(locals_: dict[int, torch.Tensor], spec: Spec) -> torch.Tensor:
+def unshard(
+    locals_: dict[int, torch.Tensor], spec: Spec, *, check: bool = True
+) -> torch.Tensor:
     """The global tensor from every rank's local tensor (Partial dims are reduced).
 
     A rank outside the mesh is refused; for a sliced mesh (a family of submeshes) the
-    first instance's locals are read and those of the other instances ignored.
+    first instance's locals are read and those of the other instances ignored. Ranks
+    that differ only along ``Replicate`` mesh dims hold one block: with ``check`` (the
+    default) their locals must agree (NaNs agreeing with NaNs) or a
+    :class:`PlacementError` names the two ranks; ``check=False`` reads the replica of
+    the lowest coordinate and skips the comparison.
 
     >>> from meshplan.layout import Mesh
     >>> from meshplan.placement import Partial
@@ -139,9 +145,11 @@ def unshard(locals_: dict[int, torch.Tensor], spec: Spec) -> torch.Tensor:
             )
     first = locals_[ranks[0]]
     pdims = spec.partial_dims
+    rdims = [i for i, p in enumerate(spec.placements) if isinstance(p, Replicate)]
     parts: dict[tuple[int, ...], torch.Tensor] = {}
     for rank in ranks:
         coord = spec.mesh.coordinate(rank)
+        assert coord is not None  # every rank of the first instance is in the mesh
         per_dim = local_intervals(spec, rank)
         local = locals_[rank]
         if not isinstance(local, torch.Tensor):
@@ -163,6 +171,14 @@ def unshard(locals_: dict[int, torch.Tensor], spec: Spec) -> torch.Tensor:
                 f"gives it {want}",
                 value=rank,
             )
+        if any(coord[i] for i in rdims):  # a replica of a block read before
+            if check:
+                held = list(coord)
+                for i in rdims:
+                    held[i] = 0
+                source = spec.mesh.rank_at(held, at=ranks[0])
+                _check_replica(spec, rank, source, locals_[source], local)
+            continue
         key = tuple(coord[i] for i in pdims)
         if key not in parts:
             parts[key] = torch.zeros(spec.shape, dtype=first.dtype, device=first.device)
@@ -179,6 +195,25 @@ def unshard(locals_: dict[int, torch.Tensor], spec: Spec) -> torch.Tensor:
     if ops == {"min"}:
         return torch.stack([parts[k] for k in sorted(parts)]).amin(0).to(dtype)
     return _sum_avg(parts, [spec.placements[i].op == "avg" for i in pdims]).to(dtype)
+
+
+def _check_replica(
+    spec: Spec, rank: int, source: int, held: torch.Tensor, local: torch.Tensor
+) -> None:
+    """Raise unless ``local`` (rank ``rank``'s) equals ``held`` (rank ``source``'s), the
+    replica it copies."""
+    if torch.equal(held, local):
+        return
+    if (held.is_floating_point() or held.is_complex()) and bool(
+        ((held == local) | (held.isnan() & local.isnan())).all()
+    ):
+        return
+    raise PlacementError(
+        f"rank {rank}'s local tensor differs from rank {source}'s, which it replicates in "
+        f"{spec}: replicas must hold equal values; fix the ranks that diverged, or pass "
+        "check=False to read the first replica",
+        value=rank,
+    )
 
 
 def reduction_dtype(dtype: torch.dtype) -> torch.dtype:
