@@ -137,7 +137,7 @@ def _profile(args) -> HardwareProfile:
     if args.profile is None:
         return _PROFILES[args.hardware](args)
     try:
-        with open(args.profile, encoding="utf-8") as f:
+        with open(args.profile, "rb") as f:  # from_json decodes (and names bad bytes)
             text = f.read()
     except OSError as e:
         raise argparse.ArgumentTypeError(f"--profile {args.profile!r}: {e.strerror}") from None

@@ -374,9 +374,15 @@ class HardwareProfile:
         :class:`~meshplan.errors.PlanError` names what is wrong with any other text."""
         try:
             data = json.loads(text)
-        except (TypeError, ValueError) as e:
+        except (TypeError, ValueError) as e:  # UnicodeDecodeError too
             raise PlanError(
-                f"a hardware profile is JSON text, got {str(text)[:60]!r}: {e}"
+                f"a hardware profile is JSON text (UTF-8), got {str(text)[:60]!r}: {e}"
+            ) from None
+        except RecursionError:
+            raise PlanError(
+                f"a hardware profile is a flat JSON object, got text nesting too deeply: "
+                f"{str(text)[:60]!r}",
+                value=str(text)[:60],
             ) from None
         if not isinstance(data, dict) or data.get(_FORMAT) != 1:
             raise PlanError(
