@@ -29,6 +29,14 @@ _LAZY = {
     "propagate_simulated": "_propagate",
     "OPS": "_reference",
     "run_local": "_reference",
+    "plan_program": "_program",
+    "plan_graph": "_program",
+    "Program": "_program",
+    "ProgramOp": "_program",
+    "ProgramCost": "_program",
+    "ProgramWarning": "_program",
+    "ComputeModel": "_program",
+    "grad_spec": "_program",
 }
 
 # the checker and propagate touch tensors: import torch only when they are used
@@ -37,6 +45,14 @@ __getattr__ = lazy_attributes(__name__, _LAZY)
 
 __all__ = [
     "METHODS",
+    "ComputeModel",
+    "Program",
+    "ProgramCost",
+    "ProgramOp",
+    "ProgramWarning",
+    "plan_graph",
+    "plan_program",
+    "grad_spec",
     "OPS",
     "Choice",
     "DimStrategy",

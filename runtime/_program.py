@@ -1,0 +1,251 @@
+"""Running a planned :class:`~meshplan.strategy.Program`: on process groups and simulated.
+
+:func:`run_program` runs on this rank's local tensors over :class:`ProcessGroups`: the
+forward calls and their moves when called, the backward calls when autograd asks for
+the arguments' gradients (one ``autograd.Function`` around the pair), so ``loss =
+run_program(...)`` then ``loss.backward()`` leaves each argument's gradient in that
+argument's own layout. :func:`simulate_program` is its twin for all ranks at once in
+one process (``dict`` rank -> tensor), running the same calls and the same plans through
+the simulator: the reference the tests compare with.
+
+Every step is decided by the program value; the runner only looks up the aten op,
+passes local tensors (and, where an argument holds the result's global shape, the
+rank's local shape), and runs the planned moves.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import torch
+
+from meshplan.errors import RuntimeShellError
+from meshplan.placement import Spec, local_shape, shard
+from meshplan.strategy._aten import SIZE_ARGS, TensorArg
+from meshplan.strategy._graph import TorchConst, Value
+from meshplan.strategy._program import Program, ProgramOp
+from meshplan.strategy._trace import to_torch_const
+
+__all__ = ["run_program", "simulate_program"]
+
+_VIEWS = {"view", "_unsafe_view"}
+
+
+def _target(op: ProgramOp):
+    _, name, overload = op.call.target.split(".")
+    return getattr(getattr(torch.ops.aten, name), overload)
+
+
+def _decode(value: Any, tensors: Sequence[Any], device: Any) -> Any:
+    if isinstance(value, TensorArg):
+        return tensors[value.index]
+    if isinstance(value, TorchConst):
+        return to_torch_const(value, device)
+    if isinstance(value, tuple):
+        return [_decode(v, tensors, device) for v in value]
+    return value
+
+
+def _local_call(op: ProgramOp, tensors: Sequence[torch.Tensor], rank: int, device: Any):
+    call = op.call
+    args = [_decode(a, tensors, device) for a in call.args]
+    kwargs = {k: _decode(v, tensors, device) for k, v in call.kwargs}
+    size = SIZE_ARGS.get(call.op)
+    if size is not None and op.output_specs and op.output_specs[0] is not None:
+        pos, dim = size
+        shape = list(local_shape(op.output_specs[0], rank))
+        local = shape if dim is None else shape[dim]
+        if pos < len(args):
+            args[pos] = local
+    if call.op in _VIEWS:
+        return tensors[0].reshape(args[1])
+    return _target(op)(*args, **kwargs)
+
+
+def _outputs(result: Any, op: ProgramOp) -> tuple[Any, ...]:
+    return tuple(result) if isinstance(result, tuple | list) else (result,)
+
+
+# -- one rank over process groups --------------------------------------------------------
+
+
+class _Shell:
+    def __init__(self, groups: Any) -> None:
+        from ._groups import ProcessGroups
+
+        if not isinstance(groups, ProcessGroups):
+            raise RuntimeShellError(
+                f"run_program runs on a meshplan.runtime.ProcessGroups, got {groups!r}; build "
+                "one with ProcessGroups(mesh) after torch.distributed is initialized",
+                value=groups,
+            )
+        self.groups = groups
+        self.rank = groups.rank
+        self.device = None
+
+    def move(self, plan: Any, value: torch.Tensor) -> torch.Tensor:
+        if plan is None:
+            return value
+        from ._run import run
+
+        return run(plan, value.contiguous(), self.groups)
+
+    def call(self, op: ProgramOp, tensors: Sequence[torch.Tensor]) -> tuple[Any, ...]:
+        device = tensors[0].device if tensors else self.device
+        return _outputs(_local_call(op, tensors, self.rank, device), op)
+
+
+class _Sim:
+    def __init__(self, program: Program) -> None:
+        self.ranks = tuple(program.arg_specs[0].mesh.ranks)
+
+    def move(self, plan: Any, value: dict[int, torch.Tensor]) -> dict[int, torch.Tensor]:
+        if plan is None:
+            return value
+        from meshplan.redistribute import simulate
+
+        return simulate(plan, {r: t.contiguous() for r, t in value.items()})
+
+    def call(self, op: ProgramOp, tensors: Sequence[dict[int, torch.Tensor]]):
+        per_rank = {}
+        for r in self.ranks:
+            local = [t[r] for t in tensors]
+            device = local[0].device if local else "cpu"
+            per_rank[r] = _outputs(_local_call(op, local, r, device), op)
+        n = len(next(iter(per_rank.values())))
+        return tuple({r: per_rank[r][j] for r in self.ranks} for j in range(n))
+
+
+def _run_ops(ops: Sequence[ProgramOp], env: dict[Value, Any], backend: Any) -> None:
+    for op in ops:
+        ins = [backend.move(p, env[v]) for p, v in zip(op.moves, op.inputs, strict=True)]
+        outs = backend.call(op, ins)
+        for j, o in enumerate(outs):
+            if j < len(op.output_specs) and op.output_specs[j] is not None:
+                env[Value(op.node, j)] = o
+
+
+def _grads(program: Program, env: dict[Value, Any], backend: Any, zeros) -> list[Any]:
+    out = []
+    for v, plan, spec in zip(program.graph.grads, program.grad_moves, program.grad_specs, strict=True):
+        if spec is None:
+            out.append(None)
+        elif v is None:
+            out.append(zeros(spec))
+        else:
+            out.append(backend.move(plan, env[v]))
+    return out
+
+
+# -- the simulator twin ---------------------------------------------------------------------
+
+
+def simulate_program(
+    program: Program,
+    *args: Mapping[int, torch.Tensor],
+    cotangents: Sequence[Mapping[int, torch.Tensor]] | None = None,
+) -> tuple[tuple[dict[int, torch.Tensor], ...], tuple[dict[int, torch.Tensor] | None, ...]]:
+    """Run ``program`` for every rank at once: (outputs, gradients), each rank -> tensor.
+
+    ``args`` hold every rank's local tensor of each argument (e.g. from
+    :func:`~meshplan.placement.shard`); ``cotangents`` the gradients arriving for the
+    outputs, in ``program.cot_specs`` (default: ones, the gradient of a loss).
+    """
+    _check_program(program)
+    if len(args) != len(program.arg_specs):
+        raise RuntimeShellError(
+            f"the program takes {len(program.arg_specs)} arguments, got {len(args)}", value=args
+        )
+    backend = _Sim(program)
+    env: dict[Value, Any] = {}
+    for k, a in zip(program.graph.args, args, strict=True):
+        env[Value(k)] = dict(a)
+    if cotangents is None:
+        cotangents = [
+            shard(torch.ones(s.shape, dtype=getattr(torch, s.dtype)), s) for s in program.cot_specs
+        ]
+    for k, c in zip(program.graph.cotangents, cotangents, strict=True):
+        env[Value(k)] = dict(c)
+    _run_ops(program.ops, env, backend)
+    outs = tuple(
+        backend.move(p, env[v]) for v, p in zip(program.graph.outputs, program.out_moves, strict=True)
+    )
+
+    def zeros(spec: Spec) -> dict[int, torch.Tensor]:
+        return shard(torch.zeros(spec.shape, dtype=getattr(torch, spec.dtype)), spec)
+
+    return outs, tuple(_grads(program, env, backend, zeros))
+
+
+# -- one rank, differentiable -----------------------------------------------------------
+
+
+class _RunProgram(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, program: Program, backend: _Shell, *locals_: torch.Tensor):  # type: ignore[override]
+        env: dict[Value, Any] = {}
+        for k, t in zip(program.graph.args, locals_, strict=True):
+            env[Value(k)] = t.detach()
+        _run_ops(program.forward_ops, env, backend)
+        outs = tuple(
+            backend.move(p, env[v])
+            for v, p in zip(program.graph.outputs, program.out_moves, strict=True)
+        )
+        ctx.program, ctx.backend, ctx.env = program, backend, env
+        ctx.devices = [t.device for t in locals_]
+        return outs
+
+    @staticmethod
+    def backward(ctx: Any, *gouts: torch.Tensor):  # type: ignore[override]
+        program, backend, env = ctx.program, ctx.backend, ctx.env
+        for k, g, spec in zip(program.graph.cotangents, gouts, program.cot_specs, strict=True):
+            if g is None:
+                g = torch.zeros(local_shape(spec, backend.rank), dtype=getattr(torch, spec.dtype))
+            env[Value(k)] = g.contiguous()
+        _run_ops(program.backward_ops, env, backend)
+
+        def zeros(spec: Spec) -> torch.Tensor:
+            return torch.zeros(local_shape(spec, backend.rank), dtype=getattr(torch, spec.dtype))
+
+        grads = _grads(program, env, backend, zeros)
+        ctx.env = None
+        return (None, None, *grads)
+
+
+def run_program(program: Program, groups: Any, *locals_: torch.Tensor) -> Any:
+    """Run ``program`` on this rank's local tensors over ``groups``; differentiable.
+
+    Returns the local outputs (one tensor, or a tuple for several), each in its
+    ``program.out_specs`` layout. Their backward runs the program's backward calls and
+    leaves each argument's gradient in the argument's own spec (``program.grad_specs``);
+    the gradient arriving for an output must be in ``program.cot_specs`` (a replicated
+    loss's ``loss.backward()`` is).
+    """
+    _check_program(program)
+    backend = _Shell(groups)
+    if len(locals_) != len(program.arg_specs):
+        raise RuntimeShellError(
+            f"the program takes {len(program.arg_specs)} local tensors, got {len(locals_)}",
+            value=locals_,
+        )
+    for i, (t, spec) in enumerate(zip(locals_, program.arg_specs, strict=True)):
+        if not isinstance(t, torch.Tensor):
+            raise RuntimeShellError(f"argument {i} is {t!r}, not a tensor", value=t)
+        want = tuple(local_shape(spec, backend.rank))
+        if tuple(t.shape) != want:
+            raise RuntimeShellError(
+                f"argument {i} has local shape {tuple(t.shape)} on rank {backend.rank}, but "
+                f"{spec} gives it {want}; pass this rank's shard of the argument",
+                value=t,
+            )
+    outs = _RunProgram.apply(program, backend, *locals_)
+    return outs[0] if len(outs) == 1 else outs
+
+
+def _check_program(program: Any) -> None:
+    if not isinstance(program, Program):
+        raise RuntimeShellError(
+            f"expected a Program from meshplan.strategy.plan_program, got {program!r}",
+            value=program,
+        )

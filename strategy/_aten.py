@@ -1,0 +1,460 @@
+"""Single-mesh-dim rules for the aten ops a traced program holds (pure, no torch).
+
+A traced program (:func:`~meshplan.strategy.plan_program`) is a graph of aten calls,
+forward and backward alike: ``aten.mm.default``, ``aten.view.default``,
+``aten.native_layer_norm_backward.default`` … :func:`aten_strategies` gives each call's
+strategies on ONE mesh dim, in the same :class:`DimStrategy` form the op-name rules use
+(it reuses them where an aten op is one of those ops with other argument names), from
+the call's :class:`Call` — its tensor inputs' and outputs' metadata, its other
+arguments, and its aten tags. Every rule lists only strategies where each rank running
+the very same aten op on its local tensors computes its part of the result, so a
+program runs as local aten calls and redistributions, nothing else.
+
+Ops with no rule get ``None``: the program falls back to full replication for them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import attrs
+
+from meshplan.placement import Partial, Replicate
+
+from ._rule import DimStrategy, Meta, Placeholder
+from ._ruleset import RuleSet
+
+__all__ = ["Call", "aten_strategies", "has_rule", "SIZE_ARGS"]
+
+R = Replicate()
+PSUM = Partial("sum")
+
+
+@attrs.frozen
+class Call:
+    """One aten call as a rule sees it: metadata of tensor inputs and outputs, other args.
+
+    ``inputs`` and ``outputs`` hold a :class:`Meta` per tensor (inputs in argument order,
+    non-tensor arguments skipped; an output that is not a tensor is None); ``args`` the
+    call's arguments by position with tensors replaced by their input index wrapped in
+    :class:`TensorArg`; ``tags`` the op's aten tags (``"pointwise"`` …).
+
+    >>> c = Call("aten.mm.default", (Meta((4, 3)), Meta((3, 2))), (Meta((4, 2)),),
+    ...          (TensorArg(0), TensorArg(1)), {}, frozenset())
+    >>> [str(s) for s in aten_strategies(c)][:2]
+    ['S?(0), R -> S?(0)', 'R, S?(1) -> S?(1)']
+    """
+
+    target: str
+    inputs: tuple[Meta, ...] = attrs.field(converter=tuple)
+    outputs: tuple[Meta | None, ...] = attrs.field(converter=tuple)
+    args: tuple[Any, ...] = attrs.field(converter=tuple)
+    kwargs: Any = attrs.field(converter=lambda d: tuple(sorted(dict(d).items())))
+    tags: frozenset[str] = attrs.field(converter=frozenset)
+
+    @property
+    def op(self) -> str:
+        """The overload packet's name: ``"mm"`` for ``aten.mm.default``."""
+        return self.target.split(".")[1]
+
+    def arg(self, i: int, name: str, default: Any = None) -> Any:
+        if i < len(self.args):
+            return self.args[i]
+        return dict(self.kwargs).get(name, default)
+
+
+@attrs.frozen
+class TensorArg:
+    """Stands for the ``index``-th tensor input among a call's arguments."""
+
+    index: int
+
+
+# arguments holding the result's global shape: a rank passes its local shape instead
+SIZE_ARGS: dict[str, tuple[int, int | None]] = {
+    # op: (argument position, output tensor dim or None for the whole shape)
+    "view": (1, None),
+    "_unsafe_view": (1, None),
+    "reshape": (1, None),
+    "expand": (1, None),
+    "new_zeros": (1, None),
+    "new_ones": (1, None),
+    "new_empty": (1, None),
+    "new_full": (1, None),
+    "full": (0, None),
+    "zeros": (0, None),
+    "ones": (0, None),
+    "empty": (0, None),
+    "embedding_dense_backward": (2, 0),
+}
+
+
+def _named(op: str, call: Call, **args: Any) -> list[DimStrategy]:
+    return list(RuleSet.default()[op].strategies(call.inputs, **args))
+
+
+def _sums_only(strategies: Sequence[DimStrategy]) -> list[DimStrategy]:
+    """Programs keep Partial(sum) (what backward passes produce) and drop other ops."""
+    out = []
+    for s in strategies:
+        kinds = {p.op for p in s.entries if isinstance(p, Partial)}
+        if kinds <= {"sum"}:
+            out.append(s)
+    return out
+
+
+def _norm(d: int, nd: int) -> int:
+    return d % nd if nd else 0
+
+
+# -- pointwise ----------------------------------------------------------------------------
+
+
+_LINEAR_UNARY = {"neg", "clone", "detach", "alias", "lift_fresh_copy", "_to_copy", "to"}
+_KEEPS_SUM_BINARY = {
+    # op: positions that may be Partial(sum) while the others are Replicate (or both)
+    "add": "both",
+    "sub": "both",
+    "mul": "either",
+    "div": "first",
+}
+
+
+def _pointwise(call: Call) -> list[DimStrategy]:
+    out_meta = call.outputs[0]
+    if out_meta is None:
+        return []
+    nd = out_meta.ndim
+    outs: list[DimStrategy] = []
+    n_out = sum(1 for m in call.outputs if m is not None)
+    for d in range(nd):
+        ins = []
+        for m in call.inputs:
+            k = d - (nd - m.ndim)
+            ins.append(Placeholder(k) if k >= 0 and m.shape[k] == out_meta.shape[d] else R)
+        if any(isinstance(p, Placeholder) for p in ins):
+            outs.append(DimStrategy([Placeholder(d)] * n_out, ins))
+    op = call.op
+    n = len(call.inputs)
+    if n_out != 1:
+        return outs
+    if op in _LINEAR_UNARY and n == 1:
+        outs.append(DimStrategy([PSUM], [PSUM]))
+    elif op in _KEEPS_SUM_BINARY and n == 2:
+        how = _KEEPS_SUM_BINARY[op]
+        if how == "both":
+            outs.append(DimStrategy([PSUM], [PSUM, PSUM]))
+        elif how == "either":
+            outs.append(DimStrategy([PSUM], [PSUM, R]))
+            outs.append(DimStrategy([PSUM], [R, PSUM]))
+        else:
+            outs.append(DimStrategy([PSUM], [PSUM, R]))
+    elif op in ("mul", "div") and n == 1 and _scalar_other(call):
+        outs.append(DimStrategy([PSUM], [PSUM]))
+    elif op == "sum" and n == 1:
+        outs.append(DimStrategy([PSUM], [PSUM]))
+    return outs
+
+
+def _scalar_other(call: Call) -> bool:
+    other = call.arg(1, "other")
+    return isinstance(other, int | float) and not isinstance(other, bool)
+
+
+# -- shape ops ------------------------------------------------------------------------------
+
+
+def _view(call: Call) -> list[DimStrategy]:
+    shape = call.outputs[0].shape
+    return _sums_only(_named("view", call, shape=tuple(shape)))
+
+
+def _transpose(call: Call) -> list[DimStrategy]:
+    nd = call.inputs[0].ndim
+    if call.op == "t":
+        if nd < 2:
+            return _identity(call)
+        d0, d1 = 0, 1
+    else:
+        d0, d1 = _norm(call.arg(1, "dim0"), nd), _norm(call.arg(2, "dim1"), nd)
+    perm = list(range(nd))
+    perm[d0], perm[d1] = perm[d1], perm[d0]
+    return _permutation(perm)
+
+
+def _permute(call: Call) -> list[DimStrategy]:
+    nd = call.inputs[0].ndim
+    return _permutation([_norm(d, nd) for d in call.arg(1, "dims")])
+
+
+def _permutation(perm: Sequence[int]) -> list[DimStrategy]:
+    out = [DimStrategy([Placeholder(o)], [Placeholder(i)]) for o, i in enumerate(perm)]
+    out.append(DimStrategy([PSUM], [PSUM]))
+    return out
+
+
+def _identity(call: Call) -> list[DimStrategy]:
+    nd = call.inputs[0].ndim
+    out = [DimStrategy([Placeholder(d)], [Placeholder(d)]) for d in range(nd)]
+    out.append(DimStrategy([PSUM], [PSUM]))
+    return out
+
+
+def _unsqueeze(call: Call) -> list[DimStrategy]:
+    nd = call.inputs[0].ndim
+    at = _norm(call.arg(1, "dim"), nd + 1)
+    out = []
+    for d in range(nd):
+        out.append(DimStrategy([Placeholder(d if d < at else d + 1)], [Placeholder(d)]))
+    out.append(DimStrategy([PSUM], [PSUM]))
+    return out
+
+
+def _squeeze(call: Call) -> list[DimStrategy]:
+    src, dst = call.inputs[0].shape, call.outputs[0].shape
+    # map every kept input dim to its output dim (squeezed dims have size 1)
+    dims = call.arg(1, "dim")
+    if dims is None:
+        gone = {d for d, n in enumerate(src) if n == 1}
+    else:
+        dims = (dims,) if isinstance(dims, int) else tuple(dims)
+        gone = {_norm(d, len(src)) for d in dims if src[_norm(d, len(src))] == 1}
+    out, o = [], 0
+    for d in range(len(src)):
+        if d in gone:
+            continue
+        out.append(DimStrategy([Placeholder(o)], [Placeholder(d)]))
+        o += 1
+    assert o == len(dst) or not dst
+    out.append(DimStrategy([PSUM], [PSUM]))
+    return out
+
+
+def _expand(call: Call) -> list[DimStrategy]:
+    src, dst = call.inputs[0].shape, call.outputs[0].shape
+    lead = len(dst) - len(src)
+    out = []
+    for d, n in enumerate(src):
+        if n == dst[lead + d]:
+            out.append(DimStrategy([Placeholder(lead + d)], [Placeholder(d)]))
+    return out
+
+
+# -- reductions ----------------------------------------------------------------------------
+
+
+def _reduce_dims(call: Call) -> tuple[set[int], bool]:
+    nd = call.inputs[0].ndim
+    if call.target.endswith(".default") and call.op == "sum":
+        return set(range(nd)), False
+    dims = call.arg(1, "dim")
+    keep = bool(call.arg(2, "keepdim", False))
+    if dims is None or (isinstance(dims, list | tuple) and len(dims) == 0):
+        return set(range(nd)), keep
+    dims = (dims,) if isinstance(dims, int) else tuple(dims)
+    return {_norm(d, nd) for d in dims}, keep
+
+
+def _reduction(call: Call) -> list[DimStrategy]:
+    nd = call.inputs[0].ndim
+    gone, keep = _reduce_dims(call)
+    out, o = [], 0
+    linear = call.op == "sum"
+    for d in range(nd):
+        if d in gone:
+            if linear:
+                out.append(DimStrategy([PSUM], [Placeholder(d)]))
+            if keep:
+                o += 1
+            continue
+        out.append(DimStrategy([Placeholder(o)], [Placeholder(d)]))
+        o += 1
+    if linear:
+        out.append(DimStrategy([PSUM], [PSUM]))
+    return out
+
+
+def _along(call: Call, dim: int, n_in: int | None = None) -> list[DimStrategy]:
+    """Shard any dim but ``dim`` on every tensor input and output alike (same ndim)."""
+    nd = call.outputs[0].ndim
+    dim = _norm(dim, nd)
+    n_out = sum(1 for m in call.outputs if m is not None)
+    n_in = len(call.inputs) if n_in is None else n_in
+    return [
+        DimStrategy([Placeholder(d)] * n_out, [Placeholder(d)] * n_in)
+        for d in range(nd)
+        if d != dim
+    ]
+
+
+def _softmax(call: Call) -> list[DimStrategy]:
+    return _along(call, call.arg(1, "dim"))
+
+
+def _softmax_backward(call: Call) -> list[DimStrategy]:
+    return _along(call, call.arg(2, "dim"))
+
+
+def _gather(call: Call) -> list[DimStrategy]:
+    # gather(self, dim, index) / scatter(self, dim, index, value|src): other dims alike,
+    # where index spans self's size there
+    x, idx = call.inputs[0], call.inputs[1]
+    dim = _norm(call.arg(1, "dim"), x.ndim)
+    out = []
+    for d in range(x.ndim):
+        if d == dim or idx.shape[d] != x.shape[d]:
+            continue
+        out.append(DimStrategy([Placeholder(d)], [Placeholder(d)] * len(call.inputs)))
+    return out
+
+
+# -- matrix products, embedding, normalization, attention ---------------------------------
+
+
+def _mm(call: Call) -> list[DimStrategy]:
+    return _sums_only(_named(call.op, call))
+
+
+def _addmm(call: Call) -> list[DimStrategy]:
+    return _sums_only(_named("addmm", call, beta=call.arg(3, "beta", 1), alpha=call.arg(4, "alpha", 1)))
+
+
+def _embedding(call: Call) -> list[DimStrategy]:
+    # aten.embedding(weight, indices); the named rule reads (indices, weight)
+    swapped = Call(
+        call.target, (call.inputs[1], call.inputs[0]), call.outputs, (), {}, call.tags
+    )
+    out = []
+    for s in _sums_only(_named("embedding", swapped)):
+        if any(isinstance(p, Partial) for p in s.inputs):
+            continue  # partial weights: a sum of lookups, kept out of programs for clarity
+        out.append(DimStrategy(s.outputs, (s.inputs[1], s.inputs[0])))
+    return out
+
+
+def _embedding_backward(call: Call) -> list[DimStrategy]:
+    grad, idx = call.inputs
+    out = [DimStrategy([PSUM], [Placeholder(d), Placeholder(d)]) for d in range(idx.ndim)]
+    out.append(DimStrategy([Placeholder(1)], [Placeholder(grad.ndim - 1), R]))
+    out.append(DimStrategy([PSUM], [PSUM, R]))
+    return out
+
+
+def _layer_norm(call: Call) -> list[DimStrategy]:
+    x = call.inputs[0]
+    k = len(call.arg(1, "normalized_shape"))
+    n_out = len(call.outputs)
+    rest = [R] * (len(call.inputs) - 1)
+    return [
+        DimStrategy([Placeholder(d)] * n_out, [Placeholder(d)] + rest) for d in range(x.ndim - k)
+    ]
+
+
+def _layer_norm_backward(call: Call) -> list[DimStrategy]:
+    # (grad_out, input, normalized_shape, mean, rstd, weight, bias, output_mask)
+    x = call.inputs[1]
+    k = len(call.arg(2, "normalized_shape"))
+    outs = []
+    for d in range(x.ndim - k):
+        o = []
+        for j, m in enumerate(call.outputs):
+            o.append(Placeholder(d) if j == 0 else PSUM)
+        ins = [Placeholder(d)] * 4 + [R] * (len(call.inputs) - 4)
+        outs.append(DimStrategy(o, ins))
+    return outs
+
+
+def _sdpa(call: Call) -> list[DimStrategy]:
+    # q, k, v (and an optional mask broadcast over batch/heads) sharded on batch or heads
+    n_out = len(call.outputs)
+    out = []
+    for d in (0, 1):
+        ins = []
+        for m in call.inputs:
+            ins.append(Placeholder(d) if m.ndim == 4 and m.shape[d] == call.inputs[0].shape[d] else R)
+        o = [Placeholder(d) if m is not None and m.ndim >= 2 else R for m in call.outputs]
+        out.append(DimStrategy(o[:n_out], ins))
+    return out
+
+
+def _like(call: Call) -> list[DimStrategy]:
+    # ones_like / zeros_like / full_like / empty_like: the input's shards, never its sums
+    nd = call.inputs[0].ndim
+    out = [DimStrategy([Placeholder(d)], [Placeholder(d)]) for d in range(nd)]
+    out.append(DimStrategy([R], [PSUM]))
+    return out
+
+
+def _factory(call: Call) -> list[DimStrategy]:
+    # scalar_tensor, full, zeros, ones, empty: any shard of the result (its local shape)
+    m = call.outputs[0]
+    if call.op == "scalar_tensor":
+        return []
+    return [DimStrategy([Placeholder(d)], []) for d in range(m.ndim)]
+
+
+_RULES: dict[str, Callable[[Call], list[DimStrategy]]] = {
+    "mm": _mm,
+    "bmm": _mm,
+    "addmm": _addmm,
+    "t": _transpose,
+    "transpose": _transpose,
+    "permute": _permute,
+    "view": _view,
+    "_unsafe_view": _view,
+    "reshape": _view,
+    "unsqueeze": _unsqueeze,
+    "squeeze": _squeeze,
+    "expand": _expand,
+    "clone": _identity,
+    "detach": _identity,
+    "alias": _identity,
+    "lift_fresh_copy": _identity,
+    "contiguous": _identity,
+    "sum": _reduction,
+    "mean": _reduction,
+    "amax": _reduction,
+    "amin": _reduction,
+    "_softmax": _softmax,
+    "_log_softmax": _softmax,
+    "_softmax_backward_data": _softmax_backward,
+    "_log_softmax_backward_data": _softmax_backward,
+    "gather": _gather,
+    "scatter": _gather,
+    "embedding": _embedding,
+    "embedding_dense_backward": _embedding_backward,
+    "native_layer_norm": _layer_norm,
+    "native_layer_norm_backward": _layer_norm_backward,
+    "_scaled_dot_product_flash_attention_for_cpu": _sdpa,
+    "_scaled_dot_product_flash_attention_for_cpu_backward": _sdpa,
+    "_scaled_dot_product_efficient_attention": _sdpa,
+    "_scaled_dot_product_efficient_attention_backward": _sdpa,
+    "_scaled_dot_product_flash_attention": _sdpa,
+    "_scaled_dot_product_flash_attention_backward": _sdpa,
+    "ones_like": _like,
+    "zeros_like": _like,
+    "empty_like": _like,
+    "full_like": _like,
+    "_to_copy": _pointwise,
+    "scalar_tensor": _factory,
+    "full": _factory,
+    "zeros": _factory,
+    "ones": _factory,
+    "empty": _factory,
+}
+
+
+def has_rule(call: Call) -> bool:
+    """Whether ``call`` has a rule (its own, or the generic one of pointwise ops)."""
+    return call.op in _RULES or "pointwise" in call.tags
+
+
+def aten_strategies(call: Call) -> list[DimStrategy] | None:
+    """The call's strategies on one mesh dim (full replication not included); None: no rule."""
+    rule = _RULES.get(call.op)
+    if rule is None and "pointwise" in call.tags:
+        rule = _pointwise
+    if rule is None:
+        return None
+    return rule(call)

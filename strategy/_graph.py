@@ -1,0 +1,106 @@
+"""A traced program as a pure value: :class:`Graph` of :class:`Node` s (no torch).
+
+The tracer (:mod:`meshplan.strategy._trace`) turns a function of global tensors into
+this value: one node per argument, per incoming gradient (cotangent) and per aten call
+of the joint forward-and-backward computation. Non-tensor constants that name torch
+objects (dtypes, devices, layouts, memory formats) are kept as :class:`TorchConst`, so
+the graph hashes, compares and pickles without torch.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+import attrs
+
+from meshplan.errors import StrategyError
+
+from ._aten import Call, TensorArg
+from ._rule import Meta
+
+__all__ = ["Value", "Node", "Graph", "TorchConst", "TensorArg"]
+
+Kind = Literal["arg", "cotangent", "call"]
+Phase = Literal["forward", "backward"]
+
+
+@attrs.frozen
+class Value:
+    """Output ``index`` of node ``node``."""
+
+    node: int
+    index: int = 0
+
+    def __str__(self) -> str:
+        return f"%{self.node}" + (f".{self.index}" if self.index else "")
+
+
+@attrs.frozen
+class TorchConst:
+    """A torch constant by name: ``TorchConst("dtype", "float32")``, ``("device", "cpu")``."""
+
+    kind: str
+    name: str
+
+
+@attrs.frozen
+class Node:
+    """An argument, a cotangent (the gradient arriving for an output) or an aten call.
+
+    ``inputs`` are the values feeding the call's tensor inputs, in order; ``metas`` the
+    node's outputs (one for arguments and cotangents).
+    """
+
+    kind: Kind
+    name: str
+    metas: tuple[Meta | None, ...] = attrs.field(converter=tuple)
+    inputs: tuple[Value, ...] = attrs.field(default=(), converter=tuple)
+    call: Call | None = None
+    phase: Phase = "forward"
+
+
+@attrs.frozen
+class Graph:
+    """A joint forward/backward program over global tensors.
+
+    ``outputs`` are the function's results; ``grads`` the gradient of each argument
+    (None where the argument is not differentiated or does not reach the outputs).
+    Nodes are in a topological order; arguments come first, then cotangents.
+    """
+
+    nodes: tuple[Node, ...] = attrs.field(converter=tuple)
+    outputs: tuple[Value, ...] = attrs.field(converter=tuple)
+    grads: tuple[Value | None, ...] = attrs.field(converter=tuple)
+
+    @property
+    def args(self) -> tuple[int, ...]:
+        return tuple(i for i, n in enumerate(self.nodes) if n.kind == "arg")
+
+    @property
+    def cotangents(self) -> tuple[int, ...]:
+        return tuple(i for i, n in enumerate(self.nodes) if n.kind == "cotangent")
+
+    @property
+    def calls(self) -> tuple[int, ...]:
+        return tuple(i for i, n in enumerate(self.nodes) if n.kind == "call")
+
+    def meta(self, v: Value) -> Meta:
+        m = self.nodes[v.node].metas[v.index]
+        if m is None:
+            raise StrategyError(f"value {v} of the program is not a tensor", value=v)
+        return m
+
+    def consumers(self) -> dict[Value, list[tuple[int, int]]]:
+        """Each value's readers as (node, input position)."""
+        out: dict[Value, list[tuple[int, int]]] = {}
+        for i, n in enumerate(self.nodes):
+            for k, v in enumerate(n.inputs):
+                out.setdefault(v, []).append((i, k))
+        return out
+
+
+def freeze_arg(value: Any) -> Any:
+    """Lists as tuples (recursively); other values as they are."""
+    if isinstance(value, list | tuple):
+        return tuple(freeze_arg(v) for v in value)
+    return value

@@ -1,0 +1,552 @@
+"""Whole programs: :func:`plan_program` and the :class:`Program` value.
+
+A program is a function of global tensors traced into aten calls, forward and backward
+together (:mod:`._trace`). Each call's candidate N-D strategies come from its
+single-mesh-dim rules (:mod:`._aten`) combined over the mesh; each candidate costs its
+local compute (:class:`ComputeModel`) plus the redistributions into it, priced by the
+planner's cost model — from the arguments' specs, from the producers' chosen output
+specs, and out of it to the program's output specs and to each argument's gradient
+spec. The cheapest assignment over the whole graph is found by :func:`._solve.solve`
+(exact dynamic programming where the graph allows, else a forest bound plus local
+search, with the gap reported).
+
+Gradient layouts follow by construction: the backward calls are ops like any other,
+and each argument's gradient is moved to the argument's own layout (:func:`grad_spec`
+of it: a Partial argument gets a replicated gradient, Shard and Replicate keep), so a
+parameter stored ``Shard`` on the data-parallel dim gets its partial gradient
+reduce-scattered once, and a row-parallel partial sum is reduced once.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import warnings
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import attrs
+
+from meshplan.errors import PlacementError, StrategyError
+from meshplan.placement import Partial, Replicate, Shard, Spec, StridedShard
+
+from ._aten import Call, aten_strategies
+from ._expand import check_constraint
+from ._graph import Graph, Value
+from ._price import _plan, check_model, redistribute_cost
+from ._rule import DimStrategy, Placeholder
+
+__all__ = [
+    "ComputeModel",
+    "Program",
+    "ProgramOp",
+    "ProgramCost",
+    "ProgramWarning",
+    "grad_spec",
+    "plan_program",
+    "plan_graph",
+]
+
+
+class ProgramWarning(UserWarning):
+    """An op of a program has no sharding rule and runs replicated."""
+
+
+@attrs.frozen
+class ComputeModel:
+    """What local work costs: seconds per floating-point operation and per byte touched.
+
+    The default is a GPU of ~100 TFLOP/s and ~2 TB/s; :meth:`cpu` a few CPU cores.
+
+    >>> ComputeModel().seconds(flops=2e12, nbytes=0)
+    0.02
+    """
+
+    flops_per_s: float = 100e12
+    bytes_per_s: float = 2e12
+
+    def __attrs_post_init__(self) -> None:
+        for name in ("flops_per_s", "bytes_per_s"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int | float) or not v > 0:
+                raise StrategyError(f"ComputeModel {name}={v!r} must be a number > 0", value=v)
+
+    @classmethod
+    def cpu(cls) -> ComputeModel:
+        """A few CPU cores: ~50 GFLOP/s, ~10 GB/s."""
+        return cls(50e9, 10e9)
+
+    def seconds(self, *, flops: float, nbytes: float) -> float:
+        return flops / self.flops_per_s + nbytes / self.bytes_per_s
+
+
+def grad_spec(spec: Spec) -> Spec:
+    """The layout a gradient of a value in ``spec`` takes: Partial dims replicate.
+
+    The gradient of a partial sum (or average, max, min) is the gradient of the reduced
+    value, needed in full by every rank; Shard and Replicate dims keep.
+
+    >>> from meshplan.layout import Mesh
+    >>> print(grad_spec(Spec(Mesh.create((2, 2)), [Partial(), Shard(0)], (4,))))
+    f32[4](R S(0))
+    """
+    if not isinstance(spec, Spec):
+        raise StrategyError(f"grad_spec reads a Spec, got {spec!r}", value=spec)
+    if not spec.is_partial:
+        return spec
+    placements = [Replicate() if isinstance(p, Partial) else p for p in spec.placements]
+    return Spec(spec.mesh, placements, spec.shape, spec.dtype, spec.shard_order)
+
+
+@attrs.frozen
+class ProgramCost:
+    """Modeled seconds of a program's step: ``comm`` (redistributions), ``compute``, ``total``;
+    ``bytes`` each rank sends at most, summed over moves; ``collectives`` launched."""
+
+    comm: float
+    compute: float
+    bytes: float
+    collectives: int
+
+    @property
+    def total(self) -> float:
+        return self.comm + self.compute
+
+
+@attrs.frozen
+class ProgramOp:
+    """One aten call of a program with its chosen strategy and the moves feeding it.
+
+    ``moves[i]`` is the plan taking input ``i`` from its producer's spec to
+    ``input_specs[i]`` (None when they are equal).
+    """
+
+    node: int
+    call: Call
+    inputs: tuple[Value, ...]
+    input_specs: tuple[Spec, ...]
+    output_specs: tuple[Spec | None, ...]
+    moves: tuple[Any, ...]
+    phase: str
+    replicated_fallback: bool = False
+
+
+@attrs.frozen(eq=False)
+class Program:
+    """A planned program: per op its strategy and moves, outputs and gradients placed.
+
+    ``out_moves``/``grad_moves`` take the final values to ``out_specs``/``grad_specs``.
+    ``cot_specs`` are the layouts the gradient arriving for each output must have.
+    """
+
+    graph: Graph
+    arg_specs: tuple[Spec, ...]
+    out_specs: tuple[Spec, ...]
+    cot_specs: tuple[Spec, ...]
+    grad_specs: tuple[Spec | None, ...]
+    ops: tuple[ProgramOp, ...]
+    value_specs: Any  # FrozenMap-like tuple of (Value, Spec) pairs
+    out_moves: tuple[Any, ...]
+    grad_moves: tuple[Any, ...]
+    cost: ProgramCost
+    lower_bound: float
+    method: str
+    fallbacks: tuple[str, ...]
+
+    def spec_of(self, v: Value) -> Spec:
+        return dict(self.value_specs)[v]
+
+    @property
+    def forward_ops(self) -> tuple[ProgramOp, ...]:
+        return tuple(op for op in self.ops if op.phase == "forward")
+
+    @property
+    def backward_ops(self) -> tuple[ProgramOp, ...]:
+        return tuple(op for op in self.ops if op.phase == "backward")
+
+    def explain(self) -> str:
+        """A table: each op's strategy and, where communication goes, what it costs."""
+        from ._program_explain import explain_program
+
+        return explain_program(self)
+
+    def __repr__(self) -> str:
+        return (
+            f"Program(<{len(self.ops)} ops>, cost={self.cost.total:.3g}s, "
+            f"comm={self.cost.comm:.3g}s, method={self.method!r})"
+        )
+
+
+# -- candidates ---------------------------------------------------------------------------
+
+
+def _fill(p: Any) -> Any:
+    if isinstance(p, Placeholder):
+        return Shard(p.dim) if p.split == 1 else StridedShard(p.dim, p.split)
+    return p
+
+
+def _constraints(p: Any) -> tuple[str, ...]:
+    if not isinstance(p, Placeholder):
+        return ()
+    return tuple(n for n in ("even", "nonempty", "aligned") if getattr(p, n))
+
+
+@attrs.frozen
+class _Option:
+    input_specs: tuple[Spec, ...]
+    output_specs: tuple[Spec | None, ...]
+    compute: float
+
+
+def _options(call: Call, mesh, compute: ComputeModel, strict: bool) -> tuple[list[_Option], bool]:
+    rules = aten_strategies(call)
+    fallback = rules is None
+    if fallback:
+        if strict:
+            raise StrategyError(
+                f"no sharding rule for {call.target}; add one, or call plan_program with "
+                "strict=False to run it replicated",
+                value=call.target,
+            )
+        rules = []
+    n_in, n_out = len(call.inputs), len(call.outputs)
+    rep = DimStrategy([Replicate()] * n_out, [Replicate()] * n_in)
+    per_dim = []
+    for m, size in enumerate(mesh.shape):
+        per_dim.append([rep] + (list(rules) if size > 1 else []))
+    seen: dict[tuple, _Option] = {}
+    for combo in itertools.product(*per_dim):
+        opt = _realize(call, mesh, combo, compute)
+        if opt is None:
+            continue
+        key = (opt.input_specs, opt.output_specs)
+        if key not in seen:
+            seen[key] = opt
+    return list(seen.values()), fallback
+
+
+def _realize(call: Call, mesh, combo: Sequence[DimStrategy], compute: ComputeModel):
+    specs_in, specs_out = [], []
+    try:
+        for i, meta in enumerate(call.inputs):
+            entries = [s.inputs[i] for s in combo]
+            spec = Spec(mesh, [_fill(p) for p in entries], meta.shape, meta.dtype)
+            if not _meets(spec, entries):
+                return None
+            specs_in.append(spec)
+        for j, meta in enumerate(call.outputs):
+            if meta is None:
+                specs_out.append(None)
+                continue
+            entries = [s.outputs[j] for s in combo]
+            if any(isinstance(p, Partial) for p in entries) and not _float(meta.dtype):
+                return None
+            spec = Spec(mesh, [_fill(p) for p in entries], meta.shape, meta.dtype)
+            if not _meets(spec, entries):
+                return None
+            specs_out.append(spec)
+    except PlacementError:
+        return None
+    return _Option(tuple(specs_in), tuple(specs_out), _compute(call, specs_in, specs_out, compute))
+
+
+def _float(dtype: str) -> bool:
+    return dtype.startswith(("float", "bfloat", "complex"))
+
+
+def _meets(spec: Spec, entries) -> bool:
+    for p in entries:
+        for name in _constraints(p):
+            if not check_constraint(spec, p.dim, name):
+                return False
+    return True
+
+
+_ITEMSIZE = {"float64": 8, "int64": 8, "complex64": 8, "float32": 4, "int32": 4, "bool": 1}
+
+
+def local_numel(spec: Spec) -> int:
+    """The largest local element count of ``spec`` (pure arithmetic on the mesh dims)."""
+    sizes = list(spec.shape)
+    for m, p in enumerate(spec.placements):
+        if isinstance(p, Shard | StridedShard):
+            k = spec.mesh.shape[m]
+            sizes[p.dim] = -(-sizes[p.dim] // k)
+    return math.prod(sizes)
+
+
+def _local_dims(spec: Spec) -> list[int]:
+    sizes = list(spec.shape)
+    for m, p in enumerate(spec.placements):
+        if isinstance(p, Shard | StridedShard):
+            sizes[p.dim] = -(-sizes[p.dim] // spec.mesh.shape[m])
+    return sizes
+
+
+def _compute(call: Call, ins, outs, model: ComputeModel) -> float:
+    nbytes = sum(local_numel(s) * _ITEMSIZE.get(s.dtype, 4) for s in list(ins) + list(outs) if s)
+    flops = 0.0
+    op = call.op
+    if op in ("mm", "bmm", "addmm") and len(ins) >= 2:
+        a, b = (ins[1], ins[2]) if op == "addmm" else (ins[0], ins[1])
+        la, lb = _local_dims(a), _local_dims(b)
+        flops = 2.0 * math.prod(la) * lb[-1]
+    elif "scaled_dot_product" in op:
+        q = _local_dims(ins[0])
+        if len(q) == 4:
+            flops = 4.0 * q[0] * q[1] * q[2] * q[2] * q[3] * (2.5 if "backward" in op else 1.0)
+    return model.seconds(flops=flops, nbytes=nbytes)
+
+
+# -- planning -------------------------------------------------------------------------------
+
+
+def _check_specs(fn_name: str, what: str, specs: Sequence[Any]) -> tuple[Spec, ...]:
+    out = []
+    for i, s in enumerate(specs):
+        if not isinstance(s, Spec):
+            raise StrategyError(
+                f"{fn_name}: {what} {i} is {s!r}, not a Spec; describe each tensor with "
+                "Spec(mesh, placements, shape, dtype)",
+                value=s,
+            )
+        out.append(s)
+    return tuple(out)
+
+
+def plan_program(
+    fn: Callable[..., Any],
+    *arg_specs: Spec,
+    out_specs: Sequence[Spec] | None = None,
+    requires_grad: Sequence[bool] | None = None,
+    cost_model: Any = None,
+    compute: ComputeModel | None = None,
+    strict: bool = False,
+    max_factor: int = 1 << 21,
+) -> Program:
+    """Trace ``fn`` (written for global tensors) and plan it whole, forward and backward.
+
+    ``arg_specs`` say how each argument lies on the mesh; ``out_specs`` how each
+    output must (default: replicated). ``requires_grad`` marks the differentiated
+    arguments (default: the floating-point ones). Ops without a rule run replicated
+    with a :class:`ProgramWarning` (``strict=True`` raises instead).
+
+    >>> import torch
+    >>> from meshplan.layout import Mesh
+    >>> mesh = Mesh.create((2,), ("dp",))
+    >>> x = Spec(mesh, [Shard(0)], (8, 4), "float64")
+    >>> w = Spec(mesh, [Replicate()], (4, 3), "float64")
+    >>> prog = plan_program(lambda x, w: (x @ w).sum(), x, w)
+    >>> [str(s) for s in prog.grad_specs]
+    ['f64[8,4](S(0))', 'f64[4,3](R)']
+    """
+    from ._trace import trace
+
+    arg_specs = _check_specs("plan_program", "argument", arg_specs)
+    if not arg_specs:
+        raise StrategyError("plan_program needs at least one argument spec", value=arg_specs)
+    mesh = arg_specs[0].mesh
+    for s in arg_specs:
+        if s.mesh != mesh:
+            raise StrategyError(
+                f"argument specs lie on different meshes ({s.mesh} and {mesh}); a program "
+                "runs on one mesh",
+                value=s,
+            )
+    if requires_grad is None:
+        requires_grad = tuple(_float(s.dtype) for s in arg_specs)
+    else:
+        requires_grad = tuple(bool(g) for g in requires_grad)
+        if len(requires_grad) != len(arg_specs):
+            raise StrategyError(
+                f"requires_grad has {len(requires_grad)} entries for {len(arg_specs)} arguments",
+                value=requires_grad,
+            )
+    graph = trace(fn, arg_specs, requires_grad)
+    return plan_graph(
+        graph,
+        arg_specs,
+        out_specs=out_specs,
+        cost_model=cost_model,
+        compute=compute,
+        strict=strict,
+        max_factor=max_factor,
+    )
+
+
+def plan_graph(
+    graph: Graph,
+    arg_specs: Sequence[Spec],
+    *,
+    out_specs: Sequence[Spec] | None = None,
+    cost_model: Any = None,
+    compute: ComputeModel | None = None,
+    strict: bool = False,
+    max_factor: int = 1 << 21,
+) -> Program:
+    """Plan an already traced :class:`Graph` (pure: no torch)."""
+    from ._solve import solve
+
+    model = check_model(cost_model)
+    compute = ComputeModel() if compute is None else compute
+    if not isinstance(compute, ComputeModel):
+        raise StrategyError(f"compute must be a ComputeModel, got {compute!r}", value=compute)
+    mesh = arg_specs[0].mesh
+    for i, (k, spec) in enumerate(zip(graph.args, arg_specs, strict=True)):
+        m = graph.nodes[k].metas[0]
+        if m.shape != spec.shape or m.dtype != spec.dtype:
+            raise StrategyError(
+                f"argument {i}'s spec {spec} disagrees with the traced tensor {m}", value=spec
+            )
+    outs = _out_specs(graph, mesh, out_specs)
+    cots = tuple(grad_spec(s) for s in outs)
+    grads = tuple(
+        grad_spec(s) if g is not None else None
+        for s, g in zip(arg_specs, graph.grads, strict=True)
+    )
+    fixed: dict[int, Spec] = dict(zip(graph.args, arg_specs, strict=True))
+    fixed.update(zip(graph.cotangents, cots, strict=True))
+
+    calls = graph.calls
+    var = {node: i for i, node in enumerate(calls)}
+    options: list[list[_Option]] = []
+    fallbacks = []
+    for node in calls:
+        call = graph.nodes[node].call
+        opts, fb = _options(call, mesh, compute, strict)
+        if fb:
+            fallbacks.append(call.target)
+        options.append(opts)
+    for target in sorted(set(fallbacks)):
+        warnings.warn(
+            f"no sharding rule for {target}: it runs replicated (correct, maybe slow); add a "
+            "rule or pass strict=True to refuse",
+            ProgramWarning,
+            stacklevel=3,
+        )
+
+    def price(src: Spec, dst: Spec) -> float:
+        return redistribute_cost(src, dst, model)
+
+    unary = [[o.compute for o in opts] for opts in options]
+    pairs: dict[tuple[int, int], Any] = {}
+    for node in calls:
+        c = var[node]
+        for i, v in enumerate(graph.nodes[node].inputs):
+            if v.node in fixed:
+                src = fixed[v.node]
+                for k, o in enumerate(options[c]):
+                    unary[c][k] += price(src, o.input_specs[i])
+                continue
+            p = var[v.node]
+            key = (p, c)
+            m = [
+                [price(po.output_specs[v.index], co.input_specs[i]) for co in options[c]]
+                for po in options[p]
+            ]
+            pairs[key] = m if key not in pairs else _add(pairs[key], m)
+    sinks = [(v, s) for v, s in zip(graph.outputs, outs, strict=True)]
+    sinks += [(v, s) for v, s in zip(graph.grads, grads, strict=True) if v is not None]
+    for v, target in sinks:
+        if v.node in fixed:
+            continue
+        c = var[v.node]
+        for k, o in enumerate(options[c]):
+            unary[c][k] += price(o.output_specs[v.index], target)
+    sol = solve(unary, pairs, max_factor=max_factor)
+    return _assemble(graph, arg_specs, outs, cots, grads, fixed, options, var, sol, model, fallbacks)
+
+
+def _add(a, b):
+    return [[x + y for x, y in zip(ra, rb, strict=True)] for ra, rb in zip(a, b, strict=True)]
+
+
+def _out_specs(graph: Graph, mesh, out_specs) -> tuple[Spec, ...]:
+    metas = [graph.meta(v) for v in graph.outputs]
+    if out_specs is None:
+        return tuple(Spec(mesh, [Replicate()] * mesh.ndim, m.shape, m.dtype) for m in metas)
+    if isinstance(out_specs, Spec):
+        out_specs = (out_specs,)
+    out_specs = _check_specs("plan_program", "output spec", out_specs)
+    if len(out_specs) != len(metas):
+        raise StrategyError(
+            f"out_specs has {len(out_specs)} specs but the function returns {len(metas)} "
+            "tensors",
+            value=out_specs,
+        )
+    for i, (s, m) in enumerate(zip(out_specs, metas, strict=True)):
+        if s.shape != m.shape or s.dtype != m.dtype or s.mesh != mesh:
+            raise StrategyError(
+                f"output {i}'s spec {s} disagrees with what the function returns ({m}); give "
+                "a spec of that shape and dtype on the arguments' mesh",
+                value=s,
+            )
+    return out_specs
+
+
+def _assemble(graph, arg_specs, outs, cots, grads, fixed, options, var, sol, model, fallbacks):
+    from meshplan.redistribute import cost as plan_cost
+
+    specs: dict[Value, Spec] = {}
+    for node, spec in fixed.items():
+        specs[Value(node)] = spec
+    comm = compute = nbytes = 0.0
+    collectives = 0
+
+    def move(src: Spec, dst: Spec):
+        nonlocal comm, nbytes, collectives
+        if src == dst:
+            return None
+        p = _plan(src, dst, model)
+        c = plan_cost(p, model)
+        comm += c.total
+        nbytes += c.bytes
+        collectives += sum(1 for s in p.steps if s.collective is not None)
+        return p
+
+    ops = []
+    for node in graph.calls:
+        n = graph.nodes[node]
+        o = options[var[node]][sol.choice[var[node]]]
+        compute += o.compute
+        moves = tuple(
+            move(specs[v], o.input_specs[i]) for i, v in enumerate(n.inputs)
+        )
+        for j, s in enumerate(o.output_specs):
+            if s is not None:
+                specs[Value(node, j)] = s
+        ops.append(
+            ProgramOp(
+                node,
+                n.call,
+                n.inputs,
+                o.input_specs,
+                o.output_specs,
+                moves,
+                n.phase,
+                n.call.target in fallbacks,
+            )
+        )
+    out_moves = tuple(move(specs[v], s) for v, s in zip(graph.outputs, outs, strict=True))
+    grad_moves = tuple(
+        move(specs[v], s) if v is not None else None
+        for v, s in zip(graph.grads, grads, strict=True)
+    )
+    cost = ProgramCost(comm, compute, nbytes, collectives)
+    bound = sol.lower_bound if sol.method != "exact" else cost.total
+    return Program(
+        graph,
+        tuple(arg_specs),
+        outs,
+        cots,
+        grads,
+        tuple(ops),
+        tuple(specs.items()),
+        out_moves,
+        grad_moves,
+        cost,
+        min(bound, cost.total),
+        sol.method,
+        tuple(sorted(set(fallbacks))),
+    )

@@ -1,0 +1,246 @@
+"""Tracing a function of global tensors into a :class:`~meshplan.strategy._graph.Graph`.
+
+torch's own tracer (``make_fx`` on fake tensors: no values, no memory, no process
+groups) records the function and ``torch.autograd.grad`` of its outputs into aten
+calls, forward and backward in one joint graph; the loss functions' aten kernels
+(``nll_loss``) are traced as their decompositions, whose ops have simple sharding rules.
+A Python branch on a tensor's value cannot be traced and is refused with a
+:class:`StrategyError` naming the fix.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+from torch.fx.experimental.proxy_tensor import make_fx
+
+from meshplan.errors import StrategyError
+from meshplan.placement import Spec
+
+from ._aten import Call, TensorArg
+from ._graph import Graph, Node, TorchConst, Value, freeze_arg
+from ._rule import Meta
+
+__all__ = ["trace", "to_torch_const", "DECOMPOSE"]
+
+aten = torch.ops.aten
+DECOMPOSE = (
+    aten.nll_loss_forward,
+    aten.nll_loss_backward,
+    aten.nll_loss2d_forward,
+    aten.nll_loss2d_backward,
+    aten._fused_rms_norm,
+    aten._fused_rms_norm_backward,
+    aten.rms_norm,
+    aten.silu_backward,
+    aten.sigmoid_backward,
+    aten.tanh_backward,
+    aten.threshold_backward,
+)
+
+
+def _decompositions() -> dict:
+    from torch._decomp import get_decompositions
+
+    ops = [op for op in DECOMPOSE if op is not None]
+    return get_decompositions(ops)
+
+
+def _dtype(name: str) -> torch.dtype:
+    dt = getattr(torch, name, None)
+    if not isinstance(dt, torch.dtype):
+        raise StrategyError(f"dtype {name!r} is not a torch dtype", value=name)
+    return dt
+
+
+def to_torch_const(c: TorchConst, device: Any = None) -> Any:
+    """The torch object a :class:`TorchConst` names (``device`` overrides devices)."""
+    if c.kind == "dtype":
+        return _dtype(c.name)
+    if c.kind == "device":
+        return torch.device(device) if device is not None else torch.device(c.name)
+    if c.kind == "layout":
+        return getattr(torch, c.name)
+    if c.kind == "memory_format":
+        return getattr(torch, c.name)
+    raise StrategyError(f"unknown torch constant {c!r}", value=c)
+
+
+def _const(value: Any) -> Any:
+    if isinstance(value, torch.dtype):
+        return TorchConst("dtype", str(value).removeprefix("torch."))
+    if isinstance(value, torch.device):
+        return TorchConst("device", str(value))
+    if isinstance(value, torch.layout):
+        return TorchConst("layout", str(value).removeprefix("torch."))
+    if isinstance(value, torch.memory_format):
+        return TorchConst("memory_format", str(value).removeprefix("torch."))
+    if isinstance(value, list | tuple):
+        return tuple(_const(v) for v in value)
+    return value
+
+
+def _meta(t: Any) -> Meta | None:
+    if isinstance(t, torch.Tensor):
+        return Meta(tuple(int(s) for s in t.shape), str(t.dtype).removeprefix("torch."))
+    return None
+
+
+def trace(
+    fn: Callable[..., Any], arg_specs: Sequence[Spec], requires_grad: Sequence[bool]
+) -> Graph:
+    """The joint forward/backward graph of ``fn`` on global tensors of ``arg_specs``."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    n_args = len(arg_specs)
+    state: dict[str, Any] = {}
+
+    def joint(*flat: torch.Tensor):
+        args = list(flat[:n_args])
+        cots = list(flat[n_args:])
+        outs = fn(*args)
+        single = isinstance(outs, torch.Tensor)
+        outs_t = (outs,) if single else tuple(outs)
+        for o in outs_t:
+            if not isinstance(o, torch.Tensor):
+                raise StrategyError(
+                    f"the program's function returned {type(o).__name__}; it must return a "
+                    "tensor or a tuple of tensors",
+                    value=o,
+                )
+        state["n_out"] = len(outs_t)
+        diff = [a for a, g in zip(args, requires_grad, strict=True) if g]
+        pairs = [(o, c) for o, c in zip(outs_t, cots, strict=False) if o.requires_grad]
+        grads: list[Any] = [None] * len(diff)
+        if diff and pairs:
+            grads = list(
+                torch.autograd.grad(
+                    [o for o, _ in pairs],
+                    diff,
+                    grad_outputs=[c for _, c in pairs],
+                    allow_unused=True,
+                )
+            )
+        return outs_t, tuple(grads)
+
+    mode = FakeTensorMode(allow_non_fake_inputs=True)
+    with mode:
+        fakes = []
+        for spec, g in zip(arg_specs, requires_grad, strict=True):
+            t = torch.empty(spec.shape, dtype=_dtype(spec.dtype))
+            fakes.append(t.requires_grad_(True) if g else t)
+        # a first pass finds the outputs' metadata, to build their cotangents
+        with torch.enable_grad():
+            probe = fn(*fakes)
+        probe_t = (probe,) if isinstance(probe, torch.Tensor) else tuple(probe)
+        cots = [torch.empty(tuple(o.shape), dtype=o.dtype) for o in probe_t]
+    try:
+        with torch.enable_grad():
+            gm = make_fx(joint, decomposition_table=_decompositions(), tracing_mode="fake")(
+                *fakes, *cots
+            )
+    except StrategyError:
+        raise
+    except Exception as exc:
+        text = f"{type(exc).__name__}: {exc}".splitlines()[0][:300]
+        if "data-dependent" in str(exc).lower() or "DataDependent" in type(exc).__name__:
+            raise StrategyError(
+                "the program's function branches on a tensor's value (" + text + "); a "
+                "sharded program is traced without values: compute both sides and select "
+                "with torch.where, or move the branch outside the function",
+                value=fn,
+            ) from exc
+        raise StrategyError(
+            f"tracing the program's function failed: {text}; check that the argument specs' "
+            "shapes and dtypes are what the function expects",
+            value=fn,
+        ) from exc
+    return _to_graph(gm, arg_specs, requires_grad, len(probe_t))
+
+
+def _to_graph(gm, arg_specs, requires_grad, n_out: int) -> Graph:
+    nodes: list[Node] = []
+    where: dict[Any, int] = {}  # fx node -> index of our node (tuples: the call)
+    backward: set[int] = set()
+    n_args = len(arg_specs)
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    for k, ph in enumerate(placeholders):
+        m = _meta(ph.meta.get("val"))
+        if k < n_args:
+            nodes.append(Node("arg", ph.name, (m,)))
+        else:
+            nodes.append(Node("cotangent", ph.name, (m,), phase="backward"))
+            backward.add(len(nodes) - 1)
+        where[ph] = len(nodes) - 1
+    values: dict[Any, Value] = {ph: Value(where[ph]) for ph in placeholders}
+    out_node = None
+    for fx in gm.graph.nodes:
+        if fx.op == "placeholder":
+            continue
+        if fx.op == "output":
+            out_node = fx
+            continue
+        if fx.op != "call_function":
+            raise StrategyError(f"unexpected node {fx.op} {fx.target} in the trace", value=fx)
+        if fx.target is getattr(__import__("operator"), "getitem"):
+            src, i = fx.args
+            if src in where:
+                values[fx] = Value(where[src], i)
+            continue
+        tensors: list[Value] = []
+
+        def enc(a: Any, tensors: list[Value] = tensors) -> Any:
+            if isinstance(a, torch.fx.Node):
+                if a not in values:
+                    return None  # a non-tensor value (e.g. a size): not traced statically
+                tensors.append(values[a])
+                return TensorArg(len(tensors) - 1)
+            if isinstance(a, list | tuple):
+                return tuple(enc(x) for x in a)
+            return _const(a)
+
+        args = tuple(enc(a) for a in fx.args)
+        kwargs = {k: enc(v) for k, v in fx.kwargs.items()}
+        val = fx.meta.get("val")
+        metas = tuple(_meta(v) for v in val) if isinstance(val, list | tuple) else (_meta(val),)
+        target = _target_name(fx.target)
+        tags = frozenset(t.name for t in getattr(fx.target, "tags", ()))
+        call = Call(
+            target,
+            tuple(nodes[v.node].metas[v.index] for v in tensors),
+            metas,
+            freeze_arg(args),
+            kwargs,
+            tags,
+        )
+        phase = "backward" if any(v.node in backward for v in tensors) else "forward"
+        nodes.append(Node("call", fx.name, metas, tuple(tensors), call, phase))
+        idx = len(nodes) - 1
+        if phase == "backward":
+            backward.add(idx)
+        where[fx] = idx
+        if not isinstance(val, list | tuple):
+            values[fx] = Value(idx)
+    outs, grads = out_node.args[0]
+    return Graph(
+        tuple(nodes),
+        tuple(values[o] for o in outs),
+        tuple(values[g] if g is not None else None for g in _grads_per_arg(grads, requires_grad)),
+    )
+
+
+def _grads_per_arg(grads, requires_grad) -> list[Any]:
+    it = iter(grads)
+    return [next(it) if g else None for g in requires_grad]
+
+
+def _target_name(target: Any) -> str:
+    name = str(target)  # "aten.mm.default"
+    if not name.startswith("aten."):
+        raise StrategyError(
+            f"the trace holds {name!r}, not an aten op; programs are traced to aten ops",
+            value=target,
+        )
+    return name
