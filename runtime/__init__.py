@@ -9,6 +9,11 @@ the examples and the test suite use to run on several ranks without a launcher).
 decides anything: every step it takes is described by a pure plan that the in-process
 simulator (:func:`meshplan.redistribute.simulate`) runs alike.
 
+torch interop lets a torch program adopt it piece by piece: ``Mesh.from_device_mesh`` and
+:func:`to_device_mesh`, :meth:`ProcessGroups.from_device_mesh` (the DeviceMesh's own
+groups), :func:`from_dtensor` / :func:`to_dtensor`, and :func:`redistribute_dtensor`
+(``DTensor.redistribute`` planned by meshplan).
+
 Attributes are imported on first use, so ``import meshplan.runtime`` is cheap until a
 name that needs torch is touched.
 """
@@ -26,6 +31,12 @@ _LAZY = {
     "prepare_groups": "_run",
     "redistribute": "_run",
     "grad_spec": "_run",
+    "from_dtensor": "_interop",
+    "to_dtensor": "_interop",
+    "to_device_mesh": "_interop",
+    "redistribute_dtensor": "_interop",
+    "run_program": "_program",
+    "simulate_program": "_program",
 }
 
 __getattr__ = lazy_attributes(__name__, _LAZY)
@@ -37,9 +48,15 @@ __all__ = [
     "WorkerError",
     "WorkerPool",
     "calibrate",
+    "from_dtensor",
     "grad_spec",
     "prepare_groups",
     "redistribute",
+    "redistribute_dtensor",
     "run",
+    "run_program",
     "run_step",
+    "simulate_program",
+    "to_device_mesh",
+    "to_dtensor",
 ]
