@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 import operator
 from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
 
 import attrs
 
@@ -214,6 +215,17 @@ class Mesh:
                 value=ranks,
             )
         return cls(MeshLayout.row_major(shape), ranks, names, FrozenMap(), device_type)
+
+    @classmethod
+    def from_device_mesh(cls, device_mesh: Any) -> Mesh:
+        """The mesh of a torch ``DeviceMesh``: same names, same groups, flattened dims as aliases.
+
+        A submesh or flattened DeviceMesh gives the submesh family of its root's mesh.
+        Imports torch (see :func:`meshplan.runtime.to_device_mesh` for the way back).
+        """
+        from meshplan.runtime._interop import mesh_from_device_mesh
+
+        return mesh_from_device_mesh(device_mesh)
 
     # -- intrinsic facts --------------------------------------------------------------
 

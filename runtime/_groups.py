@@ -248,6 +248,28 @@ class ProcessGroups:
             )
         self._index: dict[int, int] | None = None
         self._handles: dict[Any, Group | None] = {}
+        self._adopted = False
+
+    @classmethod
+    def from_device_mesh(
+        cls, device_mesh: Any, *, timeout: float | datetime.timedelta = DEFAULT_TIMEOUT
+    ) -> ProcessGroups:
+        """The groups of a torch ``DeviceMesh``, reusing its own process groups (none created).
+
+        Its mesh is ``Mesh.from_device_mesh(device_mesh)``; every dim and flattened dim
+        maps to the torch group the DeviceMesh holds for it, and so does any set of dims
+        with the same members. Only a set of dims the DeviceMesh has no group for gets a
+        new one (created as the constructor does); flatten it in torch first
+        (``device_mesh[dims]._flatten(name)``) to share torch's.
+        """
+        from ._interop import process_groups_from_device_mesh
+
+        return process_groups_from_device_mesh(device_mesh, timeout=timeout)
+
+    def _adopt(self, handles: dict[Any, Group]) -> None:
+        """Serve ``handles`` (keyed like ``_key``), and any key whose members one of them has."""
+        self._handles.update(handles)
+        self._adopted = True
 
     @property
     def is_member(self) -> bool:
@@ -281,6 +303,10 @@ class ProcessGroups:
         key = _key(dims)
         if key in self._handles:
             return self._handles[key]
+        if self._adopted:
+            found = self._reuse(key)
+            if found is not None:
+                return found
         picked = None if key is None else list(key)
         name = ",".join(self.mesh.names) if key is None else ",".join(map(str, key))
         if self.local:
@@ -298,6 +324,16 @@ class ProcessGroups:
                 handle = Group(name, ranks, order, self.rank, pg, self.timeout)
         self._handles[key] = handle
         return handle
+
+    def _reuse(self, key: Any) -> Group | None:
+        """An adopted group with the members ``key`` gives the calling rank, if any."""
+        picked = None if key is None else list(key)
+        ranks = self.mesh.group_of(self.rank, picked)
+        for handle in list(self._handles.values()):
+            if handle is not None and handle.ranks == ranks:
+                self._handles[key] = handle
+                return handle
+        return None
 
     def create_all(self) -> tuple[Group, ...]:
         """Create every mesh dim's and alias's groups now: dims in order, then aliases by name.
