@@ -14,6 +14,10 @@ Never saves ``Partial`` values (reduce them first), never communicates on load, 
 overwrites a committed file in place, and never trusts a chunk whose checksum or
 shape disagrees with the index. The index and planning modules import no torch.
 
+torch DCP checkpoints read into any spec too (:func:`load_dcp`, :func:`load_dcp_all`,
+:func:`read_dcp_metadata`: DCP's public reader, meshplan's box intersection), and
+:func:`convert_to_dcp` writes a meshplan checkpoint as one, for ``dcp.load``.
+
 >>> import tempfile, torch
 >>> from meshplan.layout import Mesh
 >>> from meshplan.placement import Shard, Spec, Sharded, shard, unshard
@@ -46,7 +50,17 @@ from ._index import (
 )
 from ._plan import Box, Read, check_target, intersect, local_boxes, plan_reads, writes
 
-_LAZY = {"save": "_io", "save_all": "_io", "load": "_io", "load_all": "_io", "checksum": "_io"}
+_LAZY = {
+    "save": "_io",
+    "save_all": "_io",
+    "load": "_io",
+    "load_all": "_io",
+    "checksum": "_io",
+    "load_dcp": "_dcp",
+    "load_dcp_all": "_dcp",
+    "read_dcp_metadata": "_dcp",
+    "convert_to_dcp": "_dcp",
+}
 
 # save/load touch tensors and files: import torch only when they are used.
 __getattr__ = lazy_attributes(__name__, _LAZY)
@@ -64,13 +78,17 @@ __all__ = [
     "check_target",
     "check_tiles",
     "checksum",
+    "convert_to_dcp",
     "intersect",
     "load",
     "load_all",
+    "load_dcp",
+    "load_dcp_all",
     "local_boxes",
     "metadata_from_json",
     "metadata_to_json",
     "plan_reads",
+    "read_dcp_metadata",
     "read_metadata",
     "save",
     "save_all",
