@@ -47,8 +47,16 @@ def _decode(value: Any, tensors: Sequence[Any], device: Any) -> Any:
     return value
 
 
+_STRIDE_FREE = {"t", "transpose", "permute", "view", "_unsafe_view", "reshape", "detach", "alias",
+                "unsqueeze", "squeeze", "expand", "clone"}
+
+
 def _local_call(op: ProgramOp, tensors: Sequence[torch.Tensor], rank: int, device: Any):
     call = op.call
+    if call.op not in _STRIDE_FREE:
+        # a local piece may be a strided view of a bigger buffer; some CPU kernels
+        # (embedding_dense_backward) read such a gradient wrong
+        tensors = [t.contiguous() for t in tensors]
     args = [_decode(a, tensors, device) for a in call.args]
     kwargs = {k: _decode(v, tensors, device) for k, v in call.kwargs}
     size = SIZE_ARGS.get(call.op)

@@ -372,7 +372,9 @@ def _sdpa(call: Call) -> list[DimStrategy]:
     for d in (0, 1):
         ins = []
         for m in call.inputs:
-            ins.append(Placeholder(d) if m.ndim == 4 and m.shape[d] == call.inputs[0].shape[d] else R)
+            # q, k, v, out and their gradients are (B, H, T, E); logsumexp is (B, H, T)
+            lead = m.ndim >= 3 and m.shape[d] == call.inputs[0].shape[d]
+            ins.append(Placeholder(d) if lead else R)
         o = [Placeholder(d) if m is not None and m.ndim >= 2 else R for m in call.outputs]
         out.append(DimStrategy(o[:n_out], ins))
     return out

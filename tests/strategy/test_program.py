@@ -1,0 +1,213 @@
+"""Whole programs in the simulator: loss and every argument's gradient equal single-process
+autograd of the same function, the plan is the exhaustive minimum on small graphs, and
+bad input is refused with a StrategyError naming the fix."""
+
+from __future__ import annotations
+
+import functools
+import itertools
+import warnings
+
+import pytest
+import torch
+import torch.nn.functional as F
+from _program_cases import arg_specs, build, meshes, programs, transformer, transformer_args
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from meshplan.errors import StrategyError
+from meshplan.layout import Mesh
+from meshplan.placement import Partial, Replicate, Shard, Spec, shard, unshard
+from meshplan.runtime import simulate_program
+from meshplan.strategy import ComputeModel, plan_program
+from meshplan.strategy._program import _options, grad_spec
+from meshplan.strategy._solve import total
+
+warnings.filterwarnings("ignore", category=UserWarning, module="meshplan")
+
+
+def _reference(fn, tensors):
+    leaves = [t.clone().requires_grad_(t.is_floating_point()) for t in tensors]
+    loss = fn(*leaves)
+    diff = [t for t in leaves if t.requires_grad]
+    grads = torch.autograd.grad(loss, diff, allow_unused=True)
+    it = iter(grads)
+    return loss.detach(), [next(it) if t.requires_grad else None for t in leaves]
+
+
+def _check(prog, fn, tensors, specs):
+    locals_ = [shard(t, s) for t, s in zip(tensors, specs, strict=True)]
+    outs, grads = simulate_program(prog, *locals_)
+    loss, ref = _reference(fn, tensors)
+    got = unshard(outs[0], prog.out_specs[0])
+    assert torch.allclose(got, loss, rtol=1e-10, atol=1e-12), (got, loss)
+    for i, (g, r, s) in enumerate(zip(grads, ref, prog.grad_specs, strict=True)):
+        if r is None:
+            assert g is None
+            continue
+        assert s == grad_spec(specs[i])
+        full = unshard(g, s)
+        r = torch.zeros_like(full) if r is None else r
+        assert torch.allclose(full, r, rtol=1e-10, atol=1e-10), (i, s, (full - r).abs().max())
+
+
+@settings(max_examples=min(settings.default.max_examples, 30), deadline=None)
+@given(data=st.data())
+def test_random_programs_give_the_single_process_loss_and_gradients(data):
+    mesh = data.draw(meshes(), label="mesh")
+    prog_desc = data.draw(programs(), label="program")
+    n = data.draw(st.integers(1, 7), label="rows")
+    d = data.draw(st.integers(1, 5), label="width")
+    specs = data.draw(arg_specs(mesh, n, d, 2), label="specs")
+    g = torch.Generator().manual_seed(data.draw(st.integers(0, 2**16)))
+    tensors = [torch.randn(s.shape, generator=g, dtype=torch.float64) for s in specs]
+    # a Partial argument is the sum of its ranks' pieces: shard() splits the value so
+    tensors = [t for t in tensors]
+    fn = build(prog_desc, 2)
+    prog = plan_program(fn, *specs, compute=ComputeModel.cpu())
+    _check(prog, fn, tensors, specs)
+
+
+@pytest.mark.parametrize("shape", [(2, 2), (2, 2, 2)])
+def test_a_two_layer_transformer_gives_the_single_process_loss_and_gradients(shape):
+    mesh = Mesh.create(shape)
+    tensors, specs = transformer_args(mesh)
+    prog = plan_program(transformer, *specs, compute=ComputeModel.cpu())
+    assert not prog.fallbacks
+    _check(prog, transformer, tensors, specs)
+
+
+def test_a_data_parallel_weight_gets_its_gradient_reduce_scattered_once():
+    mesh = Mesh.create((4,), ("dp",))
+    x = Spec(mesh, [Shard(0)], (1024, 32), "float64")  # a batch: dearer to gather than w
+    w = Spec(mesh, [Shard(0)], (32, 32), "float64")  # FSDP: the weight stored sharded on dp
+    prog = plan_program(lambda x, w: (x @ w).tanh().sum(), x, w, compute=ComputeModel.cpu())
+    assert prog.grad_moves[1] is not None, prog.explain()
+    kinds = [s.collective for s in prog.grad_moves[1].steps]
+    assert kinds == ["reduce_scatter"], prog.explain()
+    assert prog.grad_specs[1] == w
+
+
+def test_a_row_parallel_partial_sum_is_reduced_exactly_once():
+    mesh = Mesh.create((2,), ("tp",))
+    x = Spec(mesh, [Shard(1)], (4, 8), "float64")
+    w = Spec(mesh, [Shard(0)], (8, 6), "float64")
+    prog = plan_program(lambda x, w: (x @ w).sum(), x, w, compute=ComputeModel.cpu())
+    reduces = [
+        s
+        for m in [*(m for op in prog.ops for m in op.moves), *prog.out_moves]
+        if m is not None
+        for s in m.steps
+        if s.collective in ("all_reduce", "reduce_scatter")
+    ]
+    assert len(reduces) == 1, prog.explain()
+
+
+def _brute_force(prog_fn, specs, compute):
+    """Every combination of every op's candidate strategies, priced exactly."""
+    from meshplan.strategy._program import plan_graph
+    from meshplan.strategy._trace import trace
+
+    graph = trace(prog_fn, specs, [True] * len(specs))
+    prog = plan_graph(graph, specs, compute=compute, max_factor=1 << 40)
+    return prog, graph
+
+
+@settings(max_examples=min(settings.default.max_examples, 15), deadline=None)
+@given(data=st.data())
+def test_plan_program_matches_exhaustive_search_on_small_graphs(data):
+    """The solver's minimum equals the minimum over all strategy combinations."""
+    import numpy as np  # noqa: F401  (the solver's dependency)
+
+    from meshplan.strategy import _solve
+
+    mesh = Mesh.create((2,))
+    prog_desc = data.draw(programs(max_ops=2, n_weights=1), label="program")
+    specs = data.draw(arg_specs(mesh, 4, 4, 1), label="specs")
+    fn = build(prog_desc, 1)
+    captured = {}
+    real = _solve.solve
+
+    def spy(unary, pairs, **kw):
+        captured["problem"] = (unary, pairs)
+        return real(unary, pairs, **kw)
+
+    _solve.solve = spy
+    try:
+        prog = plan_program(fn, *specs, compute=ComputeModel.cpu())
+    finally:
+        _solve.solve = real
+    unary, pairs = captured["problem"]
+    sizes = [len(u) for u in unary]
+    if _prod(sizes) > 200_000:
+        return
+    best = min(total(c, unary, pairs) for c in itertools.product(*map(range, sizes)))
+    assert prog.method == "exact"
+    assert abs(prog.cost.total - best) <= 1e-12 + 1e-9 * best, prog.explain()
+
+
+def _prod(sizes):
+    out = 1
+    for s in sizes:
+        out *= s
+    return out
+
+
+def test_the_forest_bound_is_below_and_local_search_above_the_exact_minimum():
+    mesh = Mesh.create((2, 2))
+    tensors, specs = transformer_args(mesh, layers=1)
+    fn = functools.partial(transformer, layers=1)
+    exact = plan_program(fn, *specs, compute=ComputeModel.cpu())
+    from meshplan.strategy._program import plan_graph
+
+    approx = plan_graph(exact.graph, specs, compute=ComputeModel.cpu(), max_factor=1)
+    assert approx.method != "exact"
+    assert approx.lower_bound <= exact.cost.total + 1e-15
+    assert approx.cost.total >= exact.cost.total - 1e-15
+    _check(approx, fn, tensors, specs)
+
+
+# -- bad input ----------------------------------------------------------------------------
+
+
+def test_a_spec_whose_shape_disagrees_with_the_function_is_named():
+    mesh = Mesh.create((2,))
+    x = Spec(mesh, [Shard(0)], (4, 3), "float64")
+    w = Spec(mesh, [Replicate()], (5, 2), "float64")
+    with pytest.raises(StrategyError, match="tracing the program"):
+        plan_program(lambda x, w: (x @ w).sum(), x, w)
+
+
+def test_branching_on_a_tensor_value_is_refused():
+    mesh = Mesh.create((2,))
+    x = Spec(mesh, [Shard(0)], (4, 3), "float64")
+
+    def fn(x):
+        if x.sum() > 0:
+            return x.sum()
+        return -x.sum()
+
+    with pytest.raises(StrategyError, match="branches on a tensor"):
+        plan_program(fn, x)
+
+
+def test_an_op_without_a_rule_runs_replicated_with_a_warning_or_is_refused_when_strict():
+    mesh = Mesh.create((2,))
+    x = Spec(mesh, [Shard(0)], (4, 3), "float64")
+    fn = lambda x: torch.cumsum(x, 0).sum()  # noqa: E731
+    with pytest.warns(UserWarning, match="cumsum"):
+        prog = plan_program(fn, x)
+    assert prog.fallbacks == ("aten.cumsum.default",)
+    t = torch.randn(4, 3, dtype=torch.float64)
+    _check(prog, fn, [t], [x])
+    with pytest.raises(StrategyError, match="cumsum"):
+        plan_program(fn, x, strict=True)
+
+
+def test_non_spec_arguments_and_bad_out_specs_are_named():
+    mesh = Mesh.create((2,))
+    x = Spec(mesh, [Shard(0)], (4, 3), "float64")
+    with pytest.raises(StrategyError, match="not a Spec"):
+        plan_program(lambda x: x.sum(), (4, 3))
+    with pytest.raises(StrategyError, match="disagrees"):
+        plan_program(lambda x: x.sum(), x, out_specs=[x])
