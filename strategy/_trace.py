@@ -126,17 +126,17 @@ def trace(
         return outs_t, tuple(grads)
 
     mode = FakeTensorMode(allow_non_fake_inputs=True)
-    with mode:
-        fakes = []
-        for spec, g in zip(arg_specs, requires_grad, strict=True):
-            t = torch.empty(spec.shape, dtype=_dtype(spec.dtype))
-            fakes.append(t.requires_grad_(True) if g else t)
-        # a first pass finds the outputs' metadata, to build their cotangents
-        with torch.enable_grad():
-            probe = fn(*fakes)
-        probe_t = (probe,) if isinstance(probe, torch.Tensor) else tuple(probe)
-        cots = [torch.empty(tuple(o.shape), dtype=o.dtype) for o in probe_t]
     try:
+        with mode:
+            fakes = []
+            for spec, g in zip(arg_specs, requires_grad, strict=True):
+                t = torch.empty(spec.shape, dtype=_dtype(spec.dtype))
+                fakes.append(t.requires_grad_(True) if g else t)
+            # a first pass finds the outputs' metadata, to build their cotangents
+            with torch.enable_grad():
+                probe = fn(*fakes)
+            probe_t = (probe,) if isinstance(probe, torch.Tensor) else tuple(probe)
+            cots = [torch.empty(tuple(o.shape), dtype=o.dtype) for o in probe_t]
         with torch.enable_grad():
             gm = make_fx(joint, decomposition_table=_decompositions(), tracing_mode="fake")(
                 *fakes, *cots

@@ -197,7 +197,7 @@ def test_an_op_without_a_rule_runs_replicated_with_a_warning_or_is_refused_when_
     fn = lambda x: torch.cumsum(x, 0).sum()  # noqa: E731
     with pytest.warns(UserWarning, match="cumsum"):
         prog = plan_program(fn, x)
-    assert prog.fallbacks == ("aten.cumsum.default",)
+    assert "aten.cumsum.default" in prog.fallbacks  # (its backward: flip, cumsum)
     t = torch.randn(4, 3, dtype=torch.float64)
     _check(prog, fn, [t], [x])
     with pytest.raises(StrategyError, match="cumsum"):
