@@ -91,7 +91,7 @@ def on_each_rank(device: str = "cpu") -> list[tuple[str, str, bool, float]]:
     # 5. Plan for this hardware: calibrate() times every collective on these groups (up
     #    to the moves' size) and returns the same profile on every rank, so every rank
     #    picks the same plans. Save it with profile.to_json() to plan with it elsewhere.
-    profile = calibrate(groups, nbytes=2 << 20, repeats=5)
+    profile = calibrate(groups, nbytes=2 << 20, repeats=5, device=device)  # NCCL: on the GPU
     for name, (src, dst) in specs.items():
         mine = plan(src, dst, cost_model=CostModel(profile))
         if mine != plans[name]:

@@ -77,7 +77,7 @@ def measure(
             groups.create(name)
         return {}
     if device is None:
-        device = "cpu" if mesh.device_type == "cpu" else torch.device(mesh.device_type)
+        device = default_device(mesh.device_type, _backend(groups))
     numel = max(1, nbytes // 4)
     big = torch.ones(numel, dtype=torch.float32, device=device)
     tiny = torch.ones(1, dtype=torch.float32, device=device)
@@ -323,13 +323,33 @@ def calibrate(
     )
 
 
+def _backend(groups: ProcessGroups) -> str:
+    import torch.distributed as dist
+
+    return str(dist.get_backend(groups.get(tuple(groups.mesh.names)).pg)).lower()
+
+
+def default_device(device_type: str, backend: str) -> torch.device:
+    """The device to time collectives on: the mesh's, unless its groups' backend cannot
+    reduce tensors there -- a mesh built with the default ``device_type="cpu"`` on an
+    NCCL world times on the current CUDA device (NCCL takes no CPU tensors).
+
+    >>> default_device("cpu", "gloo"), default_device("cpu", "nccl")
+    (device(type='cpu'), device(type='cuda'))
+    >>> default_device("cpu", "cpu:gloo,cuda:nccl"), default_device("cuda", "nccl")
+    (device(type='cpu'), device(type='cuda'))
+    """
+    backend = backend.lower()
+    if device_type == "cpu" and "nccl" in backend and "cpu:" not in backend:
+        return torch.device("cuda")
+    return torch.device(device_type)
+
+
 def _on_gloo(groups: ProcessGroups, device) -> bool:
     """Whether the mesh's collectives on ``device`` run on gloo, which runs a reduce_scatter
     as an all_reduce of the whole input (torch 2.13): a gloo group, or a group of several
     backends (``"cpu:gloo,cuda:nccl"``) on the CPU. The same on every rank."""
-    import torch.distributed as dist
-
-    backend = str(dist.get_backend(groups.get(tuple(groups.mesh.names)).pg)).lower()
+    backend = _backend(groups)
     if ":" not in backend:
         return backend == "gloo"
     kind = torch.device(device).type

@@ -472,6 +472,9 @@ def exchange(
         ops.append(
             dist.P2POp(dist.irecv, buf, group=group.pg, group_peer=group.group_rank(p), tag=tag)
         )
+    # A rank with nothing to send or receive skips batch_isend_irecv. NCCL allows that
+    # only once the group has run a collective of all its members (its first one sets up
+    # the communicator): ProcessGroups runs one when it creates an NCCL group (warm_up).
     if ops:
         with _guard("exchange", group):
             works = dist.batch_isend_irecv(ops)

@@ -197,6 +197,8 @@ class ProcessGroups:
     ``groups[dims]``) returns the calling rank's :class:`Group` along ``dims``: a mesh dim
     name or index, a flattened alias, or several of them (``None``: the whole mesh).
     ``timeout`` (seconds or a ``timedelta``) bounds every collective on these groups.
+    ``warm_up`` runs one all_reduce of every member right after a group is created
+    (default: on NCCL, whose first collective on a group must involve every member).
     Every rank of the world builds it and asks for new dims in the same order (ranks
     outside the mesh call ``create``); with ``local=True`` only the mesh's ranks do (see
     the module docs for when that is safe).
@@ -212,6 +214,7 @@ class ProcessGroups:
         timeout: float | datetime.timedelta = DEFAULT_TIMEOUT,
         backend: str | None = None,
         local: bool = False,
+        warm_up: bool | None = None,
     ) -> None:
         import torch.distributed as dist
 
@@ -232,6 +235,7 @@ class ProcessGroups:
         self.timeout = float(timeout)
         self.backend = backend
         self.local = bool(local)
+        self.warm_up = warm_up
         self.rank = dist.get_rank()
         self.world_size = dist.get_world_size()
         if max(mesh.ranks) >= self.world_size:
@@ -252,7 +256,11 @@ class ProcessGroups:
 
     @classmethod
     def from_device_mesh(
-        cls, device_mesh: Any, *, timeout: float | datetime.timedelta = DEFAULT_TIMEOUT
+        cls,
+        device_mesh: Any,
+        *,
+        timeout: float | datetime.timedelta = DEFAULT_TIMEOUT,
+        warm_up: bool | None = None,
     ) -> ProcessGroups:
         """The groups of a torch ``DeviceMesh``, reusing its own process groups (none created).
 
@@ -264,7 +272,7 @@ class ProcessGroups:
         """
         from ._interop import process_groups_from_device_mesh
 
-        return process_groups_from_device_mesh(device_mesh, timeout=timeout)
+        return process_groups_from_device_mesh(device_mesh, timeout=timeout, warm_up=warm_up)
 
     def _adopt(self, handles: dict[Any, Group]) -> None:
         """Serve ``handles`` (keyed like ``_key``), and any key whose members one of them has."""
@@ -395,7 +403,11 @@ class ProcessGroups:
                 f"{self.rank}: {_first_line(exc)}; {hint}",
                 value=order,
             ) from exc
-        return (pg if self.rank in order else None), order
+        if self.rank not in order:
+            return None, order
+        if _needs_warm_up(pg, self.warm_up):
+            _warm_up(pg, self.rank, order, self.timeout)
+        return pg, order
 
 
 # The shell's process-group table, one per creation mode: (sorted ranks, backend, timeout)
@@ -422,6 +434,41 @@ def _table(local: bool) -> dict[Any, Any]:
         _TABLES.clear()
         _TABLES["world"] = world
     return _TABLES.setdefault(local, {})
+
+
+def _needs_warm_up(pg: Any, flag: bool | None) -> bool:
+    """Whether a new group runs a first collective of all its members at once: asked for,
+    or (``None``) when its backend sets up communicators lazily at the first collective
+    and requires every member to take part in it (NCCL). On NCCL that first collective
+    could otherwise be a ``batch_isend_irecv`` (``exchange``) that ranks with nothing to
+    send or receive skip: undefined behaviour (a hang) under NCCL. gloo connects on
+    creation and needs none."""
+    if flag is not None:
+        return bool(flag)
+    import torch.distributed as dist
+
+    return "nccl" in str(dist.get_backend(pg)).lower()
+
+
+def _warm_up(pg: Any, rank: int, order: tuple[int, ...], timeout: float) -> None:
+    """One tiny all_reduce of every member, on the device the group's backend runs on."""
+    import torch
+    import torch.distributed as dist
+
+    backend = str(dist.get_backend(pg)).lower()
+    if "nccl" in backend and "cpu:" not in backend:
+        device = torch.device("cuda", torch.cuda.current_device())
+    else:
+        device = torch.device("cpu")
+    try:
+        work = dist.all_reduce(torch.zeros(1, device=device), group=pg, async_op=True)
+        work.wait(datetime.timedelta(seconds=timeout))
+    except RuntimeError as exc:
+        raise RuntimeShellError(
+            f"the first collective of the new process group over ranks {order!r} failed on "
+            f"rank {rank}: {_first_line(exc)}; every member must create the group",
+            value=order,
+        ) from exc
 
 
 def _key(dims: DimsKey) -> Any:

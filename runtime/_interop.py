@@ -33,7 +33,7 @@ from meshplan.layout import Axis, Mesh, MeshLayout
 from meshplan.placement import Sharded, Spec
 from meshplan.placement._torch_compat import from_torch, to_torch
 
-from ._groups import DEFAULT_TIMEOUT, Group, ProcessGroups
+from ._groups import DEFAULT_TIMEOUT, Group, ProcessGroups, _needs_warm_up, _warm_up
 
 __all__ = [
     "from_dtensor",
@@ -195,7 +195,10 @@ def to_device_mesh(mesh: Mesh, *, groups: ProcessGroups | None = None) -> Any:
 
 
 def process_groups_from_device_mesh(
-    device_mesh: Any, *, timeout: float | datetime.timedelta = DEFAULT_TIMEOUT
+    device_mesh: Any,
+    *,
+    timeout: float | datetime.timedelta = DEFAULT_TIMEOUT,
+    warm_up: bool | None = None,
 ) -> ProcessGroups:
     """A :class:`ProcessGroups` that uses ``device_mesh``'s own process groups.
 
@@ -204,11 +207,15 @@ def process_groups_from_device_mesh(
     set of dims the DeviceMesh has no group for (a step across two dims with no
     flattened dim over them) gets a new group, created by every rank of the world as
     ``ProcessGroups(mesh)`` does. Call it on every rank of the world.
+
+    ``warm_up`` (default: on NCCL) runs one all_reduce on each adopted group, in one
+    order on every rank: NCCL requires every member in a group's first collective, and a
+    DeviceMesh's groups may not have run one yet. Build it once and reuse it.
     """
     import torch.distributed as dist
 
     mesh = mesh_from_device_mesh(device_mesh)
-    groups = ProcessGroups(mesh, timeout=timeout)
+    groups = ProcessGroups(mesh, timeout=timeout, warm_up=warm_up)
     rank = groups.rank
     if not mesh.contains(rank):
         raise RuntimeShellError(
@@ -231,6 +238,11 @@ def process_groups_from_device_mesh(
     for alias in mesh.aliases:
         adopt((alias,), alias, root._flatten_mapping[alias].get_group())
     groups._adopt(adopted)
+    seen = set()
+    for group in adopted.values():
+        if id(group.pg) not in seen and _needs_warm_up(group.pg, warm_up):
+            _warm_up(group.pg, rank, group.pg_ranks, groups.timeout)
+        seen.add(id(group.pg))
     return groups
 
 
@@ -406,7 +418,7 @@ def redistribute_dtensor(
             f"{dtensor.device_mesh.ndim}-dim device mesh; give one per mesh dim",
             value=placements,
         )
-    if groups is None:
-        groups = process_groups_from_device_mesh(dtensor.device_mesh)
+    if groups is None:  # (pass groups= to reuse one, warmed up once on NCCL)
+        groups = process_groups_from_device_mesh(dtensor.device_mesh, warm_up=False)
     options = {"cost_model": cost_model, "merge": merge, "max_local_bytes": max_local_bytes}
     return _RedistributeDTensor.apply(dtensor, tuple(placements), groups, options)

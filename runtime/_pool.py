@@ -85,6 +85,12 @@ class WorkerPool:
     that tasks importing them start instantly; ``env`` is set in every worker;
     ``threads`` is each worker's torch thread count.
 
+    Workers are started with ``forkserver`` (or ``spawn``): they import the module that
+    defines each task by name, so a script that makes a pool must keep its top-level
+    code under ``if __name__ == "__main__":`` (otherwise every worker would run the
+    script again) and define its tasks at module level. With ``backend="nccl"`` worker
+    ``r`` takes GPU ``r % torch.cuda.device_count()`` as its current device.
+
     >>> pool = WorkerPool(4, timeout=30)    # nothing is spawned yet
     >>> pool.world_size, pool.alive, pool.starts
     (4, False, 0)
@@ -395,6 +401,7 @@ def _worker_main(rank: int, config: dict[str, Any], conn: Any) -> None:
         import torch.distributed as dist
 
         torch.set_num_threads(config["threads"])
+        device_id = _bind_device(config["backend"], rank)
         store = dist.TCPStore(
             config["host"],
             config["port"],
@@ -408,6 +415,7 @@ def _worker_main(rank: int, config: dict[str, Any], conn: Any) -> None:
             rank=rank,
             world_size=config["world_size"],
             timeout=datetime.timedelta(seconds=config["pg_timeout"]),
+            device_id=device_id,
         )
     except BaseException as exc:  # reported to the parent
         _reply(conn, "err", 0, _pack_exception(exc))
@@ -434,6 +442,26 @@ def _worker_main(rank: int, config: dict[str, Any], conn: Any) -> None:
             break
     with contextlib.suppress(Exception):  # exiting anyway
         dist.destroy_process_group()
+
+
+def _bind_device(backend: str, rank: int) -> Any:
+    """For an NCCL world, give worker ``rank`` a GPU of its own (``rank % device_count``) and
+    make it current: NCCL runs on the current device, so without this every worker would
+    share GPU 0 (collectives then hang or fail). None for other backends."""
+    if "nccl" not in str(backend).lower():
+        return None
+    import torch
+
+    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if count == 0:
+        raise RuntimeShellError(
+            f"backend {backend!r} needs CUDA GPUs, but this machine has none; use "
+            "WorkerPool(n, 'gloo') on CPUs",
+            value=backend,
+        )
+    device = torch.device("cuda", rank % count)
+    torch.cuda.set_device(device)
+    return device
 
 
 def _adopt_sys_path(parent_path: list[str]) -> None:
