@@ -120,27 +120,85 @@ class PartitionSpec(Sequence):
     __str__ = __repr__
 
 
+def _is_int(value: Any) -> bool:
+    return isinstance(int_or_same(value), int) and not isinstance(value, bool)
+
+
+def _shape_like(value: Any) -> bool:
+    """An int, or a sequence of ints (what a global shape is; a pspec of indices too)."""
+    if _is_int(value):
+        return True
+    return (
+        isinstance(value, Sequence)
+        and not isinstance(value, str | bytes | PartitionSpec)
+        and all(_is_int(v) for v in value)
+    )
+
+
+def _indices_of(mesh: Mesh, value: Any) -> bool:
+    """Whether ``value`` (ints) reads as a pspec of distinct mesh dim indices."""
+    items = [int_or_same(v) for v in value]
+    return all(-mesh.ndim <= i < mesh.ndim for i in items) and len(
+        {i % mesh.ndim for i in items}
+    ) == len(items)
+
+
+def _in_order(mesh: Mesh, pspec: Any, shape: Any) -> tuple[Any, Any]:
+    """``(pspec, shape)``, swapped when they came in the older order ``(shape, pspec)``.
+
+    The older order is recognized by the values: a shape is ints, a pspec holds names,
+    ``None``s or tuples. Where both are ints, the one that reads as distinct mesh dim
+    indices is the pspec; if both do, the order cannot be told and a PlacementError
+    asks to wrap the pspec in a :class:`PartitionSpec`.
+    """
+    if isinstance(pspec, PartitionSpec) or isinstance(shape, PartitionSpec):
+        return (shape, pspec) if isinstance(shape, PartitionSpec) else (pspec, shape)
+    if not isinstance(pspec, Sequence) or isinstance(pspec, str | bytes):
+        return shape, pspec  # an int or an iterator: a shape, in the older order
+    if not _shape_like(pspec):
+        return pspec, shape
+    if not _shape_like(shape):
+        return shape, pspec
+    if _is_int(shape):
+        return shape, pspec  # (shape=8 is no pspec either; the shape check names it)
+    first, second = _indices_of(mesh, pspec), _indices_of(mesh, shape)
+    if first and second and tuple(pspec) != tuple(shape):
+        raise PlacementError(
+            f"from_partition_spec got {pspec!r} and {shape!r}: both read as a partition "
+            "spec of mesh dim indices and as a global shape, so their order is unclear; "
+            f"wrap the partition spec: PartitionSpec(*{pspec!r})",
+            value=(pspec, shape),
+        )
+    return (pspec, shape) if first or not second else (shape, pspec)
+
+
 def from_partition_spec(
     mesh: Mesh,
-    shape: Sequence[int],
     pspec: Any,
+    shape: Sequence[int],
     partial: Mapping[Any, str] | None = None,
     dtype: Any = "float32",
 ) -> Spec:
     """Build a :class:`Spec` from the JAX view (see the module docs).
 
-    ``pspec`` is a :class:`PartitionSpec` or a plain sequence of entries (``None``, a
-    mesh dim name or index, or a tuple of them, major first); it may be shorter than
-    the tensor's rank (the rest is unsharded). ``partial`` maps mesh dims to reduce
-    ops; when omitted, a :class:`PartitionSpec`'s own ``partial`` is used.
+    Arguments come in the order of ``Spec(mesh, placements, shape)``: the mesh, how the
+    tensor is split, its global shape. ``pspec`` is a :class:`PartitionSpec` or a plain
+    sequence of entries (``None``, a mesh dim name or index, or a tuple of them, major
+    first); it may be shorter than the tensor's rank (the rest is unsharded).
+    ``partial`` maps mesh dims to reduce ops; when omitted, a :class:`PartitionSpec`'s
+    own ``partial`` is used. The older order ``(mesh, shape, pspec)`` is still accepted
+    (told apart by the values: a shape is ints, a pspec names mesh dims).
 
     >>> mesh = Mesh.create((2, 2, 2), ("dp", "tp", "cp"))
-    >>> s = from_partition_spec(mesh, (8, 4), (("tp", "dp"), None), partial={"cp": "sum"})
+    >>> s = from_partition_spec(mesh, (("tp", "dp"), None), (8, 4), partial={"cp": "sum"})
     >>> print(s)
     f32[8,4](S(0)[1,0] S(0) P(sum))
+    >>> s == from_partition_spec(mesh, (8, 4), (("tp", "dp"), None), partial={"cp": "sum"})
+    True
     """
     if not isinstance(mesh, Mesh):
         raise PlacementError(f"from_partition_spec takes a Mesh, got {mesh!r}", value=mesh)
+    pspec, shape = _in_order(mesh, pspec, shape)
     entries = _entries(pspec)
     if partial is None and isinstance(pspec, PartitionSpec):
         partial = pspec.partial

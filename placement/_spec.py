@@ -181,21 +181,24 @@ class Spec:
     def from_partition_spec(
         cls,
         mesh: Mesh,
-        shape: Sequence[int],
         pspec: Any,
+        shape: Sequence[int],
         partial: Mapping[Any, str] | None = None,
         dtype: Any = "float32",
     ) -> Spec:
         """A spec from the JAX view: per tensor dim the mesh dims sharding it (major first).
 
+        Arguments in the order of ``Spec(mesh, placements, shape)``; the older order
+        ``(mesh, shape, pspec)`` is still accepted.
+
         >>> mesh = Mesh.create((2, 2), ("dp", "tp"))
-        >>> s = Spec.from_partition_spec(mesh, (8, 4), (("dp", "tp"), None))
+        >>> s = Spec.from_partition_spec(mesh, (("dp", "tp"), None), (8, 4))
         >>> s.placements, s.partition_spec()
         ((Shard(0), Shard(0)), PartitionSpec(('dp', 'tp'), None))
         """
         from ._pspec import from_partition_spec
 
-        return from_partition_spec(mesh, shape, pspec, partial, dtype)
+        return from_partition_spec(mesh, pspec, shape, partial, dtype)
 
     def partition_spec(self):
         """The JAX view of this spec (raises for ``StridedShard``); see :class:`PartitionSpec`."""
