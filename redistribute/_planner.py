@@ -14,6 +14,9 @@ The steps a plan may take (each a valid :class:`Step`):
 * ``all_permute`` over several mesh dims sharded in both specs: a change of shard order,
   or of which dims shard which tensor dims, valid when per tensor dim the old and new
   orders share a prefix and differ only in the step's dims. Every such permute is a move;
+* ``all_permute`` between specs whose ranks hold the same pieces though they shard with
+  other mesh dims (``S(0) R -> R S(0)``): every rank receives one member's whole local
+  tensor, over the mesh dims after the orders' common prefixes (:mod:`._general`);
 * with ``merge`` (the default), on a mesh with flattened aliases: one all_reduce,
   all_gather, reduce_scatter or all_to_all over every dim of an alias, ending where a
   chain of like-kind single-dim steps over those dims ends, when it is one valid step

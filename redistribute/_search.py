@@ -64,6 +64,7 @@ from ._exact import (
     piece_classes,
     tiny_dims,
 )
+from ._general import general_bound, general_kept_bound, general_permutes
 from ._heuristic import ANY, SHARD_ANY, SUMAVG, R, _Bounds, sequence_weights
 
 __all__ = [
@@ -138,6 +139,8 @@ class _Context(_Bounds):
         self._ext: dict = {}
         self._succ: dict = {}  # state -> its single-dim transitions
         self._perms: dict = {}  # state -> its all_permute transitions (for tables)
+        self._general: dict = {}  # state -> its general all_permutes (``_general``)
+        self.general = len(self.active) >= 2  # whether searches take general permutes
         self._hubs: dict = {}  # state -> its transitions into permute hubs
         self._members: dict = {}  # permute hub node -> its transitions out
         self._floor: dict = {}  # state -> lower bound of their prices
@@ -189,6 +192,14 @@ class _Context(_Bounds):
         )
         # the least latency of any collective (one on a single mesh dim, at least)
         self.alpha_floor = min([self.alpha_log[m] for m in self.active] or [0.0])
+        # the least latency of one hop of any collective (a general permute's, at least)
+        self.latency_floor = min([best[m].latency_s for m in self.active] or [0.0])
+        # the most ranks one gathering collective spans (a dim, or an alias's dims)
+        self.widest_group = max(
+            [self.sizes[m] for m in self.active]
+            + [math.prod(self.sizes[m] for m in dims) for _, dims in self.aliases]
+            or [2]
+        )
         self.dim_bw = tuple(link.bytes_per_s for link in best)
         self.fastest = max([self.dim_bw[m] for m in self.active] or [1.0])
         # what the first rank lacks, in seconds per byte at least: the model charges an
@@ -299,6 +310,7 @@ class _Context(_Bounds):
             self._nbytes.clear()
             self._succ.clear()
             self._perms.clear()
+            self._general.clear()
             self._hubs.clear()
             self._members.clear()
             self._floor.clear()
@@ -361,7 +373,29 @@ class _Context(_Bounds):
         """Every transition from state ``i`` (see the tuple layout above); goal-free. In
         the order :func:`search` relaxes them (single-dim steps, merged steps, permutes),
         so that of two moves to one state at one price, a table keeps the search's."""
-        return self.singles(i) + self.merges(i) + self.permutes(i)
+        out = self.singles(i) + self.merges(i) + self.permutes(i)
+        return out + general_permutes(self, i) if self.general else out
+
+    def heuristic(self, state, goal) -> float:
+        """A lower bound on the price of any plan from ``state`` to ``goal`` (ids): the
+        least of the per-dim bound (``_heuristic``) and, where general permutes are
+        moves, the bound of plans taking one (``_general``)."""
+        h = _Bounds.heuristic(self, state, goal)
+        if self.general:
+            g = general_bound(self, state, goal)
+            if g < h:
+                return g
+        return h
+
+    def kept_bound(self, state, goal) -> float:
+        """A lower bound on the price from any state an all_permute out of ``state`` leads
+        to, to ``goal`` (ids): ``_heuristic``'s, or one of plans taking a general permute."""
+        h = _Bounds.kept_bound(self, state, goal)
+        if self.general:
+            g = general_kept_bound(self, state, goal)
+            if g < h:
+                return g
+        return h
 
     def singles(self, i: int):
         """The single-dim transitions from state ``i``."""
@@ -1050,6 +1084,9 @@ def search(ctx: _Context, start: int, goal):
     kept_bounds = ctx._kept_bounds
     merges_on = bool(ctx.aliases)
     merge_dims = ctx.merge_dims
+    general = ctx.general
+    general_floor = ctx.launch + ctx.per_collective + ctx.latency_floor
+    copy = ctx.copy
 
     def h_of(i):
         key = (i, goal)
@@ -1112,6 +1149,11 @@ def search(ctx: _Context, start: int, goal):
             if g <= best[i]:
                 relax(i, g, memo[i], ctx.merges(i))
             continue
+        if type(i) is _General:
+            i = i.state
+            if g <= best[i]:
+                relax(i, g, memo[i], general_permutes(ctx, i))
+            continue
         if i < 0:
             # the all_permutes of state ~i, queued when it was expanded (at a lower bound
             # of their rank), generated only now: first into their hubs
@@ -1159,6 +1201,11 @@ def search(ctx: _Context, start: int, goal):
         if floor < math.inf:
             # every permute leads to a state ranked at least this
             push(heap, (g + (floor if floor > h else h), neg_g, next(counter), ~i))
+        if general:
+            # the general permutes of state i, generated only once one may still be on
+            # the cheapest plan (each costs at least a launch, a hop and a copy)
+            floor = general_floor + ctx.nbytes(i) * copy
+            push(heap, (g + (floor if floor > h else h), neg_g, next(counter), _General(i)))
     if reached is None:
         return None
     i = min(reached, key=lambda x: state_order(states[x]))
@@ -1253,6 +1300,15 @@ def admits(goal: tuple, state: tuple) -> bool:
 
 class _Merges:
     """A search queue entry: the merged steps of ``state``, generated when it is popped."""
+
+    __slots__ = ("state",)
+
+    def __init__(self, state: int):
+        self.state = state
+
+
+class _General:
+    """A search queue entry: the general permutes of ``state``, generated when it is popped."""
 
     __slots__ = ("state",)
 

@@ -40,6 +40,7 @@ __all__ = [
     "transfers_from",
     "local_transform",
     "LocalDim",
+    "permutation",
 ]
 
 Segments = tuple[tuple[int, int, int], ...]
@@ -119,9 +120,53 @@ def _senders_for(step: Step, group: tuple[int, ...], receiver: int) -> tuple[int
     return tuple(out)
 
 
+def permutation(step: Step, group: tuple[int, ...]) -> dict[int, int] | None:
+    """For an all_permute: receiver -> sender over ``group`` (one of the step's groups)
+    when every member's target piece is exactly some member's whole source piece, one to
+    one; else None. A rank that holds its own target keeps it; the others take the
+    holders of their piece in group order.
+
+    >>> from meshplan.layout import Mesh
+    >>> from meshplan.placement import Replicate, Shard
+    >>> mesh = Mesh.create((2, 2))
+    >>> a = Spec(mesh, [Shard(0), Replicate()], (4,))
+    >>> b = Spec(mesh, [Replicate(), Shard(0)], (4,))
+    >>> permutation(Step((0, 1), a, b, "all_permute"), (0, 1, 2, 3))
+    {0: 0, 3: 3, 1: 2, 2: 1}
+    """
+    return _permutation(step, tuple(group))
+
+
+@functools.lru_cache(maxsize=4096)
+def _permutation(step: Step, group: tuple[int, ...]) -> dict[int, int] | None:
+    src, dst = step.src, step.dst
+    holders: dict = {}
+    for r in group:
+        holders.setdefault(local_intervals(src, r), []).append(r)
+    needs = {r: local_intervals(dst, r) for r in group}
+    out: dict[int, int] = {}
+    for r in group:  # every rank holding its own target keeps it
+        if needs[r] == local_intervals(src, r):
+            out[r] = r
+    taken = set(out.values())
+    free = {k: [r for r in v if r not in taken] for k, v in holders.items()}
+    for r in group:
+        if r in out:
+            continue
+        left = free.get(needs[r])
+        if not left:
+            return None
+        out[r] = left.pop(0)
+    return out
+
+
 @functools.lru_cache(maxsize=16384)
 def transfers_to(step: Step, receiver: int) -> tuple[Transfer, ...]:
     """Every transfer ``receiver`` needs for a data-moving step (gather, all_to_all, permute).
+
+    An all_permute whose target pieces are its source pieces one to one
+    (:func:`permutation`) takes each rank's target whole from one member; any other
+    reads the overlaps of every member that holds part of it.
 
     Raises :class:`PlanError` if the group does not hold every element the receiver
     needs: the step is not a valid transform.
@@ -129,6 +174,15 @@ def transfers_to(step: Step, receiver: int) -> tuple[Transfer, ...]:
     src, dst = step.src, step.dst
     group = step_group(step, receiver)
     need = local_intervals(dst, receiver)
+    if step.collective == "all_permute":
+        mapping = _permutation(step, group.ranks)
+        if mapping is not None:
+            sender = mapping[receiver]
+            segs = tuple(overlap(h, n) for h, n in zip(local_intervals(src, sender), need, strict=True))
+            if src.ndim and any(not s for s in segs):
+                return ()
+            pos = group.ranks.index(sender)
+            return (Transfer(sender, receiver, pos, group.position, segs),)
     out = []
     got = 0
     for pos in _senders_for(step, group.ranks, receiver):

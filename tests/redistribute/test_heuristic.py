@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from meshplan.layout import Mesh
 from meshplan.placement import Partial, Replicate, Shard, Spec, StridedShard
 from meshplan.redistribute import CostModel, HardwareProfile
-from meshplan.redistribute._heuristic import _keeps, _orders, _weight
+from meshplan.redistribute._heuristic import _Bounds, _keeps, _orders, _weight
 from meshplan.redistribute._planner import _state, _universe
 from meshplan.redistribute._search import _Context, search
 
@@ -241,7 +241,9 @@ def _bound_at_source(src, dst, model):
     ctx = _fresh(src, model, shards, ptargets, "time")
     start, goal = ctx.intern(_state(src)), ctx.intern(_state(dst))
     total, moves = search(ctx, start, goal)
-    return ctx.heuristic(start, goal), total, moves
+    # (the per-mesh-dim bound: the search takes the least of it and the bound of plans
+    # through a general permute, ``_general.general_bound``, which is looser)
+    return _Bounds.heuristic(ctx, start, goal), total, moves
 
 
 def _two_nodes():

@@ -4,7 +4,9 @@ The brute force knows nothing of the planner's rules. It enumerates every spec o
 mesh (every placement of a generous universe on every mesh dim, every shard order) and
 every step between two of them that changes one mesh dim's placement and position in
 the shard orders (the others keep their relative order; the collective follows from the
-placement kinds), or that rearranges several sharded mesh dims (an all_permute), or,
+placement kinds), or that rearranges several sharded mesh dims (an all_permute), or
+that gives every rank one member's whole local tensor where the specs shard with other
+mesh dims (an all_permute too, such as ``S(0) R -> R S(0)``), or,
 on a mesh with an alias, that runs one collective over the alias's dims; a step is an
 edge when the exchange bookkeeping delivers every rank's target data (collectives) or
 when the simulator turns random data into the target (local steps). Dijkstra over that
@@ -37,6 +39,7 @@ from meshplan.placement import (
     Spec,
     StridedShard,
     is_shard_like,
+    local_intervals,
     same_layout,
     shard,
     unshard,
@@ -199,6 +202,8 @@ def brute_force_bounds(
                 continue
             if all(m in shard_dims and is_shard_like(t.placements[m]) for m in g):
                 yield Step(g, s, t, "all_permute")
+            elif _moves_whole_pieces(s, t, g):
+                yield Step(g, s, t, "all_permute")
         yield from merged(s)
 
     def merged(s: Spec):
@@ -287,6 +292,24 @@ def _alias_dims(mesh: Mesh, axis):
 @functools.cache
 def _valid(step: Step) -> bool:
     return _delivers(step)
+
+
+def _moves_whole_pieces(s: Spec, t: Spec, g: tuple) -> bool:
+    """An all_permute over ``g`` (no Partial dim in it) between specs that shard with other
+    mesh dims: valid when in every group of ``g`` the target pieces are the source pieces,
+    one to one (each rank receives one member's whole local tensor)."""
+    if any(isinstance(x.placements[m], Partial) for m in g for x in (s, t)):
+        return False
+    if {m for m in g if is_shard_like(s.placements[m])} == {
+        m for m in g if is_shard_like(t.placements[m])
+    }:
+        return False
+    for group in s.mesh.groups(g):
+        have = sorted(local_intervals(s, r) for r in group)
+        need = sorted(local_intervals(t, r) for r in group)
+        if have != need:
+            return False
+    return True
 
 
 def _only_moves(s: Spec, t: Spec, m: int) -> bool:

@@ -242,8 +242,12 @@ def test_every_valid_all_permute_is_a_move(src_text, dst_text, shape, before_us)
 def _old_candidate(step, goal: Spec) -> bool:
     """Whether the former candidate rule generated this permute for ``goal``: its target
     puts one tensor dim in the goal's order, or gives every mesh dim sharding in both the
-    goal's placement."""
+    goal's placement (and shards with the same mesh dims: that rule had no other)."""
     s, t = step.src, step.dst
+    if {m for m in step.mesh_dims if is_shard_like(s.placements[m])} != {
+        m for m in step.mesh_dims if is_shard_like(t.placements[m])
+    }:
+        return False
     for d in range(s.ndim):
         if t.order(d) == goal.order(d) and set(s.order(d)) == set(goal.order(d)):
             others = [m for m in range(s.mesh.ndim) if m not in t.order(d)]

@@ -184,6 +184,9 @@ def _every_step_kind(mesh):
         Step(1, S([Shard(0), Shard(0)]), S([Shard(0), R]), "all_gather"),
         Step(0, S([Shard(0), R]), S([Shard(1), R]), "all_to_all"),
         Step((0, 1), S([Shard(0), Shard(0)]), S([Shard(0), Shard(0)], {0: (1, 0)}), "all_permute"),
+        # whole local tensors between ranks sharding with other mesh dims
+        Step((0, 1), S([Shard(0), R]), S([R, Shard(0)]), "all_permute"),
+        Step((0, 1), S([R, Shard(1)]), S([Shard(1), R]), "all_permute"),
         Step((0, 1), S([Shard(0), Shard(1)]), S([Shard(1), Shard(0)]), "all_to_all"),
         Step(0, S([R, Shard(1)]), S([P(), Shard(1)]), None),
         Step(0, S([R, Shard(1)]), S([Shard(1), Shard(1)], {1: (1, 0)}), None),
