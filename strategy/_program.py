@@ -186,6 +186,13 @@ def _fill(p: Any) -> Any:
     return p
 
 
+def _plain(s: DimStrategy) -> bool:
+    """No strided placeholder: programs shard intermediate values with plain Shard only
+    (a strided layout of an intermediate is never cheaper to reach than a plain one in
+    the ops a model holds, and it would multiply every op's candidates)."""
+    return all(not isinstance(p, Placeholder) or p.split == 1 for p in s.entries)
+
+
 def _constraints(p: Any) -> tuple[str, ...]:
     if not isinstance(p, Placeholder):
         return ()
@@ -199,7 +206,9 @@ class _Option:
     compute: float
 
 
-def _options(call: Call, mesh, compute: ComputeModel, strict: bool) -> tuple[list[_Option], bool]:
+def _options(
+    call: Call, mesh, compute: ComputeModel, strict: bool, max_options: int = 1 << 30
+) -> tuple[list[_Option], bool]:
     rules = aten_strategies(call)
     fallback = rules is None
     if fallback:
@@ -210,6 +219,7 @@ def _options(call: Call, mesh, compute: ComputeModel, strict: bool) -> tuple[lis
                 value=call.target,
             )
         rules = []
+    rules = [r for r in rules if _plain(r)]
     n_in, n_out = len(call.inputs), len(call.outputs)
     rep = DimStrategy([Replicate()] * n_out, [Replicate()] * n_in)
     per_dim = []
@@ -223,7 +233,20 @@ def _options(call: Call, mesh, compute: ComputeModel, strict: bool) -> tuple[lis
         key = (opt.input_specs, opt.output_specs)
         if key not in seen:
             seen[key] = opt
-    return list(seen.values()), fallback
+    return _keep(list(seen.values()), max_options), fallback
+
+
+def _keep(options: list[_Option], limit: int) -> list[_Option]:
+    """At most ``limit`` options: full replication and the ones of least compute (stable).
+
+    On meshes of three or more dims an op has up to (rules + 1) ** ndim candidates and
+    the pairwise prices grow with their square; the ones kept are the most sharded (least
+    local work), which is where a step's time goes, and the replicated fallback.
+    """
+    if len(options) <= limit:
+        return options
+    ranked = sorted(range(1, len(options)), key=lambda i: (options[i].compute, i))
+    return [options[0]] + [options[i] for i in sorted(ranked[: limit - 1])]
 
 
 def _realize(call: Call, mesh, combo: Sequence[DimStrategy], compute: ComputeModel):
@@ -324,13 +347,18 @@ def plan_program(
     compute: ComputeModel | None = None,
     strict: bool = False,
     max_factor: int = 1 << 21,
+    max_options: int = 48,
 ) -> Program:
     """Trace ``fn`` (written for global tensors) and plan it whole, forward and backward.
 
     ``arg_specs`` say how each argument lies on the mesh; ``out_specs`` how each
     output must (default: replicated). ``requires_grad`` marks the differentiated
     arguments (default: the floating-point ones). Ops without a rule run replicated
-    with a :class:`ProgramWarning` (``strict=True`` raises instead).
+    with a :class:`ProgramWarning` (``strict=True`` raises instead). Each op keeps at
+    most ``max_options`` candidate strategies (all of them on 1-D and 2-D meshes; on
+    bigger meshes full replication and the most sharded), and the choice over them is
+    exact unless a factor of the elimination would exceed ``max_factor`` entries
+    (``program.method`` says which, ``program.lower_bound`` bounds the gap).
 
     >>> import torch
     >>> from meshplan.layout import Mesh
@@ -372,6 +400,7 @@ def plan_program(
         compute=compute,
         strict=strict,
         max_factor=max_factor,
+        max_options=max_options,
     )
 
 
@@ -384,6 +413,7 @@ def plan_graph(
     compute: ComputeModel | None = None,
     strict: bool = False,
     max_factor: int = 1 << 21,
+    max_options: int = 48,
 ) -> Program:
     """Plan an already traced :class:`Graph` (pure: no torch)."""
     from ._solve import solve
@@ -414,7 +444,7 @@ def plan_graph(
     fallbacks = []
     for node in calls:
         call = graph.nodes[node].call
-        opts, fb = _options(call, mesh, compute, strict)
+        opts, fb = _options(call, mesh, compute, strict, max_options)
         if fb:
             fallbacks.append(call.target)
         options.append(opts)
@@ -426,8 +456,14 @@ def plan_graph(
             stacklevel=3,
         )
 
+    memo: dict[tuple[Spec, Spec], float] = {}
+
     def price(src: Spec, dst: Spec) -> float:
-        return redistribute_cost(src, dst, model)
+        key = (src, dst)
+        c = memo.get(key)
+        if c is None:
+            c = memo[key] = 0.0 if src == dst else redistribute_cost(src, dst, model)
+        return c
 
     unary = [[o.compute for o in opts] for opts in options]
     pairs: dict[tuple[int, int], Any] = {}
@@ -441,10 +477,11 @@ def plan_graph(
                 continue
             p = var[v.node]
             key = (p, c)
-            m = [
-                [price(po.output_specs[v.index], co.input_specs[i]) for co in options[c]]
-                for po in options[p]
-            ]
+            m = _matrix(
+                [po.output_specs[v.index] for po in options[p]],
+                [co.input_specs[i] for co in options[c]],
+                price,
+            )
             pairs[key] = m if key not in pairs else _add(pairs[key], m)
     sinks = [(v, s) for v, s in zip(graph.outputs, outs, strict=True)]
     sinks += [(v, s) for v, s in zip(graph.grads, grads, strict=True) if v is not None]
@@ -456,6 +493,16 @@ def plan_graph(
             unary[c][k] += price(o.output_specs[v.index], target)
     sol = solve(unary, pairs, max_factor=max_factor)
     return _assemble(graph, arg_specs, outs, cots, grads, fixed, options, var, sol, model, fallbacks)
+
+
+def _matrix(srcs: list[Spec], dsts: list[Spec], price) -> list[list[float]]:
+    """``price(src, dst)`` for every pair, each distinct pair of specs priced once."""
+    us, ud = list(dict.fromkeys(srcs)), list(dict.fromkeys(dsts))
+    row = {s: i for i, s in enumerate(us)}
+    col = {d: j for j, d in enumerate(ud)}
+    table = [[price(s, d) for d in ud] for s in us]
+    cols = [col[d] for d in dsts]
+    return [[table[row[s]][j] for j in cols] for s in srcs]
 
 
 def _add(a, b):
