@@ -83,7 +83,8 @@ def on_each_rank(device: str = "cpu") -> list[tuple[str, str, bool, float]]:
     src, dst = specs["all-gather a 2-D sharding"]
     x = torch.randn(src.shape, generator=torch.Generator().manual_seed(1))
     local = shard(x, src)[rank].to(device).requires_grad_()
-    redistribute(local, src, dst, groups).sum().backward()
+    # every rank sums the same gathered tensor, so its gradient arrives replicated
+    redistribute(local, src, dst, groups, dst_grad=dst).sum().backward()
     rows.append(
         ("backward of the all-gather", "(the way back)", bool((local.grad == 1).all()), 0.0)
     )

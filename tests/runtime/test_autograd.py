@@ -35,7 +35,7 @@ def _grads(cases):
         x = locals_[rank].clone().requires_grad_()
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            y = redistribute(x, src, dst, groups)
+            y = redistribute(x, src, dst, groups, dst_grad=grad_spec(dst))
         g = upstream[rank]
         loss = (y * g).sum() if dst.is_partial else (y * y * g).sum()
         loss.backward()
@@ -44,11 +44,35 @@ def _grads(cases):
 
 
 def _expected_grad(src: Spec, dst: Spec, locals_, upstream_global):
-    """Single process: the same loss on the global value; its gradient in src's grad spec."""
+    """Single process: the same loss on the global value; each rank's share of its gradient.
+
+    A rank's share is the gradient of the loss with respect to its local piece: the
+    reduced value's gradient in src's grad spec, divided by the avg dims' size, and for
+    max/min dims kept only where the piece reached the extreme (shared among the ties).
+    """
     x = unshard(locals_, src).requires_grad_()
     loss = (x * upstream_global).sum() if dst.is_partial else (x * x * upstream_global).sum()
     loss.backward()
-    return shard(x.grad, grad_spec(src))
+    want = shard(x.grad, grad_spec(src))
+    n_avg = 1
+    extreme = []
+    for m, p in enumerate(src.placements):
+        if isinstance(p, Partial) and p.op == "avg":
+            n_avg *= src.mesh.shape[m]
+        elif isinstance(p, Partial) and p.op in ("max", "min"):
+            extreme.append(m)
+    if n_avg > 1:
+        want = {r: g / n_avg for r, g in want.items()}
+    if extreme:
+        reduced = [Replicate() if m in extreme else p for m, p in enumerate(src.placements)]
+        value_spec = Spec(src.mesh, reduced, src.shape, src.dtype, src.shard_order)
+        value = shard(x.detach(), value_spec)
+        hit = {r: (locals_[r] == value[r]).to(x.dtype) for r in locals_}
+        sums = [Partial("sum") if m in extreme else p for m, p in enumerate(reduced)]
+        count_spec = Spec(src.mesh, sums, src.shape, src.dtype, src.shard_order)
+        count = shard(unshard(hit, count_spec), value_spec)
+        want = {r: want[r] * hit[r] / count[r] for r in want}
+    return want
 
 
 @settings(max_examples=min(settings.default.max_examples, 20), phases=NO_SHRINK)
@@ -98,7 +122,8 @@ def _train_step(mesh, x, w1, w2, target):
     h = torch.tanh(xl @ w1l)  # S(0) dp, S(1) tp
     y_partial = h @ w2l  # S(0) dp, P(sum) tp
     y_spec = Spec(mesh, [S(0), Partial()], (x.shape[0], w2.shape[1]), "float64")
-    y = redistribute(y_partial, y_spec, Spec(mesh, [R, R], y_spec.shape, "float64"), groups)
+    y_full = Spec(mesh, [R, R], y_spec.shape, "float64")
+    y = redistribute(y_partial, y_spec, y_full, groups, dst_grad=y_full)  # same loss everywhere
     loss = ((y - target) ** 2).mean()
     loss.backward()
     # parameter gradients: each rank's share of the batch -> sum over dp
@@ -147,9 +172,8 @@ def _column_parallel_step(mesh, x, w):
     xl = shard(x, xs)[rank].requires_grad_()
     wl = shard(w, ws)[rank].requires_grad_()
     ys = Spec(mesh, [Shard(0), Shard(1)], (x.shape[0], w.shape[1]), "float64")
-    y = redistribute(
-        xl @ wl, ys, Spec(mesh, [Replicate(), Replicate()], ys.shape, "float64"), groups
-    )
+    full = Spec(mesh, [Replicate(), Replicate()], ys.shape, "float64")
+    y = redistribute(xl @ wl, ys, full, groups, dst_grad=full)
     (y.sin().sum()).backward()
     wg = redistribute(wl.grad, Spec(mesh, [Partial(), Shard(1)], ws.shape, "float64"), ws, groups)
     xg = redistribute(xl.grad, Spec(mesh, [Shard(0), Partial()], xs.shape, "float64"), xs, groups)
@@ -177,7 +201,7 @@ def _double_backward(src, dst, x, v):
     rank = dist.get_rank()
     groups = groups_for(src.mesh)
     xl = shard(x, src)[rank].requires_grad_()
-    y = redistribute(xl, src, dst, groups)
+    y = redistribute(xl, src, dst, groups, dst_grad=dst)
     (g,) = torch.autograd.grad((y**3).sum(), xl, create_graph=True)
     assert g.requires_grad
     (g * shard(v, src)[rank]).sum().backward()

@@ -57,7 +57,7 @@ def _compile(fn, backend: str):
 def _compiled_cases(cases):
     import warnings
 
-    from meshplan.runtime._run import redistribute, run
+    from meshplan.runtime._run import grad_spec, redistribute, run
 
     rank = dist.get_rank()
     out = []
@@ -75,7 +75,7 @@ def _compiled_cases(cases):
 
             # redistribute + backward, compiled as one function, against eager
             def step(t):
-                y = redistribute(t, p.src, p.dst, groups)  # noqa: B023
+                y = redistribute(t, p.src, p.dst, groups, dst_grad=grad_spec(p.dst))  # noqa: B023
                 (y * weight).sum().backward()  # noqa: B023
                 return y
 

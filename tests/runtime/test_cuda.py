@@ -81,7 +81,8 @@ def _training_step():
     w = shard(w_full, w_spec)[rank].to(device).requires_grad_()
     y_local = x.to(device) @ w.t()  # this rank's columns of y
     y_spec = Spec(mesh, [Shard(1)] * n, (3, 8), "float64")
-    y = redistribute(y_local, y_spec, Spec(mesh, [Replicate()] * n, (3, 8), "float64"), groups)
+    y_full = Spec(mesh, [Replicate()] * n, (3, 8), "float64")
+    y = redistribute(y_local, y_spec, y_full, groups, dst_grad=y_full)
     loss = (y**2).sum()
     loss.backward()
     with torch.no_grad():
