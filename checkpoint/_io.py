@@ -16,9 +16,8 @@ from __future__ import annotations
 
 import contextlib
 import os
-import uuid
 import zlib
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import torch
@@ -40,19 +39,35 @@ from ._index import (
     missing_tensor,
     read_metadata,
 )
+from ._files import (
+    STATE_DIR,
+    Claim,
+    commit_lock,
+    new_save_id,
+    shard_name,
+    sweep_locked,
+    wait_until_done,
+    write_safetensors,
+)
 from ._plan import check_target, local_boxes, plan_reads, writes
 
 __all__ = ["checksum", "load", "load_all", "save", "save_all"]
 
-_PREFIX = "shard-"
-_SUFFIX = ".safetensors"
 
 
-def checksum(tensor: torch.Tensor) -> str:
-    """``"crc32:<hex>"`` of a tensor's bytes in row-major order (any dtype).
+def checksum(
+    tensor: torch.Tensor, *, key: str | None = None, offsets: tuple[int, ...] | None = None
+) -> str:
+    """``"crc32:<hex>"`` of a tensor's bytes in row-major order (any dtype); with ``key``
+    and ``offsets``, ``"crc32+box:<hex>"``, which also covers the chunk's place: the
+    tensor's name, the box's global offsets and its sizes (what a save records, so an
+    index whose records were swapped or moved fails verification).
 
     >>> checksum(torch.zeros(2, dtype=torch.int32))
     'crc32:6522df69'
+    >>> t = torch.arange(2)
+    >>> checksum(t, key="w", offsets=(0,)) != checksum(t, key="w", offsets=(2,))
+    True
     """
     if not isinstance(tensor, torch.Tensor):
         raise CheckpointError(
@@ -65,11 +80,28 @@ def checksum(tensor: torch.Tensor) -> str:
             "checksum of a meta-device tensor: it holds no data; materialize it first",
             value=tensor,
         )
+    seed = 0
+    if key is not None or offsets is not None:
+        if not isinstance(key, str) or offsets is None:
+            raise CheckpointError(
+                f"checksum(key={key!r}, offsets={offsets!r}): a chunk's place is its tensor "
+                "name (a str) and its global offsets; pass both or neither",
+                value=key,
+            )
+        place = f"{key}\0{[int(o) for o in offsets]}\0{list(tensor.shape)}\0"
+        seed = zlib.crc32(place.encode("utf-8"))
     flat = tensor.detach().contiguous().reshape(-1)
-    if flat.numel() == 0:
-        return f"crc32:{0:08x}"
-    data = flat.view(torch.uint8).cpu().numpy()
-    return f"crc32:{zlib.crc32(memoryview(data)):08x}"
+    crc = seed
+    if flat.numel():
+        crc = zlib.crc32(memoryview(flat.view(torch.uint8).cpu().numpy()), seed)
+    return f"crc32+box:{crc:08x}" if key is not None else f"crc32:{crc:08x}"
+
+
+def _recorded_checksum(tensor: torch.Tensor, meta: TensorMeta, rec: ChunkRecord) -> str:
+    """The checksum of a chunk read back, in the scheme its record uses."""
+    if rec.checksum.startswith("crc32+box:"):
+        return checksum(tensor, key=meta.key, offsets=rec.offsets)
+    return checksum(tensor)  # an index written before checksums covered places
 
 
 # -- saving -------------------------------------------------------------------------------
@@ -143,10 +175,6 @@ def _check_groups(groups: Any) -> None:
         )
 
 
-def _unique() -> str:
-    return uuid.uuid4().hex[:12]
-
-
 def _fsync_dir(directory: str) -> None:
     with contextlib.suppress(OSError):  # not every platform opens directories
         fd = os.open(directory, os.O_RDONLY)
@@ -162,12 +190,10 @@ def _owned(spec: Spec, rank: int, sole: bool):
 
 
 def _write_rank(
-    entries: Mapping[str, Sharded], rank: int, directory: str, sole: bool = False
+    entries: Mapping[str, Sharded], rank: int, directory: str, save_id: str, sole: bool = False
 ) -> list[_Entry]:
     """Write rank ``rank``'s owned boxes into one new file; return (key, shape, dtype, record)."""
-    from safetensors.torch import save_file
-
-    file = f"{_PREFIX}{rank:05d}-{_unique()}{_SUFFIX}"
+    file = shard_name(rank, save_id)
     tensors: dict[str, torch.Tensor] = {}
     spans: dict[int, list[tuple[int, int]]] = {}  # storage -> byte ranges of its pieces
     out = []
@@ -185,16 +211,15 @@ def _write_rank(
         piece = _unshared(piece, spans)
         name = f"{key}#{i}"
         tensors[name] = _stored(piece)
-        record = ChunkRecord(box.chunk.offsets, box.chunk.sizes, file, name, checksum(piece))
+        digest = checksum(piece, key=key, offsets=box.chunk.offsets)
+        record = ChunkRecord(box.chunk.offsets, box.chunk.sizes, file, name, digest)
         out.append((key, spec.shape, spec.dtype, record))
     if not tensors:
         return out
     final = os.path.join(directory, file)
-    tmp = final + ".tmp"
+    tmp = os.path.join(directory, STATE_DIR, f"{save_id}-{rank}.tmp")
     try:
-        save_file(tensors, tmp, metadata={"format": "pt", "rank": str(rank)})
-        with open(tmp, "rb+") as f:
-            os.fsync(f.fileno())
+        write_safetensors(tensors, tmp, {"format": "pt", "rank": str(rank)})
         os.replace(tmp, final)
     except OSError as e:
         raise CheckpointError(f"cannot write shard file {final!r}: {e}", value=final) from None
@@ -281,26 +306,22 @@ def _assemble(records: list[tuple[int, list[_Entry]]]) -> Metadata:
     return Metadata(tensors)
 
 
-def _commit(directory: str, meta: Metadata) -> None:
-    """Atomically replace the index, then drop shard files the new index does not name."""
+def _commit(directory: str, meta: Metadata, save_id: str) -> None:
+    """Atomically replace the index, then sweep files of dead saves the new index does
+    not name, all under the directory's commit lock (see :mod:`._files`)."""
     final = os.path.join(directory, INDEX_NAME)
-    tmp = os.path.join(directory, f".{INDEX_NAME}.{_unique()}.tmp")
+    tmp = os.path.join(directory, STATE_DIR, f"{save_id}.index.tmp")
     try:
-        with open(tmp, "w", encoding="utf-8") as f:
-            f.write(metadata_to_json(meta))
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, final)
-        _fsync_dir(directory)
+        with commit_lock(directory):
+            with open(tmp, "w", encoding="utf-8") as f:
+                f.write(metadata_to_json(meta))
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, final)
+            _fsync_dir(directory)
+            sweep_locked(directory, frozenset(meta.files))
     except OSError as e:
         raise CheckpointError(f"cannot commit {final!r}: {e}", value=final) from None
-    keep = set(meta.files)
-    for name in os.listdir(directory):
-        stale = name.startswith(_PREFIX) and (name.endswith(_SUFFIX) or name.endswith(".tmp"))
-        stale = stale or (name.startswith(f".{INDEX_NAME}.") and name.endswith(".tmp"))
-        if stale and name not in keep:
-            with contextlib.suppress(OSError):
-                os.remove(os.path.join(directory, name))
 
 
 def _save_local(
@@ -308,12 +329,31 @@ def _save_local(
 ) -> Metadata:
     _precheck(by_rank, sole)
     _make_dir(directory)
-    written = [
-        (rank, _write_rank(state, rank, directory, sole)) for rank, state in sorted(by_rank.items())
-    ]
-    meta = _assemble(written + _empty_keys(by_rank))
-    _commit(directory, meta)
+    save_id = new_save_id()
+    with _claim(directory, save_id, "local"):
+        written = [
+            (rank, _write_rank(state, rank, directory, save_id, sole))
+            for rank, state in sorted(by_rank.items())
+        ]
+        meta = _assemble(written + _empty_keys(by_rank))
+        _commit(directory, meta, save_id)
     return meta
+
+
+@contextlib.contextmanager
+def _claim(directory: str, save_id: str, tag: str) -> Iterator[Claim]:
+    """Hold a claim of save ``save_id`` (its files are then never swept)."""
+    try:
+        claim = Claim(directory, save_id, tag).__enter__()
+    except OSError as e:
+        raise CheckpointError(
+            f"cannot mark a save in {directory!r} ({e}); pass a directory you can write to",
+            value=directory,
+        ) from None
+    try:
+        yield claim
+    finally:
+        claim.__exit__(None, None, None)
 
 
 def _empty_keys(by_rank: Mapping[int, Mapping[str, Sharded]]) -> list:
@@ -372,7 +412,16 @@ def save(
     process is the only writer: it writes every box its values hold, which must cover
     each tensor (a replicated tensor, a one-rank mesh); use :func:`save_all` for all ranks
     of a mesh in one process. Partial values are refused (reduce them first). Shard files are safetensors, one per writing rank;
-    every chunk records a crc32 checksum.
+    every chunk records a crc32 checksum of its bytes and its place (tensor name, box).
+
+    Saves into one directory may run at once (several jobs, or a retry racing a slow
+    save): each commits a complete checkpoint atomically and the last commit wins; no
+    save removes a file of the committed checkpoint or of another save still running,
+    and files of killed saves are swept by the next commit (see
+    :mod:`meshplan.checkpoint._files`). If a collective fails mid-save (a peer died or
+    timed out), every surviving rank raises a :class:`CheckpointError` whose
+    ``committed`` attribute says what is on disk: True when the new checkpoint was
+    committed, False when the previous one is kept.
 
     >>> import tempfile
     >>> from meshplan.layout import Mesh
@@ -438,47 +487,109 @@ def _save_distributed(state: Mapping[str, Sharded], directory: str, groups: Any)
         return None
     rank = groups.rank
     coordinator = group.ranks[0]
-    # Phase 1: every rank writes its own file under a fresh name (errors travel, no hang).
-    outcome: tuple[str, Any]
+    # Phase 0: one save id for every rank (it names the files and the claims).
+    ids: list[Any] = [new_save_id() if rank == coordinator else None]
     try:
-        _check_state(state, rank)
-        _make_dir(directory)
-        entries = _write_rank(state, rank, directory)
-        empties = [
-            (k, v.spec.shape, v.spec.dtype, None) for k, v in state.items() if not v.spec.numel()
-        ]
-        outcome = ("ok", entries + empties)
-    except Exception as e:  # reported to every rank below
-        outcome = ("error", f"{type(e).__name__}: {e}")
-        own_error: BaseException | None = e
-    else:
-        own_error = None
-    gathered: list[Any] = [None] * group.size
-    dist.all_gather_object(gathered, (rank, outcome), group=group.pg)
-    failures = [(r, o[1]) for r, o in gathered if o[0] == "error"]
-    if failures:
-        if own_error is not None:
-            raise own_error
-        r, msg = min(failures)
-        raise CheckpointError(f"save failed on rank {r}: {msg}; the previous checkpoint is kept")
-    # Phase 2: every rank checks the same records; the coordinator commits, then tells all.
-    result: list[Any] = [None]
-    meta = None
-    try:
-        meta = _assemble([(r, o[1]) for r, o in gathered])
-        if rank == coordinator:
-            _commit(directory, meta)
-        result[0] = "ok"
-    except Exception as e:  # every rank must reach the broadcast below
-        result[0] = str(e) if isinstance(e, CheckpointError) else f"{type(e).__name__}: {e}"
-        own_error = e
-    dist.broadcast_object_list(result, src=coordinator, group=group.pg)
+        dist.broadcast_object_list(ids, src=coordinator, group=group.pg)
+    except RuntimeError as e:  # a peer is gone or stuck: nothing is written yet
+        raise _lost_peer(directory, rank, e, committed=False, when="before writing") from None
+    save_id = ids[0]
+    with contextlib.ExitStack() as held:
+        # Phase 1: every rank writes its own file under a fresh name (errors travel, no
+        # hang); its claim keeps the file from any sweep until this save is over.
+        outcome: tuple[str, Any]
+        own_error: BaseException | None = None
+        try:
+            _check_state(state, rank)
+            _make_dir(directory)
+            held.enter_context(_claim(directory, save_id, str(rank)))
+            entries = _write_rank(state, rank, directory, save_id)
+            empties = [
+                (k, v.spec.shape, v.spec.dtype, None)
+                for k, v in state.items()
+                if not v.spec.numel()
+            ]
+            outcome = ("ok", entries + empties)
+        except Exception as e:  # reported to every rank below
+            outcome = ("error", f"{type(e).__name__}: {e}")
+            own_error = e
+        gathered: list[Any] = [None] * group.size
+        try:
+            dist.all_gather_object(gathered, (rank, outcome), group=group.pg)
+        except RuntimeError as e:
+            raise _resolve(directory, save_id, rank, coordinator, groups, e) from None
+        failures = [(r, o[1]) for r, o in gathered if o[0] == "error"]
+        if failures:
+            if own_error is not None:
+                raise own_error
+            r, msg = min(failures)
+            raise CheckpointError(
+                f"save failed on rank {r}: {msg}; the previous checkpoint is kept"
+            )
+        # Phase 2: every rank checks the same records; the coordinator commits, then
+        # tells all.
+        result: list[Any] = [None]
+        meta = None
+        try:
+            meta = _assemble([(r, o[1]) for r, o in gathered])
+            if rank == coordinator:
+                _commit(directory, meta, save_id)
+            result[0] = "ok"
+        except Exception as e:  # every rank must reach the broadcast below
+            result[0] = str(e) if isinstance(e, CheckpointError) else f"{type(e).__name__}: {e}"
+            own_error = e
+        try:
+            dist.broadcast_object_list(result, src=coordinator, group=group.pg)
+        except RuntimeError as e:
+            raise _resolve(directory, save_id, rank, coordinator, groups, e) from None
     if own_error is not None:
         raise own_error
     if result[0] != "ok":
         raise CheckpointError(f"commit on rank {coordinator} failed: {result[0]}")
     assert meta is not None
     return meta
+
+
+def _lost_peer(
+    directory: str, rank: int, exc: BaseException, committed: bool | None, when: str
+) -> CheckpointError:
+    """The error of a save whose collective failed (a peer died or timed out): what is on
+    disk is stated, and kept as ``err.committed`` (True, False, or None if unknown)."""
+    text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    if committed:
+        fate = (
+            f"the new checkpoint IS committed ({INDEX_NAME} names this save's files): it "
+            "is complete and loadable"
+        )
+    elif committed is None:
+        fate = f"whether it committed is unknown: read {INDEX_NAME} (read_metadata) to see"
+    else:
+        fate = "it was not committed: the previous checkpoint is kept"
+    err = CheckpointError(
+        f"save to {directory!r}: a collective failed on rank {rank} {when} ({text}); "
+        f"{fate}. A peer died or timed out: restart the job's processes",
+        value=directory,
+    )
+    err.committed = committed  # type: ignore[attr-defined]
+    return err
+
+
+def _resolve(
+    directory: str, save_id: str, rank: int, coordinator: int, groups: Any, exc: BaseException
+) -> CheckpointError:
+    """After a failed collective, find out whether this save committed: once the
+    coordinator is done (its claim released: it returned, raised or died, so it will
+    not commit later), the index on disk names this save's files or it does not."""
+    if rank != coordinator:
+        done = wait_until_done(directory, save_id, str(coordinator), groups.timeout + 30.0)
+        if not done:
+            return _lost_peer(directory, rank, exc, None, "while saving")
+    try:
+        on_disk = read_metadata(directory).files
+    except CheckpointError:
+        on_disk = ()
+    committed = any(save_id in name for name in on_disk)
+    return _lost_peer(directory, rank, exc, committed, "while saving")
 
 
 # -- loading ------------------------------------------------------------------------------
@@ -535,7 +646,7 @@ class _Reader:
             ) from None
         tensor = _restored(tensor, meta)
         self._check_form(meta, rec, tuple(tensor.shape), tensor.dtype)
-        got = checksum(tensor)
+        got = _recorded_checksum(tensor, meta, rec)
         if got != rec.checksum:
             raise CheckpointError(
                 f"chunk {rec.name!r} of tensor {meta.key!r} in {rec.file!r} is corrupt: checksum "

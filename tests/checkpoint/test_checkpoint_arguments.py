@@ -85,7 +85,7 @@ def test_bytes_and_pathlike_paths_name_the_same_checkpoint(saved):
     other = os.fsencode(saved / "again")
     save_all(_states(), other)
     assert sorted(os.listdir(os.fsdecode(other))) == sorted(
-        (*read_metadata(other).files, INDEX_NAME)
+        (*read_metadata(other).files, INDEX_NAME, ".meshplan")
     )
     got = load_all(other, {"w": ONE})
     assert torch.equal(got[0]["w"].local, torch.arange(4.0))

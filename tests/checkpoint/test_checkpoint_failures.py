@@ -79,7 +79,8 @@ def test_crash_between_chunk_writes_keeps_the_previous_checkpoint(saved, monkeyp
     new = torch.randn(8, 6)
     meta = save_all(_states(new), path)
     assert torch.equal(_loaded(path), new)
-    assert sorted(os.listdir(path)) == sorted([*meta.files, INDEX_NAME])
+    assert sorted(os.listdir(path)) == sorted([*meta.files, INDEX_NAME, ".meshplan"])
+    assert os.listdir(os.path.join(path, ".meshplan")) == ["commit.lock"]  # no claim, no temp
 
 
 def test_crash_before_commit_keeps_the_previous_checkpoint(saved, monkeypatch):

@@ -1,0 +1,311 @@
+"""A checkpoint directory's files: shard files, claims of live saves, the commit lock, sweeping.
+
+Concurrent saves into one directory: each save commits a complete checkpoint atomically
+and the last commit wins; no save ever removes a file of the committed index or of a
+save still running. Three mechanisms make that so:
+
+* Every save has an id (16 hex digits) that names its shard files
+  (``shard-<rank>-<id>.safetensors``), and every process taking part in it holds a
+  *claim* while it runs: ``.meshplan/<id>.<tag>.claim``, exclusively locked
+  (``flock``). The operating system drops the lock when the process exits or is killed,
+  so a save is live exactly while some claim of its id is locked: there are no stale
+  locks to time out.
+* Committing (replacing ``index.json``) and sweeping happen under one directory lock,
+  ``.meshplan/commit.lock``, so a sweep always reads the index that is current.
+* A sweep removes what is neither named by the current index nor owned by a live save:
+  shard files of superseded or crashed saves, their temp files, dead claims.
+
+Shard files are written by meshplan itself (the safetensors format: a little-endian
+header length, a JSON header, the raw bytes), first under ``.meshplan/<id>-<rank>.tmp``
+and then renamed into place: no temp file under a name meshplan does not own, and every
+file is created with the process's umask like ``index.json``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import struct
+import sys
+import time
+import uuid
+from collections.abc import Iterator, Mapping
+
+import torch
+
+from meshplan.errors import CheckpointError
+
+from ._index import INDEX_NAME, read_metadata
+
+__all__ = [
+    "STATE_DIR",
+    "Claim",
+    "commit_lock",
+    "is_live",
+    "new_save_id",
+    "shard_name",
+    "sweep_locked",
+    "write_safetensors",
+]
+
+STATE_DIR = ".meshplan"
+_SHARD = re.compile(r"^shard-(\d+)-([0-9a-f]+)\.safetensors(\.tmp)?$")
+_TEMP = re.compile(r"^([0-9a-f]+)[-.].*\.tmp$")
+_CLAIM = re.compile(r"^([0-9a-f]+)\.([^.]+)\.claim$")
+_LEGACY_INDEX_TMP = re.compile(rf"^\.{re.escape(INDEX_NAME)}\..*\.tmp$")
+
+
+def new_save_id() -> str:
+    """A fresh save id: 16 hex digits."""
+    return uuid.uuid4().hex[:16]
+
+
+def shard_name(rank: int, save_id: str) -> str:
+    """The shard file of ``rank`` in save ``save_id``."""
+    return f"shard-{rank:05d}-{save_id}.safetensors"
+
+
+def state_dir(directory: str) -> str:
+    return os.path.join(directory, STATE_DIR)
+
+
+# -- locks --------------------------------------------------------------------------------
+
+if sys.platform == "win32":  # pragma: no cover - exercised on Windows only
+    import msvcrt
+
+    def _lock(fd: int, blocking: bool) -> bool:
+        mode = msvcrt.LK_LOCK if blocking else msvcrt.LK_NBLCK
+        try:
+            msvcrt.locking(fd, mode, 1)
+        except OSError:
+            if blocking:
+                raise
+            return False
+        return True
+
+else:
+    import fcntl
+
+    def _lock(fd: int, blocking: bool) -> bool:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | (0 if blocking else fcntl.LOCK_NB))
+        except BlockingIOError:
+            return False
+        return True
+
+
+def _open(path: str) -> int:
+    return os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
+
+
+@contextlib.contextmanager
+def commit_lock(directory: str) -> Iterator[None]:
+    """Hold the directory's commit lock (blocks while another process commits or sweeps)."""
+    os.makedirs(state_dir(directory), exist_ok=True)
+    fd = _open(os.path.join(state_dir(directory), "commit.lock"))
+    try:
+        _lock(fd, blocking=True)
+        yield
+    finally:
+        os.close(fd)  # closing drops the lock
+
+
+class Claim:
+    """The mark of a live save: ``.meshplan/<save_id>.<tag>.claim``, locked while held.
+
+    Used as a context manager; leaving it removes the claim file.
+    """
+
+    def __init__(self, directory: str, save_id: str, tag: str) -> None:
+        self.path = os.path.join(state_dir(directory), f"{save_id}.{tag}.claim")
+        self.fd: int | None = None
+
+    def __enter__(self) -> Claim:
+        os.makedirs(os.path.dirname(self.path), exist_ok=True)
+        while True:
+            fd = _open(self.path)
+            _lock(fd, blocking=True)
+            # a sweep may have removed the file between open and lock (it locks a claim
+            # only to remove a dead one): then lock a fresh file
+            try:
+                same = os.stat(self.path).st_ino == os.fstat(fd).st_ino
+            except FileNotFoundError:
+                same = False
+            if same:
+                self.fd = fd
+                return self
+            os.close(fd)
+
+    def __exit__(self, *exc: object) -> None:
+        if self.fd is not None:
+            with contextlib.suppress(OSError):
+                os.remove(self.path)
+            os.close(self.fd)
+            self.fd = None
+
+
+def _claim_dead(path: str) -> bool:
+    """Whether the claim file at ``path`` is not held by any process (it is then removed)."""
+    try:
+        fd = os.open(path, os.O_RDWR)
+    except FileNotFoundError:
+        return True
+    try:
+        if not _lock(fd, blocking=False):
+            return False
+        with contextlib.suppress(OSError):
+            os.remove(path)
+        return True
+    finally:
+        os.close(fd)
+
+
+def is_live(directory: str, save_id: str, tag: str | None = None) -> bool:
+    """Whether some process still holds a claim of save ``save_id`` (of ``tag`` only, if
+    given) in ``directory``."""
+    try:
+        names = os.listdir(state_dir(directory))
+    except FileNotFoundError:
+        return False
+    live = False
+    for name in names:
+        m = _CLAIM.match(name)
+        if m and m.group(1) == save_id and (tag is None or m.group(2) == tag):
+            live = not _claim_dead(os.path.join(state_dir(directory), name)) or live
+    return live
+
+
+def wait_until_done(directory: str, save_id: str, tag: str, timeout: float) -> bool:
+    """Wait until no process holds the claim ``save_id.tag``; False on timeout."""
+    deadline = time.monotonic() + timeout
+    while is_live(directory, save_id, tag):
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.05)
+    return True
+
+
+# -- sweeping -----------------------------------------------------------------------------
+
+
+def sweep_locked(directory: str, keep: frozenset[str] | None = None) -> None:
+    """Remove files of dead saves; the caller holds :func:`commit_lock`.
+
+    ``keep``: the shard files of the current index (read from disk when None; if it
+    cannot be read, no shard file is removed, only temp files and dead claims).
+    """
+    if keep is None:
+        try:
+            keep = frozenset(read_metadata(directory).files)
+        except CheckpointError:
+            keep = None
+    live: dict[str, bool] = {}
+
+    def dead(save_id: str) -> bool:
+        if save_id not in live:
+            live[save_id] = is_live(directory, save_id)
+        return not live[save_id]
+
+    for name in _listdir(directory):
+        m = _SHARD.match(name)
+        stale = False
+        if m:
+            owned = name in keep if keep is not None else True
+            stale = (m.group(3) is not None or not owned) and dead(m.group(2))
+        elif _LEGACY_INDEX_TMP.match(name):
+            stale = True  # written under the commit lock, which this process holds
+        if stale:
+            with contextlib.suppress(OSError):
+                os.remove(os.path.join(directory, name))
+    staging = state_dir(directory)
+    for name in _listdir(staging):
+        m = _TEMP.match(name)
+        if m and dead(m.group(1)):
+            with contextlib.suppress(OSError):
+                os.remove(os.path.join(staging, name))
+        elif (c := _CLAIM.match(name)) is not None and c.group(1) not in live:
+            _claim_dead(os.path.join(staging, name))
+
+
+def _listdir(path: str) -> list[str]:
+    try:
+        return os.listdir(path)
+    except (FileNotFoundError, NotADirectoryError):
+        return []
+
+
+# -- shard files --------------------------------------------------------------------------
+
+# safetensors' dtype names
+_DTYPES = {
+    torch.float64: "F64",
+    torch.float32: "F32",
+    torch.float16: "F16",
+    torch.bfloat16: "BF16",
+    torch.int64: "I64",
+    torch.int32: "I32",
+    torch.int16: "I16",
+    torch.int8: "I8",
+    torch.uint8: "U8",
+    torch.bool: "BOOL",
+    torch.float8_e4m3fn: "F8_E4M3",
+    torch.float8_e5m2: "F8_E5M2",
+    torch.complex64: "C64",
+    torch.uint16: "U16",
+    torch.uint32: "U32",
+    torch.uint64: "U64",
+}
+for _name, _code in (("float8_e4m3fnuz", "F8_E4M3FNUZ"), ("float8_e5m2fnuz", "F8_E5M2FNUZ")):
+    if hasattr(torch, _name):
+        _DTYPES[getattr(torch, _name)] = _code
+
+
+def write_safetensors(
+    tensors: Mapping[str, torch.Tensor], path: str, metadata: Mapping[str, str]
+) -> None:
+    """Write ``tensors`` (contiguous CPU tensors) to ``path`` in the safetensors format,
+    streaming their bytes (no copy of the whole file in memory), and fsync it.
+
+    >>> import tempfile
+    >>> from safetensors.torch import load_file
+    >>> path = os.path.join(tempfile.mkdtemp(), "x.safetensors")
+    >>> write_safetensors({"a": torch.arange(3), "b": torch.ones(2, 2)}, path, {"k": "v"})
+    >>> load_file(path)["a"]
+    tensor([0, 1, 2])
+    """
+    header: dict[str, object] = {}
+    names = sorted(tensors)
+    offset = 0
+    for name in names:
+        t = tensors[name]
+        code = _DTYPES.get(t.dtype)
+        if code is None:
+            raise CheckpointError(
+                f"tensor {name!r} has dtype {t.dtype}, which safetensors cannot hold; "
+                "convert it before saving",
+                value=name,
+            )
+        n = t.numel() * t.element_size()
+        header[name] = {"dtype": code, "shape": list(t.shape), "data_offsets": [offset, offset + n]}
+        offset += n
+    header["__metadata__"] = dict(metadata)
+    text = json.dumps(header, separators=(",", ":")).encode("utf-8")
+    text += b" " * (-len(text) % 8)  # the data starts 8-byte aligned
+    with open(path, "wb") as f:  # created with the umask, like index.json
+        f.write(struct.pack("<Q", len(text)))
+        f.write(text)
+        for name in names:
+            t = tensors[name]
+            if t.numel():
+                data = t.reshape(-1).view(torch.uint8)
+                if sys.byteorder != "little" and t.element_size() > 1:  # pragma: no cover
+                    raise CheckpointError(
+                        "safetensors files are little-endian; this host is big-endian",
+                        value=name,
+                    )
+                f.write(memoryview(data.numpy()))
+        f.flush()
+        os.fsync(f.fileno())
