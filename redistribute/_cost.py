@@ -36,6 +36,7 @@ import attrs
 
 from meshplan.errors import PlanError
 from meshplan.layout import FrozenMap, Mesh
+from meshplan.layout._axis import complement
 from meshplan.placement import Spec, StridedShard, dtype_itemsize, is_shard_like
 from meshplan.placement._local import chunk_lengths
 
@@ -500,7 +501,9 @@ def chain_extent(length: int, kinds: tuple[tuple[int, int], ...]) -> int:
                 nxt.update(_chunk_lengths(L, n))
             else:
                 pieces = chunk_lengths(L, sf)  # (length, count): O(1) in sf
-                for c in range(n):
+                # a rank's length is constant between the coordinates where some piece's
+                # chunks turn short or empty: those (and 0) give every value, O(1) in n
+                for c in _chunk_breaks(pieces, n):
                     nxt.add(sum(k * _chunk_length(p, n, c) for p, k in pieces))
         lengths = nxt
     return max(lengths)
@@ -513,7 +516,18 @@ def _chunk_length(length: int, parts: int, index: int) -> int:
 
 
 def _chunk_lengths(length: int, parts: int) -> tuple[int, ...]:
-    return tuple(_chunk_length(length, parts, c) for c in range(parts))
+    """The distinct chunk lengths of ``length`` in ``parts``, in O(1)."""
+    return tuple(n for n, _ in chunk_lengths(length, parts))
+
+
+def _chunk_breaks(pieces, parts: int) -> set[int]:
+    """Coordinates (below ``parts``) where the chunk length of some piece changes, and 0."""
+    out = {0}
+    for p, _ in pieces:
+        size = -(-p // parts)
+        full = p // size if size else 0
+        out.update(c for c in (full, full + 1) if c < parts)
+    return out
 
 
 def _kinds(spec: Spec, tensor_dim: int) -> tuple[tuple[int, int], ...]:
@@ -544,11 +558,44 @@ def padded_local_bytes(spec: Spec) -> int:
 
 @functools.lru_cache(maxsize=4096)
 def _spans_nodes(mesh: Mesh, dims: tuple[int, ...], ranks_per_node: int) -> bool:
+    """Whether some group of ``mesh`` along ``dims`` holds ranks of two nodes (node:
+    ``rank // ranks_per_node``). A rank map that is a range is decided from the layout in
+    time independent of the number of ranks (see :func:`_range_spans_nodes`); any other
+    rank map lists its groups."""
+    ranks = mesh.ranks
+    if isinstance(ranks, range) and len(ranks) > ranks_per_node:
+        return _range_spans_nodes(mesh, dims, ranks_per_node)
     for group in mesh.groups(dims):
         node = group[0] // ranks_per_node
         if any(r // ranks_per_node != node for r in group):
             return True
     return False
+
+
+def _range_spans_nodes(mesh: Mesh, dims: tuple[int, ...], r: int) -> bool:
+    """:func:`_spans_nodes` for a rank map ``range(s, ..., k)``.
+
+    A group is ``s + (b + o) * k`` for its base ``b`` (an offset of the complement of the
+    group's layout) and every offset ``o`` of the group's layout, ``0 <= o <= M``. Ranks
+    are monotone in ``o``, so the group spans nodes when its lowest rank ``lo`` has
+    ``lo % r + M * |k| >= r``. Only ``lo % r`` matters: the residues of every base are
+    built mode by mode of the complement, a set of at most ``r`` values.
+    """
+    ranks = mesh.ranks
+    modes = [mode for m in dims for mode in mesh.axis(m).modes]
+    extent = sum((n - 1) * d for n, d in modes) * abs(ranks.step)
+    if extent >= r:
+        return True
+    if extent == 0:
+        return False
+    low = ranks.start - extent if ranks.step < 0 else ranks.start  # base 0's lowest rank
+    residues = {low % r}
+    for n, d in complement(modes, len(ranks)).modes:
+        step = (d * ranks.step) % r
+        residues = {(x + c * step) % r for x in residues for c in range(min(n, r))}
+        if len(residues) == r:
+            break
+    return max(residues) + extent >= r
 
 
 def group_link(

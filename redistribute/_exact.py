@@ -12,6 +12,7 @@ import itertools
 import math
 
 from meshplan.placement import Shard, StridedShard, shard_intervals
+from meshplan.placement._local import chunk_lengths
 
 
 @functools.lru_cache(maxsize=4096)
@@ -47,10 +48,7 @@ def _smallest_piece(length: int, sizes: tuple[int, ...]) -> int:
     for n in sizes:
         nxt = set()
         for L in lengths:
-            size = -(-L // n) if n else 0
-            for c in range(n):
-                start = min(size * c, L)
-                nxt.add(min(start + size, L) - start)
+            nxt.update(k for k, _ in chunk_lengths(L, n))  # O(1) in n
         lengths = nxt
     return min(lengths)
 
@@ -85,18 +83,44 @@ def piece_classes(length: int, dims: tuple, sizes: tuple, codes: tuple) -> tuple
     >>> members[sig_of[((0, 1), (0, 1)), (0, 1)]]  # one row: only rank (0, 0) holds it
     {((0, 1), (0, 1)): [(0, 1), (1, 0)]}
     """
-    coords = list(itertools.product(*(range(sizes[x]) for x in dims)))
     sig_of: dict = {}
     members: dict = {}
     for own in itertools.product(codes, repeat=len(dims)):
         code_of = dict(zip(dims, own, strict=True))
         for order in itertools.permutations(dims):
             chain_links = tuple([(sizes[x], code_of[x][1]) for x in order])
-            where = [dims.index(x) for x in order]
-            sig = tuple([piece(length, chain_links, tuple([c[i] for i in where])) for c in coords])
+            where = [order.index(x) for x in dims]
+            sig = _held_pieces(length, chain_links, where)
             sig_of[own, order] = sig
             members.setdefault(sig, {}).setdefault(own, []).append(order)
     return sig_of, members
+
+
+def _held_pieces(length: int, links: tuple, where: list) -> tuple:
+    """The non-empty pieces of a dim of ``length`` chunked along ``links``, as sorted
+    ``(coordinates, piece)`` pairs with coordinates in the order ``where`` picks from the
+    links' (every other coordinate holds nothing). Chunks never grow with the
+    coordinate, so past the first empty one along a link all are empty: the walk visits
+    at most about ``length`` coordinates per link, however large the mesh dims are."""
+    out = []
+    coords: list = []
+
+    def walk(k: int) -> None:
+        if k == len(links):
+            c = tuple(coords)
+            out.append((tuple(c[i] for i in where), piece(length, links, c)))
+            return
+        for c in range(links[k][0]):
+            coords.append(c)
+            empty = not piece(length, links[: k + 1], tuple(coords))
+            if not empty:
+                walk(k + 1)
+            coords.pop()
+            if empty:
+                break
+
+    walk(0)
+    return tuple(sorted(out))
 
 
 def _merged(ivs) -> tuple:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import attrs
 
 from meshplan.errors import PlanError
@@ -24,7 +26,7 @@ class StepReport:
 
     group: str  # alias name or mesh dim names
     group_size: int
-    example_group: tuple[int, ...]
+    example_group: Sequence[int]  # a tuple; on a large group its ranks computed on demand
     recv_bytes: int
     sent_bytes: int
     peak_bytes: int
@@ -49,18 +51,29 @@ def step_report(step: Step, model: CostModel | None = None) -> StepReport:
     src, dst = step.src, step.dst
     mesh = src.mesh
     item = dtype_itemsize(src.dtype)
-    ranks = first_instance(mesh)
-    first = ranks[0]
-    group = mesh.group_of(first, step.mesh_dims)
+    # every count below is read off the mesh's shape: ranks are listed only on small meshes
+    size = mesh.size()
+    first = mesh.rank_at((0,) * mesh.ndim)
+    group_size = 1
+    for m in step.mesh_dims:
+        group_size *= mesh.shape[m]
+    group: Sequence[int]
+    if group_size <= _EXACT_LIMIT:
+        group = mesh.group_of(first, step.mesh_dims)
+    else:
+        group = _GroupRanks(mesh, first, tuple(step.mesh_dims), group_size)
     names = ",".join(mesh.names[m] for m in step.mesh_dims)
     label = f"{step.alias}=({names})" if step.alias else names
     price = step_cost(step, model)
-    exact = len(ranks) <= _EXACT_LIMIT
-    sample = ranks if exact else group
+    exact = size <= _EXACT_LIMIT
+    # each rank receives from up to its whole group: count transfers while that stays small
+    counted = size * group_size <= _TRANSFER_LIMIT
+    ranks = first_instance(mesh) if exact or counted else ()
+    # chunks never grow with the coordinate, so on a large mesh the rank at coordinate 0
+    # holds the largest local tensor of both specs
+    sample = ranks if exact else (first,)
     peak = max((local_numel(src, r) + local_numel(dst, r)) * item for r in sample)
     recv = sent = 0
-    # each rank receives from up to its whole group: count transfers while that stays small
-    counted = len(ranks) * len(group) <= _TRANSFER_LIMIT
     if step.collective in ("all_gather", "all_to_all", "all_permute") and counted:
         got: dict[int, int] = {}
         out: dict[int, int] = {}
@@ -73,7 +86,42 @@ def step_report(step: Step, model: CostModel | None = None) -> StepReport:
         sent = max(out.values(), default=0)
     elif step.collective is not None:
         recv = sent = price.bytes
-    return StepReport(label, len(group), group, recv, sent, peak, price)
+    return StepReport(label, group_size, group, recv, sent, peak, price)
+
+
+class _GroupRanks(Sequence):
+    """The ranks of a large group, computed on demand (position ``i``: row-major over the
+    group's mesh dims, last fastest), so a report on a huge mesh never lists them."""
+
+    def __init__(self, mesh, first: int, dims: tuple[int, ...], size: int) -> None:
+        self._mesh, self._first, self._dims, self._size = mesh, first, dims, size
+
+    def __len__(self) -> int:
+        return self._size
+
+    def __getitem__(self, i):
+        if isinstance(i, slice):
+            return tuple(self[j] for j in range(*i.indices(self._size)))
+        if i < 0:
+            i += self._size
+        if not 0 <= i < self._size:
+            raise IndexError(i)
+        coord = [0] * self._mesh.ndim
+        for m in reversed(self._dims):
+            coord[m] = i % self._mesh.shape[m]
+            i //= self._mesh.shape[m]
+        return self._mesh.rank_at(coord, at=self._first)
+
+    def __eq__(self, other) -> bool:
+        if isinstance(other, _GroupRanks):
+            return (self._mesh, self._first, self._dims) == (other._mesh, other._first, other._dims)
+        return NotImplemented
+
+    def __hash__(self) -> int:
+        return hash((self._mesh, self._first, self._dims))
+
+    def __repr__(self) -> str:
+        return short_repr(self, limit=16)
 
 
 def _fmt_bytes(n: int) -> str:
