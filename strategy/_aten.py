@@ -42,8 +42,8 @@ class Call:
 
     >>> c = Call("aten.mm.default", (Meta((4, 3)), Meta((3, 2))), (Meta((4, 2)),),
     ...          (TensorArg(0), TensorArg(1)), {}, frozenset())
-    >>> [str(s) for s in aten_strategies(c)][:2]
-    ['S?(0), R -> S?(0)', 'R, S?(1) -> S?(1)']
+    >>> [str(s) for s in aten_strategies(c)][:3]
+    ['S?(0), R -> S?(0)', 'S?(1), S?(0) -> P(sum)', 'R, S?(1) -> S?(1)']
     """
 
     target: str

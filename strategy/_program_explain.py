@@ -21,10 +21,7 @@ def _move_text(plan: Any, model: Any = None) -> str:
 
 
 def explain_program(program: Any) -> str:
-    """Rows: phase, op, its inputs' and outputs' layouts, the moves into it, and totals.
-
-    >>> import torch  # doctest: +SKIP
-    """
+    """Rows: phase, op, its inputs' and outputs' layouts, the moves into it, and totals."""
     from meshplan.redistribute import cost as plan_cost
 
     rows = [("phase", "op", "inputs", "outputs", "moves in", "comm (s)")]
