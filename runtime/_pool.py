@@ -129,10 +129,10 @@ class WorkerPool:
             )
         self.world_size = world_size
         self.backend = backend
-        self.timeout = float(timeout)
-        self.start_timeout = float(start_timeout)
-        self.pg_timeout = float(pg_timeout)
-        self.death_grace = float(death_grace)
+        self.timeout = _seconds("timeout", timeout)
+        self.start_timeout = _seconds("start_timeout", start_timeout)
+        self.pg_timeout = _seconds("pg_timeout", pg_timeout)
+        self.death_grace = _seconds("death_grace", death_grace)
         self.start_method = start_method
         self.threads = int(threads)
         self.env = dict(env or {})
@@ -149,8 +149,15 @@ class WorkerPool:
 
     @property
     def alive(self) -> bool:
-        """True when the workers are up and ready for a task."""
-        return bool(self._procs) and not self._broken
+        """True when the workers are up and ready for a task (every worker process is
+        running: one that died between tasks makes this False until the next start)."""
+        return bool(self._procs) and not self._broken and all(p.is_alive() for p in self._procs)
+
+    def _check_workers(self) -> None:
+        """Restart the pool when a worker died between tasks (no task was running, so
+        nothing is lost; the survivors' world lacks a member and cannot be reused)."""
+        if self._procs and not self._broken and not all(p.is_alive() for p in self._procs):
+            self._broken = True
 
     def __enter__(self) -> WorkerPool:
         return self
@@ -159,7 +166,7 @@ class WorkerPool:
         self.shutdown()
 
     def __repr__(self) -> str:
-        state = "alive" if self.alive else ("broken" if self._broken else "stopped")
+        state = "alive" if self.alive else ("broken" if self._procs else "stopped")
         return f"WorkerPool(world_size={self.world_size}, backend={self.backend!r}, {state})"
 
     def start(self) -> None:
@@ -270,14 +277,29 @@ class WorkerPool:
                 "function and picklable arguments",
                 value=fn,
             ) from exc
+        limit = self.timeout if timeout is None else _seconds("timeout", timeout)
+        self._check_workers()
         if not self.alive:
             self.start()
         self._tasks += 1
         task = ("task", (self._tasks, list(sys.path), payload))
         message = pickle.dumps(task)
-        for conn in self._conns:
-            conn.send_bytes(message)
-        limit = self.timeout if timeout is None else float(timeout)
+        dead: dict[int, BaseException] = {}
+        for rank, conn in enumerate(self._conns):
+            try:
+                conn.send_bytes(message)
+            except (OSError, ValueError):  # BrokenPipeError: the worker is gone
+                proc = self._procs[rank]
+                proc.join(1.0)
+                dead[rank] = WorkerDied(
+                    f"worker of rank {rank} (pid {proc.pid}) died before task {_name(fn)} "
+                    f"reached it (exit code {proc.exitcode})",
+                    value=proc.exitcode,
+                )
+        if dead:
+            self._kill()
+            self._broken = True
+            raise _error(f"task {_name(fn)}", dead, {})
         outcomes = self._collect(time.monotonic() + limit, "task", self._tasks)
         failed = {r: o for r, o in outcomes.items() if isinstance(o, BaseException)}
         if failed:
@@ -343,6 +365,18 @@ class WorkerPool:
                     f"rank {rank} did not finish {kind} within {waited}", value=rank
                 )
         return outcomes
+
+
+def _seconds(name: str, value: Any) -> float:
+    """``value`` as a positive, finite number of seconds, or a RuntimeShellError."""
+    ok = isinstance(value, int | float) and not isinstance(value, bool)
+    if not ok or not 0 < value < float("inf"):
+        raise RuntimeShellError(
+            f"{name}={value!r} must be a positive, finite number of seconds (e.g. "
+            f"{name}=60.0)",
+            value=value,
+        )
+    return float(value)
 
 
 def _unpack_reply(rank: int, reply: tuple[Any, ...], task_id: int | None) -> Any:
