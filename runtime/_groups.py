@@ -201,7 +201,10 @@ class ProcessGroups:
     (default: on NCCL, whose first collective on a group must involve every member).
     Every rank of the world builds it and asks for new dims in the same order (ranks
     outside the mesh call ``create``); with ``local=True`` only the mesh's ranks do (see
-    the module docs for when that is safe).
+    the module docs for when that is safe). With ``check_specs=True``, ``run`` (and so
+    ``redistribute``) checks once per plan that every rank of the mesh runs the same
+    plan, raising :class:`RuntimeShellError` on every rank otherwise: one 16-byte
+    all_reduce the first time each plan runs (see :mod:`meshplan.runtime._agree`).
 
     >>> ProcessGroups.__name__   # needs a running torch.distributed world; see the tests
     'ProcessGroups'
@@ -215,6 +218,7 @@ class ProcessGroups:
         backend: str | None = None,
         local: bool = False,
         warm_up: bool | None = None,
+        check_specs: bool = False,
     ) -> None:
         import torch.distributed as dist
 
@@ -231,7 +235,13 @@ class ProcessGroups:
             raise RuntimeShellError(
                 f"timeout must be a positive number of seconds, got {timeout!r}", value=timeout
             )
+        if not isinstance(check_specs, bool):
+            raise RuntimeShellError(
+                f"check_specs must be True or False, got {check_specs!r}", value=check_specs
+            )
         self.mesh = mesh
+        self.check_specs = check_specs
+        self._agreed_plans: set[Any] = set()
         self.timeout = float(timeout)
         self.backend = backend
         self.local = bool(local)

@@ -31,6 +31,7 @@ from meshplan.placement._tensor import reduction_dtype
 
 from . import _collectives as C
 from meshplan.redistribute import exchange as _exchange
+from ._agree import check_same_plan
 from ._groups import Group, ProcessGroups
 from meshplan.redistribute._local_ops import apply_local, finish_reduce, pack, traced_as_constant, unpack_into
 from meshplan.redistribute._step import Plan, Step, reduce_op
@@ -73,12 +74,18 @@ def run(plan: Plan | Step, local: torch.Tensor, groups: ProcessGroups) -> torch.
     does not fit ``plan.src`` on this rank or a collective fails (a peer died, timed out
     or disagreed).
 
+    With ``ProcessGroups(mesh, check_specs=True)`` every rank first checks, once per
+    plan, that all ranks run the same plan (see :mod:`meshplan.runtime._agree`).
+
     >>> run.__name__   # needs a running torch.distributed world; see the tests
     'run'
     """
+    _check_plan(plan, "run")
     steps = (plan,) if isinstance(plan, Step) else plan.steps
     _check_local(local, plan.src, groups)
     _prepare_every(groups)
+    if getattr(groups, "check_specs", False):
+        check_same_plan(plan, groups)
     # the data, not its autograd history (``redistribute`` is the differentiable form): a
     # parameter's buffers may not be written in place under grad mode
     data = local.detach()
@@ -108,6 +115,8 @@ def prepare_groups(plan: Plan | Step, groups: ProcessGroups) -> None:
     >>> prepare_groups.__name__   # needs a running torch.distributed world; see the tests
     'prepare_groups'
     """
+    _check_plan(plan, "prepare_groups")
+    _check_groups(groups, "prepare_groups")
     if _prepare_every(groups):
         return
     steps = (plan,) if isinstance(plan, Step) else plan.steps
@@ -115,6 +124,24 @@ def prepare_groups(plan: Plan | Step, groups: ProcessGroups) -> None:
     for step in steps:
         if step.collective is not None:
             create(_group_key(step))
+
+
+def _check_plan(plan: Any, what: str) -> None:
+    if not isinstance(plan, Plan | Step):
+        raise PlanError(
+            f"{what} needs a Plan (meshplan.redistribute.plan(src, dst)) or a Step, got "
+            f"{type(plan).__name__} {plan!r:.80}",
+            value=plan,
+        )
+
+
+def _check_groups(groups: Any, what: str) -> None:
+    if not isinstance(groups, ProcessGroups):
+        raise RuntimeShellError(
+            f"{what} needs the mesh's process groups, ProcessGroups(mesh), got "
+            f"{type(groups).__name__} {groups!r:.80}",
+            value=groups,
+        )
 
 
 def _prepare_every(groups) -> bool:
@@ -206,6 +233,7 @@ def _group(step: Step, groups: ProcessGroups) -> Group:
 
 
 def _check_local(local: torch.Tensor, spec: Spec, groups: ProcessGroups) -> None:
+    _check_groups(groups, "run")
     rank = groups.rank
     if not isinstance(local, torch.Tensor):
         raise RuntimeShellError(
