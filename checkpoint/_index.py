@@ -18,8 +18,10 @@ import attrs
 
 from meshplan.errors import CheckpointError, MissingTensorError
 from meshplan.layout import FrozenMap
-from meshplan.layout._ints import as_int
-from meshplan.placement import DTYPES, Chunk
+from meshplan.layout._ints import as_int, brief
+from meshplan.placement import DTYPES, Chunk, Spec
+
+from ._spec_json import spec_from_doc, spec_to_doc
 
 __all__ = [
     "FORMAT",
@@ -59,14 +61,14 @@ def _ints(what: str) -> Callable[[Iterable[int]], tuple[int, ...]]:
 
     def convert(value: Iterable[int]) -> tuple[int, ...]:
         if isinstance(value, str | bytes) or not isinstance(value, Iterable):
-            raise CheckpointError(f"{what} {value!r} is not a sequence of ints", value=value)
+            raise CheckpointError(f"{what} {brief(value)} is not a sequence of ints", value=value)
         items = tuple(value)
         out = []
         for v in items:
             i = as_int(v)
             if i is None or not 0 <= i <= _MAX_SIZE:
                 raise CheckpointError(
-                    f"{what} {list(items)!r} holds {v!r}; every entry must be an int >= 0 "
+                    f"{what} {brief(items)} holds {brief(v)}; every entry must be an int >= 0 "
                     "(and below 2**63)",
                     value=value,
                 )
@@ -131,19 +133,37 @@ def _chunks(value: Iterable[ChunkRecord]) -> tuple[ChunkRecord, ...]:
     return out
 
 
+def _saved_spec(meta: TensorMeta, attribute: object, spec: object) -> None:
+    if spec is None:
+        return
+    if not isinstance(spec, Spec):
+        raise CheckpointError(
+            f"tensor {meta.key!r}: spec {spec!r:.80} is not a meshplan Spec (or None)", value=spec
+        )
+    if (spec.shape, spec.dtype) != (meta.shape, meta.dtype):
+        raise CheckpointError(
+            f"tensor {meta.key!r} is {meta.dtype}{list(meta.shape)} but its saved spec {spec} "
+            "describes another tensor; record the spec the tensor was saved in",
+            value=spec,
+        )
+
+
 @attrs.frozen
 class TensorMeta:
-    """A saved tensor: its global ``shape``, ``dtype`` name and ``chunks`` (which tile it).
+    """A saved tensor: its global ``shape``, ``dtype`` name, ``chunks`` (which tile it) and
+    the ``spec`` it was saved in (mesh, placements, shard order; None in indexes written
+    before specs were recorded, and for torch DCP checkpoints).
 
     >>> t = TensorMeta("w", (4,), "float32", ())
-    >>> t.numel(), t.ndim
-    (4, 1)
+    >>> t.numel(), t.ndim, t.spec
+    (4, 1, None)
     """
 
     key: str = attrs.field(validator=lambda i, a, v: _text("tensor key", v))
     shape: tuple[int, ...] = attrs.field(converter=_ints("shape"))
     dtype: str = attrs.field(validator=lambda i, a, v: _dtype_name(v))
     chunks: tuple[ChunkRecord, ...] = attrs.field(converter=_chunks)
+    spec: Spec | None = attrs.field(default=None, validator=_saved_spec)
 
     @property
     def ndim(self) -> int:
@@ -152,10 +172,20 @@ class TensorMeta:
     def numel(self) -> int:
         return math.prod(self.shape)
 
+    def __str__(self) -> str:
+        """``key: f32[8,4](S(0) S(1)) on (2,4) (dp, tp), 8 chunks``."""
+        if self.spec is None:
+            shape = ",".join(map(str, self.shape))
+            laid = f"{self.dtype}[{shape}] (spec not recorded)"
+        else:
+            m = self.spec.mesh
+            laid = f"{self.spec} on {m.shape} ({', '.join(m.names)})"
+        return f"{self.key}: {laid}, {len(self.chunks)} chunks"
+
 
 @attrs.frozen
 class Metadata:
-    """Everything ``index.json`` says: tensor key -> :class:`TensorMeta`.
+    """Everything ``index.json`` says: tensor key -> :class:`TensorMeta` (``str`` lists them).
 
     >>> m = Metadata({"w": TensorMeta("w", (2,), "int64", ())})
     >>> sorted(m.tensors), m.files
@@ -169,6 +199,9 @@ class Metadata:
     def files(self) -> tuple[str, ...]:
         """The shard files the index refers to, sorted."""
         return tuple(sorted({c.file for t in self.tensors.values() for c in t.chunks}))
+
+    def __str__(self) -> str:
+        return "\n".join(str(t) for _, t in sorted(self.tensors.items()))
 
     def __getitem__(self, key: str) -> TensorMeta:
         """The saved tensor ``key``; a :class:`MissingTensorError` (a ``KeyError`` too)
@@ -191,6 +224,10 @@ def check_tiles(meta: TensorMeta, where: str = "") -> None:
     ...
     meshplan.errors.CheckpointError: tensor 'w': saved chunks cover 3 of 4 elements; ...
     """
+    if not isinstance(meta, TensorMeta):
+        raise CheckpointError(f"check_tiles reads a TensorMeta, got {meta!r:.80}", value=meta)
+    if not isinstance(where, str):
+        raise CheckpointError(f"check_tiles: where={where!r:.80} is no string", value=where)
     for c in meta.chunks:
         if (
             len(c.offsets) != meta.ndim
@@ -279,6 +316,11 @@ def _overlap_by_sweep(boxes: list, ndim: int):
 
 def metadata_to_json(meta: Metadata) -> str:
     """The index text for ``meta`` (stable: keys and chunks in a fixed order)."""
+    if not isinstance(meta, Metadata):
+        raise CheckpointError(
+            f"metadata_to_json writes a Metadata, got {type(meta).__name__} {meta!r:.80}",
+            value=meta,
+        )
     doc = {
         "format": FORMAT,
         "version": meta.version,
@@ -286,6 +328,7 @@ def metadata_to_json(meta: Metadata) -> str:
             key: {
                 "shape": list(t.shape),
                 "dtype": t.dtype,
+                **({} if t.spec is None else {"spec": spec_to_doc(t.spec)}),
                 "chunks": [
                     {
                         "offsets": list(c.offsets),
@@ -358,7 +401,10 @@ def _tensor_meta(key: str, t: object) -> TensorMeta:
         ChunkRecord(c["offsets"], c["sizes"], _file(c["file"]), c["name"], c["checksum"])
         for c in t["chunks"]
     ]
-    return TensorMeta(key, t["shape"], t["dtype"], chunks)
+    shape, dtype = _ints("shape")(t["shape"]), t["dtype"]
+    _dtype_name(dtype)
+    spec = spec_from_doc(t["spec"], shape, dtype) if "spec" in t else None
+    return TensorMeta(key, shape, dtype, chunks, spec)
 
 
 def metadata_from_json(text: str | bytes, where: str = INDEX_NAME) -> Metadata:
@@ -436,7 +482,7 @@ def checkpoint_path(path: object) -> str:
 
 
 def read_metadata(path: str | os.PathLike[str]) -> Metadata:
-    """The committed index of the checkpoint at ``path`` (shapes, dtypes, chunks).
+    """The committed index of the checkpoint at ``path`` (shapes, dtypes, saved specs, chunks).
 
     Raises :class:`CheckpointError` when ``path`` has no index (never committed, or a
     save crashed before its first commit) or the index is damaged.

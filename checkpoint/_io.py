@@ -28,6 +28,16 @@ from meshplan.layout._mesh import first_instance
 from meshplan.placement import Sharded, Spec, local_shape
 from meshplan.placement._tensor import partial_keeps
 
+from ._files import (
+    STATE_DIR,
+    Claim,
+    commit_lock,
+    new_save_id,
+    shard_name,
+    sweep_locked,
+    wait_until_done,
+    write_safetensors,
+)
 from ._index import (
     INDEX_NAME,
     ChunkRecord,
@@ -39,20 +49,9 @@ from ._index import (
     missing_tensor,
     read_metadata,
 )
-from ._files import (
-    STATE_DIR,
-    Claim,
-    commit_lock,
-    new_save_id,
-    shard_name,
-    sweep_locked,
-    wait_until_done,
-    write_safetensors,
-)
 from ._plan import check_target, local_boxes, plan_reads, writes
 
 __all__ = ["checksum", "load", "load_all", "save", "save_all"]
-
 
 
 def checksum(
@@ -107,7 +106,7 @@ def _recorded_checksum(tensor: torch.Tensor, meta: TensorMeta, rec: ChunkRecord)
 # -- saving -------------------------------------------------------------------------------
 
 
-_Entry = tuple[str, tuple[int, ...], str, "ChunkRecord | None"]  # key, shape, dtype, chunk
+_Entry = tuple[str, Spec, "ChunkRecord | None"]  # key, the spec it is saved in, chunk
 
 
 def _check_state(state: Any, rank: int | None) -> None:
@@ -192,7 +191,7 @@ def _owned(spec: Spec, rank: int, sole: bool):
 def _write_rank(
     entries: Mapping[str, Sharded], rank: int, directory: str, save_id: str, sole: bool = False
 ) -> list[_Entry]:
-    """Write rank ``rank``'s owned boxes into one new file; return (key, shape, dtype, record)."""
+    """Write rank ``rank``'s owned boxes into one new file; return (key, spec, record)."""
     file = shard_name(rank, save_id)
     tensors: dict[str, torch.Tensor] = {}
     spans: dict[int, list[tuple[int, int]]] = {}  # storage -> byte ranges of its pieces
@@ -213,7 +212,7 @@ def _write_rank(
         tensors[name] = _stored(piece)
         digest = checksum(piece, key=key, offsets=box.chunk.offsets)
         record = ChunkRecord(box.chunk.offsets, box.chunk.sizes, file, name, digest)
-        out.append((key, spec.shape, spec.dtype, record))
+        out.append((key, spec, record))
     if not tensors:
         return out
     final = os.path.join(directory, file)
@@ -282,25 +281,28 @@ def _restored(tensor: torch.Tensor, meta: TensorMeta) -> torch.Tensor:
 
 def _assemble(records: list[tuple[int, list[_Entry]]]) -> Metadata:
     """The index from every rank's records; raise when ranks disagree or leave gaps."""
-    shapes: dict[str, tuple[tuple[int, ...], str, int]] = {}
+    specs: dict[str, tuple[Spec, int]] = {}
     chunks: dict[str, list[ChunkRecord]] = {}
     for rank, entries in sorted(records, key=lambda item: item[0]):
-        for key, shape, dtype, rec in entries:
-            if key not in shapes:
-                shapes[key] = (shape, dtype, rank)
+        for key, spec, rec in entries:
+            if key not in specs:
+                specs[key] = (spec, rank)
                 chunks[key] = []
-            elif shapes[key][:2] != (shape, dtype):
-                s0, d0, r0 = shapes[key]
+            elif specs[key][0] != spec:
+                s0, r0 = specs[key]
+                what = (
+                    "global tensor" if (s0.shape, s0.dtype) != (spec.shape, spec.dtype) else "spec"
+                )
                 raise CheckpointError(
-                    f"tensor {key!r}: rank {r0} saves {d0}{list(s0)} but rank {rank} saves "
-                    f"{dtype}{list(shape)}; every rank must save one global tensor per key",
+                    f"tensor {key!r}: rank {r0} saves {s0} on {s0.mesh} but rank {rank} saves "
+                    f"{spec} on {spec.mesh}; every rank must save one {what} per key",
                     value=key,
                 )
             if rec is not None:  # None: an empty tensor, which has no chunks
                 chunks[key].append(rec)
     tensors = {}
-    for key, (shape, dtype, _) in shapes.items():
-        meta = TensorMeta(key, shape, dtype, chunks[key])
+    for key, (spec, _) in specs.items():
+        meta = TensorMeta(key, spec.shape, spec.dtype, chunks[key], spec)
         check_tiles(meta)
         tensors[key] = meta
     return Metadata(tensors)
@@ -363,7 +365,7 @@ def _empty_keys(by_rank: Mapping[int, Mapping[str, Sharded]]) -> list:
         out.append((rank, []))
         for key, value in state.items():
             if value.spec.numel() == 0:
-                out[-1][1].append((key, value.spec.shape, value.spec.dtype, None))
+                out[-1][1].append((key, value.spec, None))
     return out
 
 
@@ -504,11 +506,7 @@ def _save_distributed(state: Mapping[str, Sharded], directory: str, groups: Any)
             _make_dir(directory)
             held.enter_context(_claim(directory, save_id, str(rank)))
             entries = _write_rank(state, rank, directory, save_id)
-            empties = [
-                (k, v.spec.shape, v.spec.dtype, None)
-                for k, v in state.items()
-                if not v.spec.numel()
-            ]
+            empties = [(k, v.spec, None) for k, v in state.items() if not v.spec.numel()]
             outcome = ("ok", entries + empties)
         except Exception as e:  # reported to every rank below
             outcome = ("error", f"{type(e).__name__}: {e}")

@@ -52,3 +52,17 @@ def test_a_checkpoint_resumes_on_another_mesh_with_the_uninterrupted_losses(save
     assert "resumed from" in out and sorted(resumed) == [3, 4], out
     for k, loss in resumed.items():
         assert abs(loss - losses[k]) <= 1e-9 * abs(losses[k]), (k, loss, losses[k], out)
+
+
+def test_the_checkpoint_index_records_each_tensors_spec(saved):
+    from meshplan.checkpoint import read_metadata
+    from meshplan.placement import Replicate, Shard
+
+    meta = read_metadata(saved[0] / "step-2")
+    for key in ("param.h0.wq", "adam_m.h0.wq", "adam_v.h0.wq"):
+        spec = meta[key].spec
+        assert spec.mesh.shape == (2, 2) and spec.mesh.names == ("dp", "tp"), key
+        assert spec.placements == (Shard(0), Shard(1)) and spec.dtype == "float64", key
+    assert meta["param.h1.w2"].spec.placements == (Shard(1), Shard(0))
+    assert meta["state.rng"].spec.placements == (Replicate(), Replicate())
+    assert "param.h0.wq: f64[32,32](S(0) S(1)) on (2, 2) (dp, tp)" in str(meta)
