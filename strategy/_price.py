@@ -173,8 +173,14 @@ def _dim_bound(src: Spec, m: int, q: Placement, model) -> tuple[float, bool]:
     if kp == "S" and kq in ("S", "R"):
         bound = max(bound, leave_shard)  # a shard leaves by moving data (or reducing later)
     if kq == "R":
-        bound = max(bound, min(gather, allreduce))  # arriving at R
-    return bound * (1 - 1e-9), kp == "S" and kq == "S"
+        arrive = min(gather, allreduce)
+        if kp == "S":  # a general all_permute may hand the piece over to another mesh dim
+            arrive = min(arrive, permute)
+        bound = max(bound, arrive)  # arriving at R
+    # shard -> shard, shard -> R and R -> shard changes may all be one all_permute
+    # (ranks holding the same pieces under other mesh dims): they share its price
+    permuting = (kp == "S" and kq in ("S", "R")) or (kp == "R" and kq == "S")
+    return bound * (1 - 1e-9), permuting
 
 
 def transition_bound(src: Spec, m: int, q: Placement, model) -> float:
@@ -191,8 +197,8 @@ def transition_bound(src: Spec, m: int, q: Placement, model) -> float:
     if not bound:
         return 0.0
     share = _share(src.mesh, m)
-    if ss:  # an all_permute re-shards at most the dims that shard in the source
-        share = max(share, _n_sharding(src))
+    if ss:  # one all_permute may change every mesh dim at once
+        share = max(share, src.mesh.ndim)
     return bound / share
 
 

@@ -17,16 +17,24 @@ from __future__ import annotations
 
 import heapq
 import itertools
+import math
 from collections.abc import Sequence
 from typing import Any
 
 import attrs
 
-from meshplan.errors import StrategyError
-from meshplan.placement import Spec
+from meshplan.errors import PlacementError, StrategyError
+from meshplan.placement import Partial, Replicate, Shard, Spec, dtype_itemsize
 
 from ._expand import Candidate, Problem, Strategy, candidates, prepare, realize
-from ._price import check_model, input_bound, redistribute_cost, transition_bound
+from ._price import (
+    _dim_steps,
+    _share,
+    check_model,
+    input_bound,
+    redistribute_cost,
+    transition_bound,
+)
 from ._ruleset import RuleSet
 
 __all__ = ["Choice", "select", "METHODS", "clear_strategy_cache"]
@@ -38,9 +46,11 @@ METHODS = ("search", "enumerate")
 class Choice:
     """The selected strategy with its price and how much work finding it took.
 
-    ``cost`` is the total price in seconds (``input_costs`` per input), ``visited``
-    the combinations (states) examined, ``priced`` the redistributions priced with the
-    planner, ``states`` the size of the full enumeration.
+    ``cost`` is the total price in seconds: ``input_costs`` per input, plus
+    ``future_cost``, what reducing a Partial output will cost (its cheapest reduction to
+    Shard or Replicate; zero when the caller said the consumer accepts Partial).
+    ``visited`` counts the combinations (states) examined, ``priced`` the
+    redistributions priced with the planner, ``states`` the size of the full enumeration.
 
     >>> from meshplan.layout import Mesh
     >>> from meshplan.placement import Replicate, Shard
@@ -61,6 +71,7 @@ class Choice:
     priced: int
     states: int
     method: str
+    future_cost: float = 0.0
 
     @property
     def input_specs(self) -> tuple[Spec, ...]:
@@ -85,9 +96,11 @@ class Choice:
 class _Pricer:
     """Exact input prices (memoized per target within one selection) and their bounds."""
 
-    def __init__(self, problem: Problem, model: Any) -> None:
+    def __init__(self, problem: Problem, model: Any, accept_partial: bool = False) -> None:
         self.problem = problem
         self.model = model
+        self.accept_partial = accept_partial
+        self.futures: dict[Candidate, float] = {}
         self.memo: dict[tuple[int, Spec], float] = {}
         for i, src in enumerate(problem.sources):
             self.memo[(i, src)] = 0.0
@@ -103,6 +116,19 @@ class _Pricer:
             self.memo[key] = c
         return c
 
+    def future(self, cand: Candidate) -> float:
+        """What reducing the candidate's Partial outputs will cost (0 if accepted/none)."""
+        if self.accept_partial or not any(
+            isinstance(p, Partial) for pl in cand.output_placements for p in pl
+        ):
+            return 0.0
+        c = self.futures.get(cand)
+        if c is None:
+            strategy = realize(self.problem, cand)
+            c = sum(reduction_cost(s, self.model) for s in strategy.output_specs)
+            self.futures[cand] = c
+        return c
+
     def bound(self, i: int, spec: Spec) -> float:
         return input_bound(self.problem.sources[i], spec.placements, self.model)
 
@@ -116,6 +142,7 @@ def select(
     ruleset: RuleSet | None = None,
     cost_model: Any = None,
     method: str = "search",
+    accept_partial: bool = False,
     **args: Any,
 ) -> Choice:
     """The strategy of minimum total cost for ``op`` on inputs laid out as ``input_specs``.
@@ -123,22 +150,35 @@ def select(
     ``method="search"`` (default) visits few combinations and proves its answer
     minimal; ``"enumerate"`` prices all of them. Both return the same strategy.
 
+    With no consumer known, a Partial output carries the price of its cheapest
+    reduction (to Shard or Replicate on each Partial mesh dim): a partial sum is cheap
+    now and dear later, and that later is counted. ``accept_partial=True`` says the
+    consumer takes Partial values as they are (a linear op, or a whole-program
+    planner pricing the consumer itself).
+
     >>> from meshplan.layout import Mesh
     >>> from meshplan.placement import Replicate, Shard
     >>> mesh = Mesh.create((2, 2, 2))
     >>> a = Spec(mesh, (Shard(1), Replicate(), Replicate()), (64, 32))
     >>> b = Spec(mesh, (Replicate(), Replicate(), Shard(1)), (32, 16))
-    >>> c = select("mm", (a, b))   # slice b's rows locally: the output becomes Partial
+    >>> c = select("mm", (a, b), accept_partial=True)  # slice b's rows: a Partial output
     >>> print(c.input_specs[1], c.output_spec)
     f32[32,16](S(0) R S(1)) f32[64,16](P(sum) R S(1))
+    >>> c = select("mm", (a, b))   # reducing that Partial later costs more: gather b's rows
+    >>> print(c.input_specs[1], c.output_spec)
+    f32[32,16](R R S(1)) f32[64,16](S(0) R S(1))
     >>> c.cost == select("mm", (a, b), method="enumerate").cost, c.visited < c.states
     (True, True)
     """
     if method not in METHODS:
         raise StrategyError(f"unknown method {method!r}; use one of {METHODS!r}", value=method)
+    if not isinstance(accept_partial, bool):
+        raise StrategyError(
+            f"accept_partial must be True or False, got {accept_partial!r}", value=accept_partial
+        )
     model = check_model(cost_model)
     problem = prepare(op, input_specs, ruleset, args)
-    pricer = _Pricer(problem, model)
+    pricer = _Pricer(problem, model, accept_partial)
     if method == "enumerate":
         return _enumerate(problem, pricer)
     return _search(problem, pricer)
@@ -149,7 +189,17 @@ def _choice(
 ) -> Choice:
     costs = tuple(pricer.price(i, s) for i, s in enumerate(cand.input_specs))
     strategy = realize(problem, cand)
-    return Choice(strategy, sum(costs), costs, visited, pricer.priced(), problem.n_states(), method)
+    future = pricer.future(cand)
+    return Choice(
+        strategy,
+        sum(costs) + future,
+        costs,
+        visited,
+        pricer.priced(),
+        problem.n_states(),
+        method,
+        future,
+    )
 
 
 def _enumerate(problem: Problem, pricer: _Pricer) -> Choice:
@@ -159,6 +209,7 @@ def _enumerate(problem: Problem, pricer: _Pricer) -> Choice:
         visited += 1
         for cand in candidates(problem, combo):
             total = sum(pricer.price(i, s) for i, s in enumerate(cand.input_specs))
+            total += pricer.future(cand)
             if best is None or total < best[0]:
                 best = (total, cand)
     if best is None:
@@ -186,6 +237,8 @@ def _search(problem: Problem, pricer: _Pricer) -> Choice:
                 if b is None:
                     b = seen[(i, p)] = transition_bound(srcs[i], m, p, model)
                 total += b
+            if not pricer.accept_partial:
+                total += _future_bound(problem, m, r, model)
             lb.append(total)
         bounds.append(lb)
         orders.append(sorted(range(len(rules)), key=lambda j, lb=lb: (lb[j], j)))
@@ -217,6 +270,7 @@ def _search(problem: Problem, pricer: _Pricer) -> Choice:
             key += c
         if kind == _EXACT:
             key = sum(pricer.price(i, s) for i, s in enumerate(cand.input_specs))
+            key += pricer.future(cand)
         heapq.heappush(heap, (key, kind, combo, v, cand))
 
     push_combo((0,) * n, 0)
@@ -242,6 +296,47 @@ def _search(problem: Problem, pricer: _Pricer) -> Choice:
                 if pos[m] + 1 < len(orders[m]):
                     push_combo(pos[:m] + (pos[m] + 1,) + pos[m + 1 :], m)
     raise StrategyError(f"{problem.op}: no valid strategy at all", value=problem)
+
+
+def _future_bound(problem: Problem, m: int, rule: Any, model: Any) -> float:
+    """A lower bound of reducing the outputs a rule leaves Partial on mesh dim ``m``."""
+    total = 0.0
+    for out, p in zip(problem.outputs, rule.outputs, strict=False):
+        if isinstance(p, Partial):
+            nbytes = dtype_itemsize(out.dtype) * math.prod(out.shape) / math.prod(problem.mesh.shape)
+            steps = _dim_steps(model, problem.mesh, m, nbytes)
+            total += min(steps[4], steps[5]) / _share(problem.mesh, m)  # all_reduce, reduce_scatter
+    return total * (1 - 1e-9)
+
+
+def reduction_cost(spec: Spec, model: Any) -> float:
+    """The cheapest reduction of ``spec``'s Partial dims, each to Replicate or a Shard.
+
+    >>> from meshplan.layout import Mesh
+    >>> from meshplan.redistribute import CostModel
+    >>> mesh = Mesh.create((2,))
+    >>> reduction_cost(Spec(mesh, [Replicate()], (8,)), CostModel()) == 0.0
+    True
+    >>> reduction_cost(Spec(mesh, [Partial()], (8,)), CostModel()) > 0
+    True
+    """
+    partial = [m for m, p in enumerate(spec.placements) if isinstance(p, Partial)]
+    if not partial:
+        return 0.0
+    choices = [Replicate()] + [Shard(d) for d in range(len(spec.shape))]
+    best = None
+    for combo in itertools.product(choices, repeat=len(partial)):
+        placements = list(spec.placements)
+        for m, p in zip(partial, combo, strict=True):
+            placements[m] = p
+        try:
+            target = Spec(spec.mesh, placements, spec.shape, spec.dtype)
+        except PlacementError:
+            continue
+        c = redistribute_cost(spec, target, model)
+        if best is None or c < best:
+            best = c
+    return 0.0 if best is None else best
 
 
 def clear_strategy_cache() -> None:

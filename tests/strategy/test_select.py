@@ -86,7 +86,7 @@ def test_inputs_that_fit_a_strategy_stay_put():
     mesh = Mesh.create((2, 2, 2))
     a = Spec(mesh, (Shard(0), Shard(1), Replicate()), (64, 32))
     b = Spec(mesh, (Replicate(), Shard(0), Partial()), (32, 16))
-    c = select("mm", (a, b))
+    c = select("mm", (a, b), accept_partial=True)  # a consumer taking the partial sums
     assert c.input_specs == (a, b) and c.cost == 0 and c.visited == 1
     assert c.output_spec.placements == (Shard(0), Partial(), Partial())
 
@@ -131,13 +131,17 @@ def test_expand_lists_distinct_strategies_and_the_minimum_is_among_them():
     b = Spec(mesh, (Replicate(), Shard(1)), (5, 4))
     strategies = expand("mm", (a, b))
     assert len(set(strategies)) == len(strategies)
-    c = select("mm", (a, b))
-    assert c.strategy in strategies
-    cheapest = min(
-        sum(redistribute_cost(s, t, MODEL) for s, t in zip((a, b), st_.input_specs, strict=True))
-        for st_ in strategies
-    )
-    assert c.cost == cheapest
+    from meshplan.strategy._select import reduction_cost
+
+    for accept in (True, False):
+        c = select("mm", (a, b), accept_partial=accept)
+        assert c.strategy in strategies
+        cheapest = min(
+            sum(redistribute_cost(s, t, MODEL) for s, t in zip((a, b), st_.input_specs, strict=True))
+            + (0.0 if accept else reduction_cost(st_.output_spec, MODEL))
+            for st_ in strategies
+        )
+        assert c.cost == pytest.approx(cheapest, rel=1e-12, abs=0)
 
 
 def test_select_rejects_unknown_methods_and_ops():
@@ -179,3 +183,21 @@ def test_pricing_a_redistribution_does_not_warn_about_merges_and_matches_plan():
     assert [w for w in caught if issubclass(w.category, MergeWarning)]  # plan() still warns
     assert price == cost(p, model).total
     reset_merge_warnings()
+
+
+def test_a_partial_output_carries_the_price_of_its_reduction():
+    # cat of (R R S(1)) and (S(1) S(1) S(1)) on (2,2,2): a Partial output is cheap now and
+    # dear later; priced with its reduction, the choice is torch's (S(1) S(1) S(1)) and
+    # its total (1.3e-5 s) is below what the partial choice costs once reduced
+    mesh = Mesh.create((2, 2, 2))
+    a = Spec(mesh, (Replicate(), Replicate(), Shard(1)), (8, 8, 8))
+    b = Spec(mesh, (Shard(1), Shard(1), Shard(1)), (8, 8, 8))
+    eager = select("cat", (a, b), dim=0, accept_partial=True)
+    priced = select("cat", (a, b), dim=0)
+    assert eager.output_spec.is_partial
+    assert priced.output_spec.placements == (Shard(1), Shard(1), Shard(1))
+    from meshplan.strategy._select import reduction_cost
+
+    later = eager.cost + reduction_cost(eager.output_spec, MODEL)
+    assert priced.cost < later
+    assert priced.cost == select("cat", (a, b), dim=0, method="enumerate").cost
