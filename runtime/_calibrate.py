@@ -59,8 +59,13 @@ def measure(
 
     The same dict on every rank of the mesh (each value the slowest rank's).
 
-    >>> measure.__name__   # runs collectives; see tests/runtime/test_collectives.py
-    'measure'
+    It runs collectives on every rank (see ``tests/runtime/test_collectives.py``) and
+    checks its arguments first:
+
+    >>> measure(None)
+    Traceback (most recent call last):
+    ...
+    meshplan.errors.RuntimeShellError: calibrate needs ProcessGroups, got None
     """
     if not isinstance(groups, ProcessGroups):
         raise RuntimeShellError(f"calibrate needs ProcessGroups, got {groups!r}", value=groups)
@@ -291,8 +296,13 @@ def calibrate(
     largest input per rank it times (4 MiB): the fit is best for steps up to about that
     size, so give the size of the tensors the plans will move.
 
-    >>> calibrate.__name__   # runs collectives; see tests/runtime/test_collectives.py
-    'calibrate'
+    It runs collectives on every rank (see ``tests/runtime/test_collectives.py``); a
+    profile it fits is plain data that plans take as their cost model:
+
+    >>> calibrate(object())
+    Traceback (most recent call last):
+    ...
+    meshplan.errors.RuntimeShellError: calibrate needs ProcessGroups, got <object object at ...>
     """
     found = measure(groups, nbytes=nbytes, repeats=repeats, device=device)
     if not found:

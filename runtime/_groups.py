@@ -206,8 +206,13 @@ class ProcessGroups:
     plan, raising :class:`RuntimeShellError` on every rank otherwise: one 16-byte
     all_reduce the first time each plan runs (see :mod:`meshplan.runtime._agree`).
 
-    >>> ProcessGroups.__name__   # needs a running torch.distributed world; see the tests
-    'ProcessGroups'
+    It is built on every rank of a running world (see ``tests/runtime``) and checks its
+    arguments first:
+
+    >>> ProcessGroups("dp")
+    Traceback (most recent call last):
+    ...
+    meshplan.errors.RuntimeShellError: ProcessGroups needs a Mesh, got 'dp'
     """
 
     def __init__(

@@ -77,8 +77,13 @@ def run(plan: Plan | Step, local: torch.Tensor, groups: ProcessGroups) -> torch.
     With ``ProcessGroups(mesh, check_specs=True)`` every rank first checks, once per
     plan, that all ranks run the same plan (see :mod:`meshplan.runtime._agree`).
 
-    >>> run.__name__   # needs a running torch.distributed world; see the tests
-    'run'
+    Every rank of a running world calls it (see ``tests/runtime``); it checks what it
+    is given before any collective, so a wrong call fails on the spot:
+
+    >>> run("S(0) -> R", None, None)
+    Traceback (most recent call last):
+    ...
+    meshplan.errors.PlanError: run needs a Plan (meshplan.redistribute.plan(src, dst)) or a Step, got str 'S(0) -> R'
     """
     _check_plan(plan, "run")
     steps = (plan,) if isinstance(plan, Step) else plan.steps
@@ -112,8 +117,15 @@ def prepare_groups(plan: Plan | Step, groups: ProcessGroups) -> None:
     pass needs later (its transposed plan may use other groups, and a gradient of
     another dtype another plan) is then there on every rank, whatever ran where.
 
-    >>> prepare_groups.__name__   # needs a running torch.distributed world; see the tests
-    'prepare_groups'
+    >>> from meshplan.layout import Mesh
+    >>> from meshplan.placement import Replicate, Shard, Spec
+    >>> from meshplan.redistribute import plan as plan_
+    >>> mesh = Mesh.create((2, 2), names=("dp", "tp"))
+    >>> p = plan_(Spec(mesh, (Shard(0), Replicate()), (8, 8)), Spec(mesh, (Replicate(),) * 2, (8, 8)))
+    >>> prepare_groups(p, mesh)
+    Traceback (most recent call last):
+    ...
+    meshplan.errors.RuntimeShellError: prepare_groups needs the mesh's process groups, ProcessGroups(mesh), got Mesh ...
     """
     _check_plan(plan, "prepare_groups")
     _check_groups(groups, "prepare_groups")

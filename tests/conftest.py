@@ -1,8 +1,11 @@
 """Shared test configuration: hypothesis profiles ``dev`` (default), ``ci`` and ``thorough``
-(1,000 examples per property, for a long local run), and the
-long-lived gloo worker pools every multi-process test shares (one per world size)."""
+(1,000 examples per property, for a long local run), the
+long-lived gloo worker pools every multi-process test shares (one per world size), and the
+``distributed`` marker on every test that runs processes of a gloo world, so that
+``pytest -m "not distributed"`` runs the pure tier alone."""
 
 import os
+import re
 
 import pytest
 from hypothesis import HealthCheck, settings
@@ -73,3 +76,27 @@ def pool8():
 def pool(request):
     """Each of the two worlds in turn."""
     return request.getfixturevalue(f"pool{request.param}")
+
+
+# -- tiers: ``distributed`` marks every test that runs a gloo world -----------------------
+
+_POOL = re.compile(r"(.*_)?pool\d*")
+_EXAMPLES = os.path.join(os.path.dirname(__file__), "examples")
+
+
+def _starts_processes(item) -> bool:
+    """Whether the test asks for a worker pool, starts one (or other processes) itself, or
+    runs an example script on gloo ranks."""
+    if any(_POOL.fullmatch(name) for name in getattr(item, "fixturenames", ())):
+        return True
+    if str(item.path).startswith(_EXAMPLES):
+        return True
+    code = getattr(getattr(item, "function", None), "__code__", None)
+    names = set(code.co_names) if code is not None else set()
+    return bool(names & {"get_context", "start_processes"}) or {"WorkerPool", "run"} <= names
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if _starts_processes(item):
+            item.add_marker(pytest.mark.distributed)

@@ -12,6 +12,7 @@ PACKAGES = [
     "meshplan.placement",
     "meshplan.redistribute",
     "meshplan.strategy",
+    "meshplan.runtime",
     "meshplan.checkpoint",
     "meshplan.testing",
 ]

@@ -11,7 +11,6 @@ torch must agree wherever it is not known to be wrong.
 
 from __future__ import annotations
 
-import collections
 import warnings
 
 import pytest
@@ -26,7 +25,7 @@ from _shell_cases import (
     spec_pairs,
     world_meshes,
 )
-from hypothesis import Phase, given, settings
+from hypothesis import Phase, event, given, settings
 from hypothesis import strategies as st
 
 from meshplan.errors import PlacementError
@@ -402,10 +401,6 @@ def _why(message: str) -> str:
     return message[:80]
 
 
-TALLY: collections.Counter = collections.Counter()
-"""Outcomes of the DTensor comparison over the session (printed by the last test)."""
-
-
 def _torch_case(src: Spec, dst: Spec) -> bool:
     """Whether torch can be handed the case at all (placements it can express)."""
     try:
@@ -502,17 +497,16 @@ def test_run_agrees_with_torch_dtensor_where_torch_is_right(pool, data):
     )
     expressible = [(s, d) for s, d in pairs if _torch_case(s, d)]
     usable = [(s, d) for s, d in expressible if not _torch_unimplemented(s, d)]
-    TALLY["torch cannot express"] += len(pairs) - len(expressible)
-    TALLY["torch leaves unimplemented (StridedShard)"] += len(expressible) - len(usable)
+    # the outcomes are hypothesis events: ``pytest --hypothesis-show-statistics`` tallies them
+    if len(expressible) < len(pairs):
+        event("torch cannot express")
+    if len(usable) < len(expressible):
+        event("torch leaves unimplemented (StridedShard)")
     if not usable:
         return
     cases = _cases(usable, data.draw(st.integers(0, 2**30), label="seed"))
     results = pool.run(_torch_batch, cases)
     _check_against_simulator(cases, [[r[0] for r in per_rank] for per_rank in results])
-    for i, (p, locals_) in enumerate(cases):
-        TALLY[_classify(p, locals_, results, i)] += 1
-
-
-def test_zz_report_the_torch_comparison_tally(capsys):
-    with capsys.disabled():
-        print("\nDTensor comparison:", dict(sorted(TALLY.items())))
+    outcomes = {_classify(p, locals_, results, i) for i, (p, locals_) in enumerate(cases)}
+    for outcome in sorted(outcomes):
+        event(outcome)
