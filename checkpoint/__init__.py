@@ -2,13 +2,16 @@
 
 Decides which rank writes which box of each tensor (every element exactly once:
 replicas are written by one owner, a StridedShard or uneven-shard-order local tensor
-is written box by box), what the JSON index records (global shape, dtype, and per
-chunk its global box, file, name and crc32 checksum), and which slices of which saved
-chunks fill a rank's local tensor under a target spec (:func:`plan_reads`: pure box
-intersection, any mesh, world size, shard order or StridedShard). The shell
+is written box by box), what the JSON index records (global shape, dtype, the spec it
+was saved in, and per chunk its global box, file, name and crc32 checksum), and which
+slices of which saved chunks fill a rank's local tensor under a target spec
+(:func:`plan_reads`: pure box intersection, any mesh, world size, shard order or
+StridedShard). The shell
 (:func:`save`, :func:`save_all`, :func:`load`, :func:`load_all`) writes safetensors
 shard files under fresh names and commits by atomically replacing ``index.json`` last,
 so a crash mid-save leaves the previous checkpoint loadable; loads verify checksums.
+``save(..., blocking=False)`` (:func:`save_async`) copies the rank's boxes and returns,
+writing and committing in the background on a gloo group of its own.
 
 Never saves ``Partial`` values (reduce them first), never communicates on load, never
 overwrites a committed file in place, and never trusts a chunk whose checksum or
@@ -52,6 +55,8 @@ from ._plan import Box, Read, check_target, intersect, local_boxes, plan_reads, 
 
 _LAZY = {
     "save": "_io",
+    "save_async": "_async",
+    "SaveHandle": "_async",
     "save_all": "_io",
     "load": "_io",
     "load_all": "_io",
@@ -74,6 +79,7 @@ __all__ = [
     "Metadata",
     "MissingTensorError",
     "Read",
+    "SaveHandle",
     "TensorMeta",
     "check_target",
     "check_tiles",
@@ -92,5 +98,6 @@ __all__ = [
     "read_metadata",
     "save",
     "save_all",
+    "save_async",
     "writes",
 ]

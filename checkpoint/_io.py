@@ -401,9 +401,18 @@ def _precheck(by_rank: Mapping[int, Mapping[str, Sharded]], sole: bool) -> None:
 
 
 def save(
-    state: Mapping[str, Sharded], path: str | os.PathLike[str], groups: Any = None
-) -> Metadata | None:
+    state: Mapping[str, Sharded],
+    path: str | os.PathLike[str],
+    groups: Any = None,
+    *,
+    blocking: bool = True,
+) -> Any:
     """Save one rank's sharded tensors to the checkpoint directory ``path``; return its index.
+
+    With ``blocking=False`` it returns once this rank's boxes are copied to CPU buffers,
+    with a :class:`~meshplan.checkpoint.SaveHandle` whose ``wait()`` gives the index: the
+    write and the commit run in the background, on a process group of their own (see
+    :func:`~meshplan.checkpoint.save_async`).
 
     With ``groups`` (a :class:`~meshplan.runtime.ProcessGroups`), every rank of
     ``groups.mesh`` calls ``save`` with its own state; each writes only the boxes it owns
@@ -436,6 +445,17 @@ def save(
     >>> load(path, {"w": spec}, rank=1)["w"].local
     tensor([0, 1, 2])
     """
+    flag = as_bool(blocking)
+    if flag is None:
+        raise CheckpointError(
+            f"blocking must be True or False, got {blocking!r}; pass blocking=False for a "
+            "save that overlaps the next steps",
+            value=blocking,
+        )
+    if not flag:
+        from ._async import save_async
+
+        return save_async(state, path, groups)
     directory = checkpoint_path(path)
     if groups is None:
         _check_state(state, None)

@@ -26,7 +26,8 @@ clipping by the global norm, AdamW, a warm-up + cosine schedule) works on local 
 process with plain torch autograd and the same optimizer arithmetic, and compares every
 step's loss; ``--save DIR --save-every K`` keeps the training state of step k (parameters,
 AdamW moments in their parameters' specs, step, schedule, data RNG and position) in
-``DIR/step-<k>``; ``--resume PATH`` continues from it on any mesh and world size.
+``DIR/step-<k>`` (saved in the background: the loop waits only while its shards are
+copied); ``--resume PATH`` continues from it on any mesh and world size.
 """
 
 from __future__ import annotations
@@ -283,7 +284,7 @@ def train_rank(opts: argparse.Namespace, program, device: str = "cpu") -> dict:
     tokens = MODEL["batch"] * MODEL["seq"]
     rss0 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
 
-    losses, times = {}, []
+    losses, times, pending = {}, [], None
     for step in range(start + 1, opts.steps + 1):
         t0 = time.perf_counter()
         tok, tgt = stream.next()
@@ -342,9 +343,16 @@ def train_rank(opts: argparse.Namespace, program, device: str = "cpu") -> dict:
                 stream.gen.get_state().to(device), extra["state.rng"], rank
             )
             where = os.path.join(opts.save, f"step-{step}")
-            save(state, where, groups)
+            # copies this rank's boxes, then writes and commits in the background (on a
+            # gloo group of its own) while the next steps run; the commit stays atomic
+            committed(pending, leader)
+            pending = save(state, where, groups, blocking=False)
             if leader:
-                print(f"saved {where} in {time.perf_counter() - t1:.2f} s", flush=True)
+                print(
+                    f"saving {where}: held the loop {(time.perf_counter() - t1) * 1e3:.1f} ms",
+                    flush=True,
+                )
+    committed(pending, leader)
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return {
         "losses": losses,
@@ -353,6 +361,16 @@ def train_rank(opts: argparse.Namespace, program, device: str = "cpu") -> dict:
         "rss_growth_kb": peak - rss0,
         "rss_kb": peak,
     }
+
+
+def committed(pending, leader: bool) -> None:
+    """Wait for a background save (raising its error on every rank) and report it."""
+    if pending is not None:
+        pending.wait()
+        if leader:
+            print(
+                f"committed {pending.path} ({pending.seconds:.2f} s in the background)", flush=True
+            )
 
 
 def resolve_resume(path: str) -> str:

@@ -1,6 +1,6 @@
 """examples/train.py end to end on 4 gloo ranks (float64): every step's loss equals one-process
-torch autograd with the same optimizer, and a checkpoint saved on one mesh resumes on another
-with the losses of the uninterrupted run."""
+torch autograd with the same optimizer, and a checkpoint saved in the background on one mesh
+resumes on another with the losses of the uninterrupted run."""
 
 from __future__ import annotations
 
@@ -47,7 +47,10 @@ def test_a_checked_run_matches_one_process_torch_at_every_step(saved):
 
 
 def test_a_checkpoint_resumes_on_another_mesh_with_the_uninterrupted_losses(saved):
-    folder, losses, _ = saved
+    folder, losses, saving = saved
+    # the checkpoints were saved in the background while the next steps ran
+    assert re.search(r"^saving .*step-2: held the loop", saving, re.M), saving
+    assert saving.index("committed") > saving.index("step    3 loss"), saving
     resumed, out = _train("--mesh", "1x4", "--steps", "4", "--resume", str(folder / "step-2"))
     assert "resumed from" in out and sorted(resumed) == [3, 4], out
     for k, loss in resumed.items():
