@@ -10,6 +10,14 @@ spec. The cheapest assignment over the whole graph is found by :func:`._solve.so
 (exact dynamic programming where the graph allows, else a forest bound plus local
 search, with the gap reported).
 
+Pricing every pair of candidate layouts with the planner is most of the work (on a 3-D
+mesh a transformer has tens of thousands of distinct pairs), so big programs are priced
+lazily: the solver first sees the strategy search's cheap lower bounds
+(:func:`~meshplan.strategy._price.input_bound`) where no exact price is known; the pairs
+its answer uses (and their neighbours) are then planned, and it solves again, until the
+answer uses exact prices only. Every other answer is then priced at most at its true
+cost, so the result is the same exact minimum as with every pair planned.
+
 Gradient layouts follow by construction: the backward calls are ops like any other,
 and each argument's gradient is moved to the argument's own layout (:func:`grad_spec`
 of it: a Partial argument gets a replicated gradient, Shard and Replicate keep), so a
@@ -19,6 +27,7 @@ reduce-scattered once, and a row-parallel partial sum is reduced once.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 import warnings
@@ -33,7 +42,7 @@ from meshplan.placement import Partial, Replicate, Shard, Spec, StridedShard
 from ._aten import Call, aten_strategies
 from ._expand import check_constraint
 from ._graph import Graph, Value
-from ._price import _plan, check_model, redistribute_cost
+from ._price import _plan, check_model, input_bound, redistribute_cost
 from ._rule import DimStrategy, Placeholder
 
 __all__ = [
@@ -206,6 +215,7 @@ class _Option:
     compute: float
 
 
+@functools.lru_cache(maxsize=4096)
 def _options(
     call: Call, mesh, compute: ComputeModel, strict: bool, max_options: int = 1 << 30
 ) -> tuple[list[_Option], bool]:
@@ -233,7 +243,7 @@ def _options(
         key = (opt.input_specs, opt.output_specs)
         if key not in seen:
             seen[key] = opt
-    return _keep(list(seen.values()), max_options), fallback
+    return tuple(_keep(list(seen.values()), max_options)), fallback
 
 
 def _keep(options: list[_Option], limit: int) -> list[_Option]:
@@ -414,6 +424,8 @@ def plan_graph(
     strict: bool = False,
     max_factor: int = 1 << 21,
     max_options: int = 48,
+    max_rounds: int = 100,
+    max_priced: int = 20_000,
 ) -> Program:
     """Plan an already traced :class:`Graph` (pure: no torch)."""
     from ._solve import solve
@@ -440,7 +452,7 @@ def plan_graph(
 
     calls = graph.calls
     var = {node: i for i, node in enumerate(calls)}
-    options: list[list[_Option]] = []
+    options: list[tuple[_Option, ...]] = []
     fallbacks = []
     for node in calls:
         call = graph.nodes[node].call
@@ -456,57 +468,154 @@ def plan_graph(
             stacklevel=3,
         )
 
-    memo: dict[tuple[Spec, Spec], float] = {}
+    import numpy as np
 
-    def price(src: Spec, dst: Spec) -> float:
-        key = (src, dst)
-        c = memo.get(key)
+    # every distinct spec gets a number once; prices are memoized on pairs of numbers
+    ids: dict[Spec, int] = {}
+    table: list[Spec] = []
+
+    def sid(spec: Spec) -> int:
+        k = ids.get(spec)
+        if k is None:
+            k = ids[spec] = len(table)
+            table.append(spec)
+        return k
+
+    ins = [[[sid(s) for s in o.input_specs] for o in opts] for opts in options]
+    outs_ = [[[sid(s) if s is not None else -1 for s in o.output_specs] for o in opts] for opts in options]
+    exact: dict[tuple[int, int], float] = {}
+    bounds: dict[tuple[int, int], float] = {}
+
+    def price(a: int, b: int) -> float:
+        """The exact price where known, else a lower bound of it (cheap: no planning)."""
+        c = exact.get((a, b))
         if c is None:
-            c = memo[key] = 0.0 if src == dst else redistribute_cost(src, dst, model)
+            c = bounds.get((a, b))
+            if c is None:
+                c = bounds[(a, b)] = (
+                    0.0 if a == b else input_bound(table[a], table[b].placements, model)
+                )
         return c
 
-    unary = [[o.compute for o in opts] for opts in options]
-    pairs: dict[tuple[int, int], Any] = {}
+    # the terms of the objective: (node, its option's spec numbers) -> which pair it prices
+    terms: list[tuple] = []  # ("fixed", c, i, src) | ("pair", p, j, c, i) | ("sink", c, j, dst)
     for node in calls:
         c = var[node]
         for i, v in enumerate(graph.nodes[node].inputs):
             if v.node in fixed:
-                src = fixed[v.node]
-                for k, o in enumerate(options[c]):
-                    unary[c][k] += price(src, o.input_specs[i])
-                continue
-            p = var[v.node]
-            key = (p, c)
-            m = _matrix(
-                [po.output_specs[v.index] for po in options[p]],
-                [co.input_specs[i] for co in options[c]],
-                price,
-            )
-            pairs[key] = m if key not in pairs else _add(pairs[key], m)
+                terms.append(("fixed", c, i, sid(fixed[v.node])))
+            else:
+                terms.append(("pair", var[v.node], v.index, c, i))
     sinks = [(v, s) for v, s in zip(graph.outputs, outs, strict=True)]
     sinks += [(v, s) for v, s in zip(graph.grads, grads, strict=True) if v is not None]
     for v, target in sinks:
-        if v.node in fixed:
-            continue
-        c = var[v.node]
-        for k, o in enumerate(options[c]):
-            unary[c][k] += price(o.output_specs[v.index], target)
-    sol = solve(unary, pairs, max_factor=max_factor)
+        if v.node not in fixed:
+            terms.append(("sink", var[v.node], v.index, sid(target)))
+
+    # lazy pricing: solve with exact prices where known and lower bounds elsewhere; price
+    # exactly the pairs the solution uses; repeat until it uses only exact prices. Then
+    # no other choice can be cheaper (its every term is at most its true price), so the
+    # solution is the exact minimum whenever the solver's is.
+    compute_cost = [np.array([o.compute for o in opts], dtype=float) for opts in options]
+    if _pair_count(terms, ins, outs_) <= max_priced:
+        # few enough distinct pairs: price them all up front, one round
+        for a, b in _all_pairs(terms, ins, outs_):
+            if (a, b) not in exact:
+                exact[(a, b)] = 0.0 if a == b else redistribute_cost(table[a], table[b], model)
+    rounds = 0
+    while True:
+        rounds += 1
+        unary = [u.copy() for u in compute_cost]
+        pairs: dict[tuple[int, int], Any] = {}
+        for t in terms:
+            if t[0] == "fixed":
+                _, c, i, src = t
+                unary[c] += _matrix([src], [row[i] for row in ins[c]], price)[0]
+            elif t[0] == "sink":
+                _, c, j, dst = t
+                unary[c] += _matrix([row[j] for row in outs_[c]], [dst], price)[:, 0]
+            else:
+                _, p, j, c, i = t
+                m = _matrix([row[j] for row in outs_[p]], [row[i] for row in ins[c]], price)
+                pairs[(p, c)] = m if (p, c) not in pairs else pairs[(p, c)] + m
+        sol = solve(unary, pairs, max_factor=max_factor)
+        new = 0
+
+        def learn(a: int, b: int) -> None:
+            nonlocal new
+            if (a, b) not in exact:
+                exact[(a, b)] = 0.0 if a == b else redistribute_cost(table[a], table[b], model)
+                new += 1
+
+        used_before = new
+        for t in terms:
+            if t[0] == "fixed":
+                _, c, i, src = t
+                learn(src, ins[c][sol.choice[c]][i])
+            elif t[0] == "sink":
+                _, c, j, dst = t
+                learn(outs_[c][sol.choice[c]][j], dst)
+            else:
+                _, p, j, c, i = t
+                learn(outs_[p][sol.choice[p]][j], ins[c][sol.choice[c]][i])
+        if new > used_before:
+            # the solution used guessed prices: learn its neighbourhood too (each term's
+            # chosen producer spec against every consumer option, and the reverse), so
+            # the next rounds do not walk through ties one pair at a time
+            for t in terms:
+                if t[0] != "pair":
+                    continue
+                _, p, j, c, i = t
+                a = outs_[p][sol.choice[p]][j]
+                b = ins[c][sol.choice[c]][i]
+                for d in dict.fromkeys(row[i] for row in ins[c]):
+                    learn(a, d)
+                for e in dict.fromkeys(row[j] for row in outs_[p]):
+                    learn(e, b)
+        if not new or rounds >= max_rounds:
+            break
     return _assemble(graph, arg_specs, outs, cots, grads, fixed, options, var, sol, model, fallbacks)
 
 
-def _matrix(srcs: list[Spec], dsts: list[Spec], price) -> list[list[float]]:
-    """``price(src, dst)`` for every pair, each distinct pair of specs priced once."""
+def _term_sides(t, ins, outs_) -> tuple[list[int], list[int]]:
+    if t[0] == "fixed":
+        _, c, i, src = t
+        return [src], list(dict.fromkeys(row[i] for row in ins[c]))
+    if t[0] == "sink":
+        _, c, j, dst = t
+        return list(dict.fromkeys(row[j] for row in outs_[c])), [dst]
+    _, p, j, c, i = t
+    return (
+        list(dict.fromkeys(row[j] for row in outs_[p])),
+        list(dict.fromkeys(row[i] for row in ins[c])),
+    )
+
+
+def _pair_count(terms, ins, outs_) -> int:
+    n = 0
+    for t in terms:
+        a, b = _term_sides(t, ins, outs_)
+        n += len(a) * len(b)
+    return n
+
+
+def _all_pairs(terms, ins, outs_):
+    for t in terms:
+        a, b = _term_sides(t, ins, outs_)
+        for x in a:
+            for y in b:
+                yield x, y
+
+
+def _matrix(srcs: list[int], dsts: list[int], price):
+    """``price(src, dst)`` for every pair of spec numbers, each distinct pair priced once."""
+    import numpy as np
+
     us, ud = list(dict.fromkeys(srcs)), list(dict.fromkeys(dsts))
     row = {s: i for i, s in enumerate(us)}
     col = {d: j for j, d in enumerate(ud)}
-    table = [[price(s, d) for d in ud] for s in us]
-    cols = [col[d] for d in dsts]
-    return [[table[row[s]][j] for j in cols] for s in srcs]
-
-
-def _add(a, b):
-    return [[x + y for x, y in zip(ra, rb, strict=True)] for ra, rb in zip(a, b, strict=True)]
+    small = np.array([[price(s, d) for d in ud] for s in us], dtype=float)
+    return small[np.array([row[s] for s in srcs])][:, np.array([col[d] for d in dsts])]
 
 
 def _out_specs(graph: Graph, mesh, out_specs) -> tuple[Spec, ...]:

@@ -211,3 +211,22 @@ def test_non_spec_arguments_and_bad_out_specs_are_named():
         plan_program(lambda x: x.sum(), (4, 3))
     with pytest.raises(StrategyError, match="disagrees"):
         plan_program(lambda x: x.sum(), x, out_specs=[x])
+
+
+@settings(max_examples=min(settings.default.max_examples, 10), deadline=None)
+@given(data=st.data())
+def test_lazy_pricing_finds_the_same_minimum_as_pricing_every_pair(data):
+    """Lower bounds where no price is known, exact prices where the answer goes: the
+    answer's cost equals the one found with every pair planned up front."""
+    from meshplan.strategy._program import plan_graph
+    from meshplan.strategy._trace import trace
+
+    mesh = data.draw(meshes(), label="mesh")
+    desc = data.draw(programs(max_ops=4), label="program")
+    specs = data.draw(arg_specs(mesh, 6, 4, 2), label="specs")
+    graph = trace(build(desc, 2), specs, [True] * len(specs))
+    cm = ComputeModel.cpu()
+    full = plan_graph(graph, specs, compute=cm, max_priced=1 << 40)
+    lazy = plan_graph(graph, specs, compute=cm, max_priced=0)
+    assert full.method == lazy.method == "exact"
+    assert lazy.cost.total == pytest.approx(full.cost.total, rel=1e-12, abs=1e-18)
