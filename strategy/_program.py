@@ -426,8 +426,16 @@ def plan_graph(
     max_options: int = 48,
     max_rounds: int = 100,
     max_priced: int = 20_000,
+    solver: str = "whole",
 ) -> Program:
-    """Plan an already traced :class:`Graph` (pure: no torch)."""
+    """Plan an already traced :class:`Graph` (pure: no torch).
+
+    ``solver="whole"`` (default) minimizes over the whole graph; ``"op_by_op"`` picks
+    each op's cheapest strategy given its inputs' layouts as they come, in order (what
+    a planner without look-ahead does): the baseline whole-program planning beats.
+    """
+    if solver not in ("whole", "op_by_op"):
+        raise StrategyError(f"solver must be 'whole' or 'op_by_op', got {solver!r}", value=solver)
     from ._solve import solve
 
     model = check_model(cost_model)
@@ -486,6 +494,12 @@ def plan_graph(
     exact: dict[tuple[int, int], float] = {}
     bounds: dict[tuple[int, int], float] = {}
 
+    def learn_exact(a: int, b: int) -> float:
+        c = exact.get((a, b))
+        if c is None:
+            c = exact[(a, b)] = 0.0 if a == b else redistribute_cost(table[a], table[b], model)
+        return c
+
     def price(a: int, b: int) -> float:
         """The exact price where known, else a lower bound of it (cheap: no planning)."""
         c = exact.get((a, b))
@@ -538,7 +552,15 @@ def plan_graph(
                 _, p, j, c, i = t
                 m = _matrix([row[j] for row in outs_[p]], [row[i] for row in ins[c]], price)
                 pairs[(p, c)] = m if (p, c) not in pairs else pairs[(p, c)] + m
-        sol = solve(unary, pairs, max_factor=max_factor)
+        if solver == "op_by_op":
+            sol = _greedy(calls, var, graph, terms, ins, outs_, unary, pairs, price, learn_exact)
+        else:
+            starts = ()
+            if _order_too_wide(unary, pairs, max_factor):
+                starts = (
+                    _greedy(calls, var, graph, terms, ins, outs_, unary, pairs, price, learn_exact).choice,
+                )
+            sol = solve(unary, pairs, max_factor=max_factor, starts=starts)
         new = 0
 
         def learn(a: int, b: int) -> None:
@@ -575,6 +597,46 @@ def plan_graph(
         if not new or rounds >= max_rounds:
             break
     return _assemble(graph, arg_specs, outs, cots, grads, fixed, options, var, sol, model, fallbacks)
+
+
+def _order_too_wide(unary, pairs, max_factor: int) -> bool:
+    from ._solve import _order
+
+    return _order(len(unary), [len(u) for u in unary], pairs.keys(), max_factor) is None
+
+
+def _greedy(calls, var, graph, terms, ins, outs_, unary, pairs, price, exact_price):
+    """Each op in order takes its cheapest option given its producers' choices (exact prices)."""
+    from ._solve import Solution, total
+
+    choice = [0] * len(calls)
+    inputs_of: dict[int, list] = {}
+    for t in terms:
+        if t[0] == "fixed":
+            inputs_of.setdefault(t[1], []).append(("fixed", t[2], t[3]))
+        elif t[0] == "pair":
+            inputs_of.setdefault(t[3], []).append(("pair", t[4], t[1], t[2]))
+    for node in calls:  # a topological order
+        c = var[node]
+        best = None
+        for k in range(len(ins[c])):
+            cost = float(unary[c][k]) - _fixed_part(inputs_of.get(c, ()), ins[c][k], price)
+            for entry in inputs_of.get(c, ()):
+                if entry[0] == "fixed":
+                    cost += exact_price(entry[2], ins[c][k][entry[1]])
+                else:
+                    _, i, p, j = entry
+                    cost += exact_price(outs_[p][choice[p]][j], ins[c][k][i])
+            if best is None or cost < best[0]:
+                best = (cost, k)
+        choice[c] = best[1]
+    value = total(choice, unary, pairs)
+    return Solution(tuple(choice), value, 0.0, "op by op")
+
+
+def _fixed_part(entries, option_ins, price) -> float:
+    """What ``unary`` already holds for an option's fixed inputs (replaced by exact prices)."""
+    return sum(price(e[2], option_ins[e[1]]) for e in entries if e[0] == "fixed")
 
 
 def _term_sides(t, ins, outs_) -> tuple[list[int], list[int]]:

@@ -56,6 +56,7 @@ def solve(
     pairs: dict[tuple[int, int], Sequence[Sequence[float]]],
     *,
     max_factor: int = 1 << 21,
+    starts: Sequence[Sequence[int]] = (),
 ) -> Solution:
     """The minimum of ``sum unary[v][x_v] + sum pairs[a, b][x_a][x_b]`` over choices ``x``.
 
@@ -76,8 +77,13 @@ def solve(
     order = _order(n, [len(u) for u in un], kept.keys(), math.inf)  # a forest: factors of one node
     choice = _eliminate(un, kept, order)
     bound = total(choice, unary, {k: pairs[k] for k in kept})
-    choice = _local_search(list(choice), un, pw)
-    return Solution(tuple(choice), total(choice, unary, pairs), bound, "forest bound + local search")
+    best = None
+    for start in [choice, *starts]:  # e.g. the op-by-op choice: never worse than it
+        c = _local_search(list(start), un, pw)
+        cost = total(c, unary, pairs)
+        if best is None or cost < best[0]:
+            best = (cost, tuple(c))
+    return Solution(best[1], best[0], bound, "forest bound + local search")
 
 
 def _neighbours(n: int, edges) -> list[set[int]]:

@@ -230,3 +230,38 @@ def test_lazy_pricing_finds_the_same_minimum_as_pricing_every_pair(data):
     lazy = plan_graph(graph, specs, compute=cm, max_priced=0)
     assert full.method == lazy.method == "exact"
     assert lazy.cost.total == pytest.approx(full.cost.total, rel=1e-12, abs=1e-18)
+
+
+@settings(max_examples=min(settings.default.max_examples, 10), deadline=None)
+@given(data=st.data())
+def test_the_whole_program_choice_costs_no_more_than_the_op_by_op_choice(data):
+    from meshplan.strategy._program import plan_graph
+    from meshplan.strategy._trace import trace
+
+    mesh = data.draw(meshes(), label="mesh")
+    desc = data.draw(programs(max_ops=5), label="program")
+    specs = data.draw(arg_specs(mesh, 8, 4, 2), label="specs")
+    fn = build(desc, 2)
+    graph = trace(fn, specs, [True] * len(specs))
+    cm = ComputeModel.cpu()
+    whole = plan_graph(graph, specs, compute=cm)
+    greedy = plan_graph(graph, specs, compute=cm, solver="op_by_op")
+    assert whole.cost.total <= greedy.cost.total * (1 + 1e-12)
+    g = torch.Generator().manual_seed(3)
+    tensors = [torch.randn(s.shape, generator=g, dtype=torch.float64) for s in specs]
+    _check(greedy, fn, tensors, specs)  # the baseline runs right too
+
+
+def test_on_a_3d_mesh_the_bounded_search_never_loses_to_op_by_op():
+    from meshplan.strategy._program import plan_graph
+
+    mesh = Mesh.create((2, 2, 2))
+    tensors, specs = transformer_args(mesh, layers=1)
+    fn = functools.partial(transformer, layers=1)
+    from meshplan.strategy._trace import trace
+
+    graph = trace(fn, specs, [s.dtype != "int64" for s in specs])
+    cm = ComputeModel.cpu()
+    whole = plan_graph(graph, specs, compute=cm)
+    greedy = plan_graph(graph, specs, compute=cm, solver="op_by_op")
+    assert whole.lower_bound <= whole.cost.total <= greedy.cost.total * (1 + 1e-12)
