@@ -356,8 +356,8 @@ def plan_program(
     cost_model: Any = None,
     compute: ComputeModel | None = None,
     strict: bool = False,
-    max_factor: int = 1 << 21,
-    max_options: int = 48,
+    max_factor: int = 1 << 22,
+    max_options: int = 32,
 ) -> Program:
     """Trace ``fn`` (written for global tensors) and plan it whole, forward and backward.
 
@@ -365,8 +365,8 @@ def plan_program(
     output must (default: replicated). ``requires_grad`` marks the differentiated
     arguments (default: the floating-point ones). Ops without a rule run replicated
     with a :class:`ProgramWarning` (``strict=True`` raises instead). Each op keeps at
-    most ``max_options`` candidate strategies (all of them on 1-D and 2-D meshes; on
-    bigger meshes full replication and the most sharded), and the choice over them is
+    most ``max_options`` candidate strategies on meshes of 3+ dims (full replication
+    and the most sharded; every candidate on 1-D and 2-D meshes), and the choice over them is
     exact unless a factor of the elimination would exceed ``max_factor`` entries
     (``program.method`` says which, ``program.lower_bound`` bounds the gap).
 
@@ -422,8 +422,8 @@ def plan_graph(
     cost_model: Any = None,
     compute: ComputeModel | None = None,
     strict: bool = False,
-    max_factor: int = 1 << 21,
-    max_options: int = 48,
+    max_factor: int = 1 << 22,
+    max_options: int = 32,
     max_rounds: int = 100,
     max_priced: int = 20_000,
     solver: str = "whole",
@@ -464,7 +464,8 @@ def plan_graph(
     fallbacks = []
     for node in calls:
         call = graph.nodes[node].call
-        opts, fb = _options(call, mesh, compute, strict, max_options)
+        limit = max_options if mesh.ndim >= 3 else 1 << 30  # 1-D, 2-D: every candidate
+        opts, fb = _options(call, mesh, compute, strict, limit)
         if fb:
             fallbacks.append(call.target)
         options.append(opts)
