@@ -62,13 +62,18 @@ def _ints(what: str) -> Callable[[Iterable[int]], tuple[int, ...]]:
     def convert(value: Iterable[int]) -> tuple[int, ...]:
         if isinstance(value, str | bytes) or not isinstance(value, Iterable):
             raise CheckpointError(f"{what} {brief(value)} is not a sequence of ints", value=value)
-        items = tuple(value)
+        try:
+            items = tuple(value)
+        except TypeError:  # a 0-d tensor or array
+            raise CheckpointError(
+                f"{what} {brief(value)} is not a sequence of ints", value=value
+            ) from None
         out = []
         for v in items:
             i = as_int(v)
             if i is None or not 0 <= i <= _MAX_SIZE:
                 raise CheckpointError(
-                    f"{what} {brief(items)} holds {brief(v)}; every entry must be an int >= 0 "
+                    f"{what} {brief(list(items))} holds {brief(v)}; every entry must be an int >= 0 "
                     "(and below 2**63)",
                     value=value,
                 )
@@ -125,8 +130,13 @@ def _dtype_name(value: object) -> None:
 
 def _chunks(value: Iterable[ChunkRecord]) -> tuple[ChunkRecord, ...]:
     if not isinstance(value, Iterable) or isinstance(value, str | bytes):
-        raise CheckpointError(f"chunks {value!r} must be a sequence of ChunkRecords", value=value)
-    out = tuple(value)
+        raise CheckpointError(f"chunks {brief(value)} must be a sequence of ChunkRecords", value=value)
+    try:
+        out = tuple(value)
+    except TypeError:  # a 0-d tensor or array
+        raise CheckpointError(
+            f"chunks {brief(value)} must be a sequence of ChunkRecords", value=value
+        ) from None
     for c in out:
         if not isinstance(c, ChunkRecord):
             raise CheckpointError(f"chunks hold {c!r}, which is not a ChunkRecord", value=c)

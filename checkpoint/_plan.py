@@ -13,12 +13,14 @@ from __future__ import annotations
 import functools
 import itertools
 import operator
+from typing import Any
 
 import attrs
 
 from meshplan.errors import CheckpointError
 from meshplan.layout._mesh import first_instance
 from meshplan.placement import Chunk, Replicate, Spec, local_intervals
+from meshplan.placement._local import _box_ints
 
 from ._index import TensorMeta
 
@@ -41,8 +43,13 @@ class Box:
     Chunk(offsets=(2, 0), sizes=(2, 3))
     """
 
-    chunk: Chunk
-    local_offsets: tuple[int, ...] = attrs.field(converter=tuple)
+    chunk: Chunk = attrs.field()
+    local_offsets: tuple[int, ...] = attrs.field(converter=lambda v: _box_ints(v, "offsets"))
+
+    @chunk.validator
+    def _check_chunk(self, attribute: Any, value: Any) -> None:
+        if not isinstance(value, Chunk):
+            raise CheckpointError(f"Box needs a Chunk, got {value!r:.80}", value=value)
 
     @property
     def local(self) -> Chunk:

@@ -21,7 +21,7 @@ import attrs
 from meshplan.errors import MeshError
 
 from ._frozen import identity_first_eq
-from ._ints import as_int
+from ._ints import as_int, brief
 
 __all__ = ["Axis", "MeshLayout", "coalesce", "complement", "compose", "modes_of"]
 
@@ -32,7 +32,7 @@ def _index(value, what: str = "value") -> int:
     """``value`` as an int (Python or numpy ints; not bool), or a MeshError naming it."""
     i = as_int(value)
     if i is None:
-        raise MeshError(f"{what} must be an int, got {value!r}", value=value)
+        raise MeshError(f"{what} must be an int, got {brief(value)}", value=value)
     return i
 
 
@@ -44,11 +44,11 @@ def _int_tuple(value: Iterable[int] | int) -> tuple[int, ...]:
             return (i,)
         try:
             items = None if isinstance(value, str | bytes) else tuple(value)
-        except TypeError:
+        except (TypeError, RecursionError):
             items = None
         if items is None:
             raise MeshError(
-                f"layout sizes and strides are ints or tuples of ints, got {value!r}", value=value
+                f"layout sizes and strides are ints or tuples of ints, got {brief(value)}", value=value
             )
     return tuple(_index(v, "a layout size or stride") for v in items)
 
@@ -60,7 +60,7 @@ def _modes_tuple(modes: Iterable[Mode]) -> tuple[Mode, ...]:
         items = tuple(modes)
     except TypeError:
         raise MeshError(
-            f"layout modes are (size, stride) pairs, got {modes!r}", value=modes
+            f"layout modes are (size, stride) pairs, got {brief(modes)}", value=modes
         ) from None
     out = []
     for m in items:
@@ -68,11 +68,11 @@ def _modes_tuple(modes: Iterable[Mode]) -> tuple[Mode, ...]:
             size, stride = m
         except (TypeError, ValueError):
             raise MeshError(
-                f"a layout mode is a (size, stride) pair, got {m!r} in {modes!r}", value=m
+                f"a layout mode is a (size, stride) pair, got {brief(m)} in {brief(modes)}", value=m
             ) from None
         size, stride = _index(size, "a mode's size"), _index(stride, "a mode's stride")
         if size < 1 or stride < 0:
-            raise MeshError(f"layout mode {m!r} needs a size >= 1 and a stride >= 0", value=m)
+            raise MeshError(f"layout mode {brief(m)} needs a size >= 1 and a stride >= 0", value=m)
         out.append((size, stride))
     return tuple(out)
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import operator
 from typing import Any
 
-__all__ = ["as_int", "as_bool", "int_or_same"]
+__all__ = ["as_int", "as_bool", "brief", "int_or_same"]
 
 
 def as_int(value: Any) -> int | None:
@@ -49,3 +49,27 @@ def as_bool(value: Any) -> bool | None:
     ):
         return bool(value)
     return None
+
+
+def _brief_repr():
+    import reprlib
+
+    r = reprlib.Repr()
+    r.maxlevel, r.maxstring, r.maxother, r.maxlist, r.maxtuple = 4, 80, 80, 8, 8
+    return r
+
+
+_BRIEF = _brief_repr()
+
+
+def brief(value: Any) -> str:
+    """A short ``repr`` for error messages: nesting, long text and long sequences elided,
+    so a message about a hostile value (a list nested thousands deep) is always printable.
+
+    >>> brief([[[[[[1]]]]]]), brief("x" * 100)[:12]
+    ('[[[[[...]]]]]', "'xxxxxxxxxxx")
+    """
+    try:
+        return _BRIEF.repr(value)
+    except Exception:  # a value whose repr fails
+        return f"<{type(value).__name__}>"

@@ -13,7 +13,7 @@ from meshplan.errors import MeshError
 
 from ._axis import Axis, MeshLayout, complement, compose, row_major_strides
 from ._frozen import FrozenMap, frozen_map, identity_first_eq
-from ._ints import as_int, int_or_same
+from ._ints import as_int, brief, int_or_same
 from ._ranks import RankMap, index_of, rank_map, short_repr, trusted_rank_map
 
 __all__ = ["Mesh", "flatten", "unflatten", "DimKey"]
@@ -58,7 +58,7 @@ def _aliases(value) -> FrozenMap:
 def _mesh_shape(value) -> tuple[int, ...]:
     """A mesh shape as a tuple of ints >= 1 (an int, or a sequence of ints; numpy ints too)."""
     if isinstance(value, str | bytes):
-        raise MeshError(f"a mesh shape is an int or a sequence of ints, got {value!r}", value=value)
+        raise MeshError(f"a mesh shape is an int or a sequence of ints, got {brief(value)}", value=value)
     one = as_int(value)  # an int, a numpy int or a 0-d array
     items = (one,) if one is not None else (value,) if isinstance(value, bool) else None
     if items is None:
@@ -68,7 +68,7 @@ def _mesh_shape(value) -> tuple[int, ...]:
         size = as_int(s)
         if size is None or size < 1:
             raise MeshError(
-                f"mesh shape {value!r} has size {s!r}; every size must be an int >= 1",
+                f"mesh shape {brief(value)} has size {brief(s)}; every size must be an int >= 1",
                 value=value,
             )
         out.append(size)

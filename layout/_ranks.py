@@ -91,7 +91,12 @@ def rank_map(value: Iterable[int]) -> RankMap:
         checked = _checked_array(value)  # a 1-D numpy array or torch tensor
         if checked is not None:
             return checked
-    ranks = tuple(value)
+    try:
+        ranks = tuple(value)
+    except TypeError:  # a 0-d tensor or array
+        raise MeshError(
+            f"a rank map is a sequence of distinct ints >= 0, got {value!r:.80}", value=value
+        ) from None
     if set(map(type, ranks)) != {int}:  # numpy ints and the like, or not ints at all
         given = ranks
         ranks = tuple(as_int(r) for r in given)

@@ -10,12 +10,13 @@ from __future__ import annotations
 import functools
 import math
 from collections.abc import Iterable, Sequence
+from typing import Any
 from itertools import product
 
 import attrs
 
 from meshplan.errors import PlacementError
-from meshplan.layout._ints import int_or_same
+from meshplan.layout._ints import as_int, int_or_same
 
 from ._spec import Spec
 from ._types import Partial, Shard, StridedShard, is_shard_like
@@ -44,11 +45,28 @@ class Chunk:
     8
     """
 
-    offsets: tuple[int, ...] = attrs.field(converter=tuple)
-    sizes: tuple[int, ...] = attrs.field(converter=tuple)
+    offsets: tuple[int, ...] = attrs.field(converter=lambda v: _box_ints(v, "offsets"))
+    sizes: tuple[int, ...] = attrs.field(converter=lambda v: _box_ints(v, "sizes"))
 
     def numel(self) -> int:
         return math.prod(self.sizes)
+
+
+def _box_ints(value: Any, what: str) -> tuple[int, ...]:
+    """A box's ``offsets`` or ``sizes`` as a tuple of ints >= 0, or a PlacementError."""
+    if type(value) is tuple and all(type(v) is int and v >= 0 for v in value):
+        return value
+    try:
+        items = tuple(value) if not isinstance(value, str | bytes) else None
+    except (TypeError, RecursionError):
+        items = None
+    ints = None if items is None else [as_int(v) for v in items]
+    if ints is None or any(i is None or i < 0 for i in ints):
+        raise PlacementError(
+            f"a chunk's {what} are ints >= 0, one per tensor dim, got {value!r:.120}",
+            value=value,
+        )
+    return tuple(ints)  # type: ignore[arg-type]
 
 
 def chunk_bounds(length: int, parts: int, index: int) -> tuple[int, int]:
@@ -59,6 +77,15 @@ def chunk_bounds(length: int, parts: int, index: int) -> tuple[int, int]:
     >>> [chunk_bounds(5, 4, i) for i in range(4)]
     [(0, 2), (2, 4), (4, 5), (5, 5)]
     """
+    if type(length) is not int or type(parts) is not int or type(index) is not int:
+        ints = [as_int(x) for x in (length, parts, index)]
+        if None in ints:
+            raise PlacementError(
+                f"chunk_bounds({length!r:.60}, {parts!r:.60}, {index!r:.60}): length, parts "
+                "and index are ints",
+                value=(length, parts, index),
+            )
+        length, parts, index = ints
     if length < 0 or parts < 0 or not 0 <= index < max(parts, 1):
         raise PlacementError(
             f"chunk_bounds({length!r}, {parts!r}, {index!r}): need length >= 0, parts >= 0 "
@@ -134,7 +161,15 @@ def shard_intervals(
     >>> shard_intervals(((0, 8),), StridedShard(0, 2), 2, 1)
     ((2, 4), (6, 8))
     """
-    n = _length(intervals)
+    try:
+        n = _length(intervals)
+    except (TypeError, ValueError, RuntimeError, RecursionError):  # not int pairs
+        n = None
+    if not isinstance(n, int):
+        raise PlacementError(
+            f"shard_intervals takes (start, stop) int intervals, got {intervals!r:.120}",
+            value=intervals,
+        )
     if isinstance(placement, Shard):
         return _take(intervals, *chunk_bounds(n, parts, index))
     if not isinstance(placement, StridedShard):

@@ -43,7 +43,13 @@ def _placements(value: Iterable[Any]) -> tuple[Any, ...]:
             f"placements {value!r} is not a sequence; give one placement per mesh dim",
             value=value,
         )
-    return tuple(value)
+    try:
+        return tuple(value)
+    except TypeError:  # a 0-d tensor or array
+        raise PlacementError(
+            f"placements {value!r} is not a sequence; give one placement per mesh dim",
+            value=value,
+        ) from None
 
 
 def _order(value: Any) -> Any:

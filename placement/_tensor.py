@@ -8,7 +8,7 @@ from collections.abc import Iterable, Mapping
 import torch
 
 from meshplan.errors import PlacementError
-from meshplan.layout._ints import as_int
+from meshplan.layout._ints import as_int, brief
 from meshplan.layout._mesh import first_instance
 from meshplan.layout._ranks import short_repr
 
@@ -27,14 +27,22 @@ def gather_index(intervals: Intervals, device=None) -> torch.Tensor:
         )
     intervals = tuple(intervals)
     for iv in intervals:
-        if not (isinstance(iv, tuple | list) and len(iv) == 2 and 0 <= iv[0] <= iv[1]):
+        ok = isinstance(iv, tuple | list) and len(iv) == 2
+        ok = ok and all(type(x) is int or as_int(x) is not None for x in iv)
+        if not (ok and 0 <= iv[0] <= iv[1]):
             raise PlacementError(
-                f"gather_index takes (start, stop) intervals with 0 <= start <= stop, got {iv!r}",
+                f"gather_index takes (start, stop) intervals with 0 <= start <= stop, got "
+                f"{brief(iv)}",
                 value=intervals,
             )
-    if not intervals:
-        return torch.empty(0, dtype=torch.long, device=device)
-    return torch.cat([torch.arange(a, b, device=device) for a, b in intervals])
+    try:
+        if not intervals:
+            return torch.empty(0, dtype=torch.long, device=device)
+        return torch.cat([torch.arange(a, b, device=device) for a, b in intervals])
+    except (TypeError, ValueError, RuntimeError) as e:  # a device torch does not know
+        raise PlacementError(
+            f"gather_index: device={device!r:.80} is not a torch device ({e})", value=device
+        ) from None
 
 
 def _select(tensor: torch.Tensor, per_dim: tuple[Intervals, ...]) -> torch.Tensor:

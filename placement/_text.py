@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 
 from meshplan.errors import PlacementError
+from meshplan.layout._ints import brief
 
 from ._types import Partial, Placement, Replicate, Shard, StridedShard, dtype_short
 
@@ -20,10 +21,10 @@ def format_placements(placements, shard_order=None) -> str:
     try:
         shard_order = dict(shard_order or {})
         placements = tuple(placements)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, RuntimeError):  # RuntimeError: truth of a tensor
         raise PlacementError(
             f"format_placements takes placements and a mapping tensor dim -> mesh dims, got "
-            f"{placements!r} and {shard_order!r}",
+            f"{brief(placements)} and {brief(shard_order)}",
             value=shard_order,
         ) from None
     shown: set[int] = set()
@@ -31,7 +32,7 @@ def format_placements(placements, shard_order=None) -> str:
     for p in placements:
         if not isinstance(p, Placement):
             raise PlacementError(
-                f"format_placements: {p!r} in {placements!r} is not a placement; give Shard, "
+                f"format_placements: {brief(p)} in {brief(placements)} is not a placement; give Shard, "
                 "StridedShard, Replicate or Partial values (parse text with parse_placements)",
                 value=p,
             )

@@ -25,6 +25,7 @@ from typing import Any
 
 from meshplan.errors import PlacementError
 from meshplan.layout import Mesh
+from meshplan.layout._ints import brief
 
 from ._local import dim_intervals
 from ._spec import Spec
@@ -126,13 +127,20 @@ def _placements_and_orders(value: Any, shard_order: Any) -> tuple[Spec | None, l
         return value, list(value.placements), dict(value.shard_order)
     if isinstance(value, str) or not isinstance(value, Iterable):
         raise PlacementError(
-            f"expected a Spec or a sequence of meshplan placements, got {value!r}", value=value
+            f"expected a Spec or a sequence of meshplan placements, got {brief(value)}",
+            value=value,
         )
-    placements = list(value)
+    try:
+        placements = list(value)
+    except TypeError:  # an iterable that refuses to iterate (a 0-d tensor)
+        raise PlacementError(
+            f"expected a Spec or a sequence of meshplan placements, got {brief(value)}",
+            value=value,
+        ) from None
     for p in placements:
         if not isinstance(p, Shard | StridedShard | Replicate | Partial):
             raise PlacementError(
-                f"{p!r} in {value!r} is not a meshplan placement (Shard, StridedShard, "
+                f"{brief(p)} in {brief(value)} is not a meshplan placement (Shard, StridedShard, "
                 "Replicate or Partial)",
                 value=p,
             )
@@ -245,9 +253,9 @@ def _from_torch_placement(p: Any) -> Placement:
         try:
             return Partial(p.reduce_op)
         except PlacementError as e:
-            raise PlacementError(f"torch {p!r}: {e}", value=p) from None
+            raise PlacementError(f"torch {brief(p)}: {e}", value=p) from None
     raise PlacementError(
-        f"torch placement {p!r} ({kind.__name__}) has no meshplan counterpart; converting "
+        f"torch placement {brief(p)} ({kind.__name__}) has no meshplan counterpart; converting "
         "it would lose what it means. Redistribute it to Shard, _StridedShard, Replicate "
         "or Partial(sum/avg/max/min) first",
         value=p,
@@ -357,6 +365,13 @@ def from_torch(
             f"decode_order is True, False or a collection of tensor dims, got {decode_order!r}",
             value=decode_order,
         )
+    try:
+        placements = list(placements)
+    except TypeError:  # not iterable, or a 0-d tensor
+        raise PlacementError(
+            f"from_torch takes a sequence of torch placements, got {brief(placements)}",
+            value=placements,
+        ) from None
     converted = [_from_torch_placement(p) for p in placements]
     given = _torch_order(shard_order)
     if mesh is None and shape is None:

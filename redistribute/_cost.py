@@ -117,6 +117,13 @@ def _links(value) -> tuple[Link, ...] | None:
             value=value,
         )
     out = []
+    try:
+        value = tuple(value)
+    except TypeError:  # a 0-d tensor or array
+        raise PlanError(
+            f"per-dim links are a sequence of Link or (latency_s, bytes_per_s), got {value!r:.80}",
+            value=value,
+        ) from None
     for v in value:
         if not isinstance(v, Link):
             try:
@@ -473,6 +480,13 @@ class Cost:
     total: float = attrs.field(init=False)
 
     def __attrs_post_init__(self) -> None:
+        for name in ("comm", "compute", "bytes"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int | float):
+                raise PlanError(
+                    f"Cost {name}={v!r:.80} is no number; a cost holds seconds and bytes",
+                    value=v,
+                )
         object.__setattr__(self, "total", self.comm + self.compute)
 
     def __add__(self, other: Cost) -> Cost:

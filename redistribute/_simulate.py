@@ -81,6 +81,7 @@ def simulate_step(step: Step, locals_: Mapping[int, torch.Tensor]) -> dict[int, 
         raise PlanError(
             f"simulate_step runs one Step, got {step!r}; run a Plan with simulate", value=step
         )
+    _check_locals(step.src, locals_)
     kind = step.collective
     ranks = sorted(locals_)
     out: dict[int, torch.Tensor] = {}

@@ -7,6 +7,7 @@ from collections.abc import Sequence
 import attrs
 
 from meshplan.errors import PlanError
+from meshplan.layout._ints import brief
 from meshplan.placement import Partial, Replicate, Spec, is_shard_like, same_layout
 
 __all__ = ["Step", "Plan", "COLLECTIVES", "reduce_op"]
@@ -32,11 +33,11 @@ def _steps(value) -> tuple:
         steps = tuple(value)
     except TypeError:
         raise PlanError(
-            f"a plan's steps are a sequence of Steps, got {value!r}", value=value
+            f"a plan's steps are a sequence of Steps, got {brief(value)}", value=value
         ) from None
     for i, step in enumerate(steps):
         if not isinstance(step, Step):
-            raise PlanError(f"plan step {i} is {step!r}, not a Step", value=step)
+            raise PlanError(f"plan step {i} is {brief(step)}, not a Step", value=step)
     return steps
 
 

@@ -69,7 +69,16 @@ DimsKey = int | str | Sequence[int | str] | None
 
 
 def _ranks(value: Sequence[int]) -> tuple[int, ...]:
-    return tuple(int(r) for r in value)
+    from meshplan.layout._ints import as_int
+
+    try:
+        items = tuple(value) if not isinstance(value, str | bytes) else None
+    except (TypeError, RecursionError):
+        items = None
+    ints = None if items is None else [as_int(r) for r in items]
+    if ints is None or any(r is None or r < 0 for r in ints):
+        raise RuntimeShellError(f"a group's ranks are ints >= 0, got {value!r:.80}", value=value)
+    return tuple(ints)  # type: ignore[arg-type]
 
 
 @attrs.frozen(repr=False)
@@ -100,6 +109,14 @@ class Group:
     _position: int = attrs.field(init=False, eq=False)
 
     def __attrs_post_init__(self) -> None:
+        if type(self.rank) is not int or not isinstance(self.name, str):
+            raise RuntimeShellError(
+                f"a Group's name is a str and its rank an int, got {self.name!r:.40} and "
+                f"{self.rank!r:.40}",
+                value=self.rank,
+            )
+        if isinstance(self.timeout, bool) or not isinstance(self.timeout, int | float):
+            raise RuntimeShellError(f"timeout={self.timeout!r:.40} is no number", value=self.timeout)
         if sorted(self.ranks) != sorted(self.pg_ranks) or len(set(self.ranks)) != len(self.ranks):
             raise RuntimeShellError(
                 f"group {self.name!r}: coordinate order {self.ranks!r} and process-group order "

@@ -134,8 +134,36 @@ class WorkerPool:
         self.pg_timeout = _seconds("pg_timeout", pg_timeout)
         self.death_grace = _seconds("death_grace", death_grace)
         self.start_method = start_method
-        self.threads = int(threads)
-        self.env = dict(env or {})
+        if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
+            raise RuntimeShellError(
+                f"threads={threads!r:.80} must be an int >= 1 (torch threads per worker)",
+                value=threads,
+            )
+        self.threads = threads
+        if not isinstance(backend, str) or not backend:
+            raise RuntimeShellError(
+                f"backend={backend!r:.80} must name a torch.distributed backend ('gloo', "
+                "'nccl')",
+                value=backend,
+            )
+        env = {} if env is None else env
+        if not isinstance(env, Mapping) or not all(
+            isinstance(k, str) and isinstance(v, str) for k, v in env.items()
+        ):
+            raise RuntimeShellError(
+                f"env={env!r:.80} must map environment variable names to string values",
+                value=env,
+            )
+        self.env = dict(env)
+        preload = () if preload is None else preload
+        if isinstance(preload, str) or not isinstance(preload, Sequence | frozenset | set):
+            raise RuntimeShellError(
+                f"preload={preload!r:.80} must be a sequence of module names", value=preload
+            )
+        if not all(isinstance(m, str) for m in preload):
+            raise RuntimeShellError(
+                f"preload={preload!r:.80} must hold module names (strings)", value=preload
+            )
         self.preload = tuple(preload)
         self.starts = 0
         self._procs: list[Any] = []

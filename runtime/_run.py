@@ -185,6 +185,9 @@ def _every_key(mesh) -> tuple[tuple[int, ...], ...]:
 def run_step(step: Step, local: torch.Tensor, groups: ProcessGroups) -> torch.Tensor:
     """Run one step on the calling rank (``local`` fits ``step.src``); returns a new tensor
     (of the data: no autograd history)."""
+    if not isinstance(step, Step):
+        raise PlanError(f"run_step runs a Step, got {type(step).__name__} {step!r:.80}", value=step)
+    _check_local(local, step.src, groups)
     with torch.no_grad():
         return _run_step(step, local.detach(), groups)
 

@@ -146,6 +146,12 @@ def random_locals(
     Each partial coordinate gets its own random tensor (``draw()``), so Partial locals
     are arbitrary parts, not a canonical split; the global is their reduction.
     """
+    if not isinstance(spec, Spec) or not callable(draw):
+        raise StrategyError(
+            f"random_locals takes a Spec and a function drawing a global tensor, got "
+            f"{spec!r:.80} and {draw!r:.80}",
+            value=(spec, draw),
+        )
     mesh = spec.mesh
     ranks = list(mesh.ranks)
     if not spec.is_partial:

@@ -74,9 +74,9 @@ class Strategy:
     R R, R R -> R R
     """
 
-    input_specs: tuple[Spec, ...] = attrs.field(converter=tuple)
-    output_specs: tuple[Spec, ...] = attrs.field(converter=tuple)
-    dims: tuple[DimStrategy, ...] = attrs.field(converter=tuple, eq=False)
+    input_specs: tuple[Spec, ...] = attrs.field(converter=lambda v: _specs(v, "input_specs"))
+    output_specs: tuple[Spec, ...] = attrs.field(converter=lambda v: _specs(v, "output_specs"))
+    dims: tuple[DimStrategy, ...] = attrs.field(converter=lambda v: _items(v, "dims"), eq=False)
 
     @property
     def output_spec(self) -> Spec:
@@ -93,6 +93,23 @@ class Strategy:
 
     def __repr__(self) -> str:
         return f"Strategy(input_specs={self.input_specs!r}, output_specs={self.output_specs!r})"
+
+
+def _items(value: Any, what: str) -> tuple:
+    try:
+        if not isinstance(value, str | bytes):
+            return tuple(value)
+    except (TypeError, RecursionError):
+        pass
+    raise StrategyError(f"Strategy {what} must be a sequence, got {value!r:.80}", value=value)
+
+
+def _specs(value: Any, what: str) -> tuple[Spec, ...]:
+    items = _items(value, what)
+    for x in items:
+        if not isinstance(x, Spec):
+            raise StrategyError(f"Strategy {what} holds {x!r:.80}, not a Spec", value=x)
+    return items
 
 
 @attrs.frozen(repr=False, cache_hash=True)

@@ -14,6 +14,7 @@ from typing import Any
 import torch
 
 from meshplan.errors import StrategyError
+from meshplan.layout._ints import brief
 from meshplan.placement import Spec, local_shape, same_layout
 
 from ._expand import check_inputs, check_op
@@ -162,9 +163,15 @@ def propagate(
 
     if isinstance(inputs, Sharded):
         inputs = (inputs,)
-    inputs = tuple(inputs)
+    try:
+        inputs = tuple(inputs)
+    except TypeError:
+        inputs = ()
     if not inputs or not all(isinstance(x, Sharded) for x in inputs):
-        raise StrategyError(f"{op}: propagate takes a sequence of Sharded inputs, got {inputs!r}")
+        raise StrategyError(
+            f"{brief(op)}: propagate takes a sequence of Sharded inputs, got {brief(inputs)}",
+            value=inputs,
+        )
     rank = inputs[0].rank
     if any(x.rank != rank for x in inputs):
         raise StrategyError(

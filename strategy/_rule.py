@@ -13,6 +13,7 @@ from collections.abc import Iterable, Sequence
 import attrs
 
 from meshplan.errors import StrategyError
+from meshplan.layout._ints import brief
 from meshplan.placement import Partial, Placement, Replicate, Shard, Spec, StridedShard
 from meshplan.placement._types import dtype_name
 
@@ -38,10 +39,16 @@ MAX_TENSORS = 1 << 16  # outputs or inputs of one op: a bound that keeps bad cou
 def _shape(value: Iterable[int]) -> tuple[int, ...]:
     if isinstance(value, str | bytes) or not isinstance(value, Iterable):
         raise StrategyError(
-            f"tensor shape {value!r} is not a sequence of sizes; pass a tuple such as (4, 3)",
+            f"tensor shape {brief(value)} is not a sequence of sizes; pass a tuple such as (4, 3)",
             value=value,
         )
-    shape = tuple(value)
+    try:
+        shape = tuple(value)
+    except TypeError:  # a 0-d tensor or array
+        raise StrategyError(
+            f"tensor shape {brief(value)} is not a sequence of sizes; pass a tuple such as (4, 3)",
+            value=value,
+        ) from None
     out = []
     for s in shape:
         size = as_int(s)
@@ -178,16 +185,23 @@ def _entries(value: Iterable[DimPlacement]) -> tuple[DimPlacement, ...]:
         value = (value,)
     if isinstance(value, str | bytes) or not isinstance(value, Iterable):
         raise StrategyError(
-            f"{value!r} is not a sequence of placements; a single-dim strategy lists one "
+            f"{brief(value)} is not a sequence of placements; a single-dim strategy lists one "
             "placement (or Placeholder) per output and input, e.g. DimStrategy([Shard(0)], "
             "[Shard(0), Replicate()])",
             value=value,
         )
-    out = tuple(value)
+    try:
+        out = tuple(value)
+    except TypeError:  # a 0-d tensor or array
+        raise StrategyError(
+            f"{brief(value)} is not a sequence of placements; a single-dim strategy lists one "
+            "placement (or Placeholder) per output and input",
+            value=value,
+        ) from None
     for p in out:
         if not isinstance(p, _PLACEMENT_TYPES):
             raise StrategyError(
-                f"{p!r} is not a placement or Placeholder; a single-dim strategy lists one "
+                f"{brief(p)} is not a placement or Placeholder; a single-dim strategy lists one "
                 "placement per output and input",
                 value=p,
             )
@@ -310,13 +324,19 @@ def shard_kinds(specs: Sequence[Spec]) -> tuple[int, ...]:
     """
     if isinstance(specs, Spec | str | bytes) or not isinstance(specs, Iterable):
         raise StrategyError(
-            f"shard_kinds takes a sequence of Spec values (one per input), got {specs!r}",
+            f"shard_kinds takes a sequence of Spec values (one per input), got {brief(specs)}",
             value=specs,
         )
     found = {1}
+    try:
+        specs = tuple(specs)
+    except TypeError:  # a 0-d tensor or array
+        raise StrategyError(
+            f"shard_kinds takes a sequence of Spec values, got {brief(specs)}", value=specs
+        ) from None
     for spec in specs:
         if not isinstance(spec, Spec):
-            raise StrategyError(f"shard_kinds: {spec!r} is not a Spec", value=spec)
+            raise StrategyError(f"shard_kinds: {brief(spec)} is not a Spec", value=spec)
         for p in spec.placements:
             if isinstance(p, StridedShard):
                 found.add(p.split_factor)
