@@ -134,7 +134,7 @@ def model_cases(ndim: int, strided: bool = False):
 def mp_spec(mesh, kinds, shape):
     from meshplan.placement import Partial, Replicate, Shard, Spec, StridedShard
 
-    table = {"R": Replicate(), "P": Partial(), "S0": Shard(0), "S1": Shard(1)}
+    table = {"R": Replicate(), "P": Partial(), **{f"S{d}": Shard(d) for d in range(len(shape))}}
     table["SS0"] = StridedShard(0, mesh.shape[-1])  # split by the last (TP) mesh dim
     return Spec(mesh, [table[k] for k in kinds], shape, "float32")
 
@@ -145,11 +145,143 @@ def torch_spec(mesh, kinds, shape):
     from torch.distributed.tensor._dtensor_spec import DTensorSpec, TensorMeta
     from torch.distributed.tensor.placement_types import _StridedShard
 
-    table = {"R": Replicate(), "P": Partial(), "S0": Shard(0), "S1": Shard(1)}
+    table = {"R": Replicate(), "P": Partial(), **{f"S{d}": Shard(d) for d in range(len(shape))}}
     table["SS0"] = _StridedShard(0, split_factor=mesh.size(mesh.ndim - 1))
-    stride = (shape[1], 1)
+    stride = tuple(math.prod(shape[d + 1 :]) for d in range(len(shape)))
     meta = TensorMeta(torch.Size(shape), stride, torch.float32)
     return DTensorSpec(mesh, tuple(table[k] for k in kinds), tensor_meta=meta)
+
+
+# -- activations: 3-D and 4-D tensors ------------------------------------------------------
+
+# batch x seq x hidden and batch x heads x seq x head_dim, float32
+ACTIVATIONS = {
+    3: [(8, 2048, 4096), (4, 4096, 5120)],
+    4: [(8, 32, 2048, 128), (4, 40, 4096, 128)],
+}
+
+
+def activation_cases(rng: random.Random, mesh_ndim: int, tensor_ndim: int, count: int, avoid=()):
+    """Up to ``count`` distinct random pairs over R, P and Shard of every tensor dim, on
+    :data:`ACTIVATIONS` shapes of ``tensor_ndim`` dims, none of ``avoid``."""
+    kinds = ["R", "P", *(f"S{d}" for d in range(tensor_ndim))]
+    out: list = []
+    tries = 0
+    while len(out) < count and tries < 100 * count:
+        tries += 1
+        a = tuple(rng.choice(kinds) for _ in range(mesh_ndim))
+        b = tuple(rng.choice(kinds) for _ in range(mesh_ndim))
+        case = (a, b, rng.choice(ACTIVATIONS[tensor_ndim]))
+        if a != b and case not in avoid and case not in out:
+            out.append(case)
+    return out
+
+
+def run_activation_cases(mesh, tmesh, model, R, rng, tensor_ndim, count, warm, graph_count):
+    """Random pairs of ``tensor_ndim``-D activations planned by meshplan (the default
+    ``plan()``, tables and all, as a program gets it) and by torch's planners:
+
+    * ``new``: each pair's first plan on a context that has planned ``warm`` other pairs;
+    * ``first``: each pair planned on a clean start (nothing planned before: the context's
+      first pair, every one-time cost of the context included);
+    * ``cached``: the second call (mean of 50);
+    * torch greedy: a pair's first ``_gen_transform_infos_non_cached`` on a planner object
+      torch already cached for the (mesh, tensor meta); graph: the same, ``graph_count``
+      pairs; cached: ``_gen_transform_infos``' second call.
+    """
+    from meshplan.redistribute import clear_plan_cache, cost, plan
+
+    cases = activation_cases(rng, mesh.ndim, tensor_ndim, count)
+    others = activation_cases(rng, mesh.ndim, tensor_ndim, warm, avoid=set(cases))
+
+    def mp_plan(src, dst):
+        return plan(src, dst, cost_model=model)
+
+    rows = [{"src": " ".join(a), "dst": " ".join(b), "shape": list(sh)} for a, b, sh in cases]
+    for row, (a, b, sh) in zip(rows, cases, strict=True):
+        clear_plan_cache()
+        row["mp_first_s"] = first_call(fresh(mp_spec, mesh, a, b, sh), mp_plan, clear=False)
+    clear_plan_cache()
+    for a, b, sh in others:
+        mp_plan(mp_spec(mesh, a, sh), mp_spec(mesh, b, sh))
+    for row, (a, b, sh) in zip(rows, cases, strict=True):
+        row["mp_new_s"] = first_call(fresh(mp_spec, mesh, a, b, sh), mp_plan, clear=False)
+    for row, (a, b, sh) in zip(rows, cases, strict=True):
+        src, dst = mp_spec(mesh, a, sh), mp_spec(mesh, b, sh)
+        p = mp_plan(src, dst)
+        row["mp_cached_s"] = timed(lambda s=src, d=dst: mp_plan(s, d), 50)
+        c = cost(p, model)
+        row.update(mp_collectives=len(p.collectives), mp_bytes=c.bytes, mp_cost_s=c.total)
+    # torch: planner objects cached per (mesh, tensor meta), as in training
+    R.clear_redistribute_planner_cache()
+    for a, b, sh in others[:4]:
+        R._gen_transform_infos_non_cached(torch_spec(tmesh, a, sh), torch_spec(tmesh, b, sh), False)
+    for row, (a, b, sh) in zip(rows, cases, strict=True):
+        row["greedy_s"] = first_call(
+            fresh(torch_spec, tmesh, a, b, sh),
+            lambda x, y: R._gen_transform_infos_non_cached(x, y, False),
+            clear=False,
+        )
+        tsrc, tdst = torch_spec(tmesh, a, sh), torch_spec(tmesh, b, sh)
+        R._gen_transform_infos(tsrc, tdst, False)
+        row["torch_cached_s"] = timed(
+            lambda x=tsrc, y=tdst: R._gen_transform_infos(x, y, False), 50
+        )
+        infos = R._gen_transform_infos_non_cached(tsrc, tdst, False)
+        _add_torch(row, "greedy", infos, mp_spec(mesh, a, sh), mp_spec(mesh, b, sh), model, cost)
+    for row, (a, b, sh) in list(zip(rows, cases, strict=True))[:graph_count]:
+        row["graph_s"] = first_call(
+            fresh(torch_spec, tmesh, a, b, sh),
+            lambda x, y: R._gen_transform_infos_non_cached(x, y, True),
+            clear=False,
+        )
+    return rows
+
+
+def summarize_activations(rows) -> dict:
+    sub = [r for r in rows if "graph_s" in r]
+    priced = [r for r in rows if "greedy_cost_s" in r]
+    s = {
+        "cases": len(rows),
+        "graph_cases": len(sub),
+        "mp_new_median_us": _median(rows, "mp_new_s") * 1e6,
+        "mp_new_us": _mean(rows, "mp_new_s") * 1e6,
+        "mp_first_median_us": _median(rows, "mp_first_s") * 1e6,
+        "mp_first_us": _mean(rows, "mp_first_s") * 1e6,
+        "mp_cached_us": _mean(rows, "mp_cached_s") * 1e6,
+        "greedy_median_us": _median(rows, "greedy_s") * 1e6,
+        "greedy_us": _mean(rows, "greedy_s") * 1e6,
+        "torch_cached_us": _mean(rows, "torch_cached_s") * 1e6,
+        "graph_median_us": _median(sub, "graph_s") * 1e6,
+        "graph_subset_mp_first_median_us": _median(sub, "mp_first_s") * 1e6,
+        "mp_cost_us": _mean(priced, "mp_cost_s") * 1e6,
+        "greedy_cost_us": _mean(priced, "greedy_cost_s") * 1e6,
+        "costlier_than_greedy": sum(
+            r["mp_cost_s"] > r["greedy_cost_s"] * (1 + 1e-9) for r in priced
+        ),
+        "greedy_priced": len(priced),
+    }
+    s["new_over_greedy"] = s["mp_new_median_us"] / s["greedy_median_us"]
+    s["first_over_greedy"] = s["mp_first_median_us"] / s["greedy_median_us"]
+    s["graph_over_first"] = s["graph_median_us"] / s["graph_subset_mp_first_median_us"]
+    return s
+
+
+def print_activations(shape_mesh, tensor_ndim, rows) -> None:
+    s = summarize_activations(rows)
+    print(
+        f"  {tensor_ndim}-D activations, {s['cases']} pairs (graph on {s['graph_cases']}), "
+        f"medians: new pair {s['mp_new_median_us']:.1f} us, first pair "
+        f"{s['mp_first_median_us']:.1f} us, cached {s['mp_cached_us']:.2f} us; greedy "
+        f"{s['greedy_median_us']:.1f} us (cached {s['torch_cached_us']:.2f}), graph "
+        f"{s['graph_median_us']:.0f} us"
+    )
+    print(
+        f"    new/greedy {s['new_over_greedy']:.2f}, first/greedy {s['first_over_greedy']:.2f}, "
+        f"graph/first {s['graph_over_first']:.0f}; model cost {s['mp_cost_us']:.1f} us vs "
+        f"greedy {s['greedy_cost_us']:.1f} (costlier: {s['costlier_than_greedy']} of "
+        f"{s['greedy_priced']})"
+    )
 
 
 # -- torch plans as meshplan plans ----------------------------------------------------------
@@ -283,7 +415,17 @@ def table_builds(pairs, model, objective="time") -> list[float]:
     return list(seen.values())
 
 
-def run(cases_per_mesh: int, graph_cases: int, seed: int, gpus_per_node: int = 8) -> dict:
+def run(
+    cases_per_mesh: int,
+    graph_cases: int,
+    seed: int,
+    gpus_per_node: int = 8,
+    *,
+    weights: bool = True,
+    activations: int = 40,
+    act_warm: int = 64,
+    act_graph: int = 4,
+) -> dict:
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor import _redistribute as R
@@ -304,115 +446,131 @@ def run(cases_per_mesh: int, graph_cases: int, seed: int, gpus_per_node: int = 8
         n = math.prod(shape_mesh)
         tmesh = init_device_mesh("cpu", shape_mesh, mesh_dim_names=names)
         mesh = Mesh.create(shape_mesh, names)
-        cases = random_cases(rng, len(shape_mesh), cases_per_mesh)
-        # other pairs only: a pair planned during warm-up would find its own memo entries
-        warm = random_cases(rng, len(shape_mesh), cases_per_mesh, avoid=set(cases))
-        mp = [(mp_spec(mesh, a, sh), mp_spec(mesh, b, sh)) for a, b, sh in cases]
-        tt = [(torch_spec(tmesh, a, sh), torch_spec(tmesh, b, sh)) for a, b, sh in cases]
-        rows = [{"src": " ".join(a), "dst": " ".join(b), "shape": list(sh)} for a, b, sh in cases]
+        entry = {"mesh": list(shape_mesh), "ranks": n}
+        if weights:
+            cases = random_cases(rng, len(shape_mesh), cases_per_mesh)
+            # other pairs only: a pair planned during warm-up would find its own memo entries
+            warm = random_cases(rng, len(shape_mesh), cases_per_mesh, avoid=set(cases))
+            mp = [(mp_spec(mesh, a, sh), mp_spec(mesh, b, sh)) for a, b, sh in cases]
+            tt = [(torch_spec(tmesh, a, sh), torch_spec(tmesh, b, sh)) for a, b, sh in cases]
+            rows = [
+                {"src": " ".join(a), "dst": " ".join(b), "shape": list(sh)} for a, b, sh in cases
+            ]
 
-        def mp_plan(src, dst, objective="time"):
-            return plan(src, dst, cost_model=model, objective=objective)
+            def mp_plan(src, dst, objective="time"):
+                return plan(src, dst, cost_model=model, objective=objective)
 
-        # meshplan, cold: every table cleared before each plan
-        for row, (a, b, sh) in zip(rows, cases, strict=True):
+            # meshplan, cold: every table cleared before each plan
+            for row, (a, b, sh) in zip(rows, cases, strict=True):
+                clear_plan_cache()
+                row["mp_cold_s"] = first_call(fresh(mp_spec, mesh, a, b, sh), mp_plan)
+            # meshplan, in order from a clean start: every pair's first plan, one after another,
+            # with nothing planned before (the default rent-or-buy: a context searches its first
+            # pairs, then builds its table); every one-time cost is in some pair's time
             clear_plan_cache()
-            row["mp_cold_s"] = first_call(fresh(mp_spec, mesh, a, b, sh), mp_plan)
-        # meshplan, in order from a clean start: every pair's first plan, one after another,
-        # with nothing planned before (the default rent-or-buy: a context searches its first
-        # pairs, then builds its table); every one-time cost is in some pair's time
-        clear_plan_cache()
-        for row, (a, b, sh) in zip(rows, cases, strict=True):
-            row["mp_inorder_s"] = first_call(fresh(mp_spec, mesh, a, b, sh), mp_plan)
-        # meshplan, uncached, by search: tables of the context warm from other pairs, but
-        # no plan table (what a context's first lazy_pairs pairs cost)
-        lazy = _table.LAZY
-        _table.LAZY = 10**9
-        clear_plan_cache()
-        for a, b, sh in warm:
-            plan(mp_spec(mesh, a, sh), mp_spec(mesh, b, sh), cost_model=model)
-        for row, (a, b, sh) in zip(rows, cases, strict=True):
-            row["mp_search_s"] = first_call(fresh(mp_spec, mesh, a, b, sh), mp_plan)
-        # meshplan, uncached, from each context's plan table (built first on new contexts,
-        # timed apart: "table build")
-        _table.LAZY = 0
-        clear_plan_cache()
-        builds = table_builds(mp, model)
-        for row, (a, b, sh) in zip(rows, cases, strict=True):
-            row["mp_uncached_s"] = first_call(fresh(mp_spec, mesh, a, b, sh), mp_plan)
-        # meshplan, objective="collectives" (fewest collectives, then least time), tables built
-        table_builds(mp, model, FEWEST)
-        for row, (a, b, sh), (src, dst) in zip(rows, cases, mp, strict=True):
-            row["mpc_uncached_s"] = first_call(
-                fresh(mp_spec, mesh, a, b, sh), lambda s, d: mp_plan(s, d, FEWEST)
+            for row, (a, b, sh) in zip(rows, cases, strict=True):
+                row["mp_inorder_s"] = first_call(fresh(mp_spec, mesh, a, b, sh), mp_plan)
+            # meshplan, uncached, by search: tables of the context warm from other pairs, but
+            # no plan table (what a context's first lazy_pairs pairs cost)
+            lazy = _table.LAZY
+            _table.LAZY = 10**9
+            clear_plan_cache()
+            for a, b, sh in warm:
+                plan(mp_spec(mesh, a, sh), mp_spec(mesh, b, sh), cost_model=model)
+            for row, (a, b, sh) in zip(rows, cases, strict=True):
+                row["mp_search_s"] = first_call(fresh(mp_spec, mesh, a, b, sh), mp_plan)
+            # meshplan, uncached, from each context's plan table (built first on new contexts,
+            # timed apart: "table build")
+            _table.LAZY = 0
+            clear_plan_cache()
+            builds = table_builds(mp, model)
+            for row, (a, b, sh) in zip(rows, cases, strict=True):
+                row["mp_uncached_s"] = first_call(fresh(mp_spec, mesh, a, b, sh), mp_plan)
+            # meshplan, objective="collectives" (fewest collectives, then least time), tables built
+            table_builds(mp, model, FEWEST)
+            for row, (a, b, sh), (src, dst) in zip(rows, cases, mp, strict=True):
+                row["mpc_uncached_s"] = first_call(
+                    fresh(mp_spec, mesh, a, b, sh), lambda s, d: mp_plan(s, d, FEWEST)
+                )
+                p = plan(src, dst, cost_model=model, objective=FEWEST)
+                c = cost(p, model)
+                row.update(
+                    mpc_collectives=len(p.collectives), mpc_bytes=c.bytes, mpc_cost_s=c.total
+                )
+            _table.LAZY = lazy
+            for row, (src, dst) in zip(rows, mp, strict=True):
+                p = plan(src, dst, cost_model=model)  # cached from here on
+                row["mp_cached_s"] = timed(lambda s=src, d=dst: plan(s, d, cost_model=model), 50)
+                c = cost(p, model)
+                row.update(
+                    mp_steps=len(p.steps),
+                    mp_collectives=len(p.collectives),
+                    mp_bytes=c.bytes,
+                    mp_cost_s=c.total,
+                    mp_peak=peak_bytes(p),
+                    lower_bound_bytes=lower_bound_bytes(src, dst),
+                    endpoint_bytes=max(padded_local_bytes(src), padded_local_bytes(dst)),
+                )
+            # torch greedy, in order from a clean start (its planner objects not cached yet)
+            R.clear_redistribute_planner_cache()
+            for row, (a, b, sh) in zip(rows, cases, strict=True):
+                row["greedy_inorder_s"] = first_call(
+                    fresh(torch_spec, tmesh, a, b, sh),
+                    lambda x, y: R._gen_transform_infos_non_cached(x, y, False),
+                    clear=False,
+                )
+            # torch: one planner object per (mesh, tensor meta), cached by torch, as in training
+            for tsrc, tdst in tt[:2]:
+                R._gen_transform_infos_non_cached(tsrc, tdst, False)
+            for row, (a, b, sh) in zip(rows, cases, strict=True):
+                row["greedy_s"] = first_call(
+                    fresh(torch_spec, tmesh, a, b, sh),
+                    lambda x, y: R._gen_transform_infos_non_cached(x, y, False),
+                    clear=False,
+                )
+            for row, (tsrc, tdst), (src, dst) in zip(rows, tt, mp, strict=True):
+                R._gen_transform_infos(tsrc, tdst, False)
+                row["torch_cached_s"] = timed(
+                    lambda a=tsrc, b=tdst: R._gen_transform_infos(a, b, False), 50
+                )
+                infos = R._gen_transform_infos_non_cached(tsrc, tdst, False)
+                _add_torch(row, "greedy", infos, src, dst, model, cost)
+            for row, (tsrc, tdst), (src, dst), (a, b, sh) in list(
+                zip(rows, tt, mp, cases, strict=True)
+            )[:graph_cases]:
+                row["graph_s"] = first_call(
+                    fresh(torch_spec, tmesh, a, b, sh),
+                    lambda x, y: R._gen_transform_infos_non_cached(x, y, True),
+                    clear=False,
+                )
+                infos = R._gen_transform_infos_non_cached(tsrc, tdst, True)
+                _add_torch(row, "graph", infos, src, dst, model, cost)
+            model_run = run_model_cases(mesh, tmesh, model, R)
+            strided_run = (
+                run_model_cases(mesh, tmesh, model, R, True) if len(shape_mesh) > 1 else None
             )
-            p = plan(src, dst, cost_model=model, objective=FEWEST)
-            c = cost(p, model)
-            row.update(mpc_collectives=len(p.collectives), mpc_bytes=c.bytes, mpc_cost_s=c.total)
-        _table.LAZY = lazy
-        for row, (src, dst) in zip(rows, mp, strict=True):
-            p = plan(src, dst, cost_model=model)  # cached from here on
-            row["mp_cached_s"] = timed(lambda s=src, d=dst: plan(s, d, cost_model=model), 50)
-            c = cost(p, model)
-            row.update(
-                mp_steps=len(p.steps),
-                mp_collectives=len(p.collectives),
-                mp_bytes=c.bytes,
-                mp_cost_s=c.total,
-                mp_peak=peak_bytes(p),
-                lower_bound_bytes=lower_bound_bytes(src, dst),
-                endpoint_bytes=max(padded_local_bytes(src), padded_local_bytes(dst)),
+            entry.update(
+                cases=rows,
+                table_builds_s=builds,
+                model_shapes=model_run,
+                model_shapes_strided=strided_run,
             )
-        # torch greedy, in order from a clean start (its planner objects not cached yet)
-        R.clear_redistribute_planner_cache()
-        for row, (a, b, sh) in zip(rows, cases, strict=True):
-            row["greedy_inorder_s"] = first_call(
-                fresh(torch_spec, tmesh, a, b, sh),
-                lambda x, y: R._gen_transform_infos_non_cached(x, y, False),
-                clear=False,
-            )
-        # torch: one planner object per (mesh, tensor meta), cached by torch, as in training
-        for tsrc, tdst in tt[:2]:
-            R._gen_transform_infos_non_cached(tsrc, tdst, False)
-        for row, (a, b, sh) in zip(rows, cases, strict=True):
-            row["greedy_s"] = first_call(
-                fresh(torch_spec, tmesh, a, b, sh),
-                lambda x, y: R._gen_transform_infos_non_cached(x, y, False),
-                clear=False,
-            )
-        for row, (tsrc, tdst), (src, dst) in zip(rows, tt, mp, strict=True):
-            R._gen_transform_infos(tsrc, tdst, False)
-            row["torch_cached_s"] = timed(
-                lambda a=tsrc, b=tdst: R._gen_transform_infos(a, b, False), 50
-            )
-            infos = R._gen_transform_infos_non_cached(tsrc, tdst, False)
-            _add_torch(row, "greedy", infos, src, dst, model, cost)
-        for row, (tsrc, tdst), (src, dst), (a, b, sh) in list(
-            zip(rows, tt, mp, cases, strict=True)
-        )[:graph_cases]:
-            row["graph_s"] = first_call(
-                fresh(torch_spec, tmesh, a, b, sh),
-                lambda x, y: R._gen_transform_infos_non_cached(x, y, True),
-                clear=False,
-            )
-            infos = R._gen_transform_infos_non_cached(tsrc, tdst, True)
-            _add_torch(row, "graph", infos, src, dst, model, cost)
-        model_run = run_model_cases(mesh, tmesh, model, R)
-        strided_run = run_model_cases(mesh, tmesh, model, R, True) if len(shape_mesh) > 1 else None
-        report["meshes"].append(
-            {
-                "mesh": list(shape_mesh),
-                "ranks": n,
-                "cases": rows,
-                "table_builds_s": builds,
-                "model_shapes": model_run,
-                "model_shapes_strided": strided_run,
-            }
-        )
-        print_mesh(shape_mesh, rows, builds)
-        print_model(model_run)
-        if strided_run is not None:
-            print_model(strided_run, "FSDP2 x TP weights (StridedShard)")
+            print_mesh(shape_mesh, rows, builds)
+            print_model(model_run)
+            if strided_run is not None:
+                print_model(strided_run, "FSDP2 x TP weights (StridedShard)")
+        if activations:
+            # a fresh generator per mesh: the same activation pairs whatever else runs
+            arng = random.Random(seed * 1000 + len(shape_mesh))
+            if not weights:
+                print(f"\nmesh {shape_mesh} ({len(shape_mesh)}-D, {n} ranks)")
+            for tensor_ndim in (3, 4):
+                act = run_activation_cases(
+                    mesh, tmesh, model, R, arng, tensor_ndim, activations, act_warm, act_graph
+                )
+                entry[f"activations_{tensor_ndim}d"] = act
+                print_activations(shape_mesh, tensor_ndim, act)
+        report["meshes"].append(entry)
     dist.destroy_process_group()
     return report
 
@@ -673,16 +831,52 @@ def main(argv=None) -> int:
         default=8,
         help="cost model: nvlink_ib with this many ranks per node (16: one node, uniform links)",
     )
+    parser.add_argument(
+        "--activations",
+        type=int,
+        default=40,
+        help="random pairs per mesh of 3-D and of 4-D activations (0: none)",
+    )
+    parser.add_argument(
+        "--meshes",
+        default=",".join("x".join(map(str, m)) for m in MESHES),
+        help="meshes to run, e.g. 2x2x2,2x2x2x2",
+    )
+    parser.add_argument("--act-warm", type=int, default=64, help="pairs a context plans first")
+    parser.add_argument("--act-graph", type=int, default=4, help="activation pairs for torch graph")
+    parser.add_argument(
+        "--no-weights", action="store_true", help="only the activations (3-D and 4-D tensors)"
+    )
     args = parser.parse_args(argv)
     import logging
 
     logging.disable(logging.WARNING)  # torch warns about unflattened meshes
     warnings.simplefilter("ignore")
-    report = run(args.cases, args.graph_cases, args.seed, args.gpus_per_node)
+    MESHES[:] = [tuple(int(n) for n in m.split("x")) for m in args.meshes.split(",")]
+    report = run(
+        args.cases,
+        args.graph_cases,
+        args.seed,
+        args.gpus_per_node,
+        weights=not args.no_weights,
+        activations=args.activations,
+        act_warm=args.act_warm,
+        act_graph=args.act_graph,
+    )
     report["gpus_per_node"] = args.gpus_per_node
-    report["summary"] = {f"{len(m['mesh'])}-D": summarize(m["cases"]) for m in report["meshes"]}
+    report["summary"] = {
+        f"{len(m['mesh'])}-D": summarize(m["cases"]) for m in report["meshes"] if "cases" in m
+    }
+    report["summary_activations"] = {
+        f"{len(m['mesh'])}-D mesh, {k[-2:]} tensors": summarize_activations(m[k])
+        for m in report["meshes"]
+        for k in ("activations_3d", "activations_4d")
+        if k in m
+    }
     report["env"] = {"python": sys.version.split()[0], "platform": platform.platform()}
     out = RESULTS
+    if args.no_weights:
+        out = out.with_name("plan_speed_activations.json")
     if args.gpus_per_node != 8:
         out = RESULTS.with_name(f"plan_speed_{args.gpus_per_node}gpn.json")
     out.parent.mkdir(parents=True, exist_ok=True)

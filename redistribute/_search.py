@@ -140,6 +140,9 @@ class _Context(_Bounds):
         self._succ: dict = {}  # state -> its single-dim transitions
         self._perms: dict = {}  # state -> its all_permute transitions (for tables)
         self._general: dict = {}  # state -> its general all_permutes (``_general``)
+        self._most_missing: dict = {}  # (state, goal, reduce) -> ``_general.most_missing``
+        self._permute_floor = None  # ``_general.permute_bytes_floor``, once known
+        self._cut: dict = {}  # ``_general.cut_floor``'s memo
         self.general = len(self.active) >= 2  # whether searches take general permutes
         self._hubs: dict = {}  # state -> its transitions into permute hubs
         self._members: dict = {}  # permute hub node -> its transitions out
@@ -311,6 +314,8 @@ class _Context(_Bounds):
             self._succ.clear()
             self._perms.clear()
             self._general.clear()
+            self._most_missing.clear()
+            self._cut.clear()
             self._hubs.clear()
             self._members.clear()
             self._floor.clear()

@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 from meshplan.layout import Mesh
 from meshplan.placement import Partial, Replicate, Shard, Spec, StridedShard
 from meshplan.redistribute import CostModel, HardwareProfile
+from meshplan.redistribute._general import crossing_floor, most_missing
 from meshplan.redistribute._heuristic import _Bounds, _keeps, _orders, _weight
 from meshplan.redistribute._planner import _state, _universe
 from meshplan.redistribute._search import _Context, search
@@ -362,3 +363,59 @@ def test_dims_to_reshard_take_one_collective_over_all_of_them_or_more():
     dst = Spec(mesh, [Shard(1)] * 3 + [Partial()], (1024, 1024))
     h, total, _ = _bound_at_source(src, dst, model)
     assert h >= 0.62 * total
+
+
+@settings(max_examples=max(60, settings.default.max_examples))
+@given(
+    spec_pairs(max_ranks=16, max_dims=4, max_aliases=2, max_side=8),
+    st.sampled_from(MODELS),
+    st.sampled_from(["time", "collectives"]),
+    st.data(),
+)
+def test_the_bytes_across_a_mesh_dim_bound_every_plan(pair, model, objective, data):
+    # ``_general.crossing_floor`` and the neediest rank's missing bytes are floors of every
+    # plan (with or without general permutes): at the source, along a cheapest plan and
+    # at states off it, against the cheapest plan from each
+    src, dst = pair
+    model = on_mesh(model, src.mesh)
+    ctx, start, goal, found = _dijkstra(src, dst, model, objective)
+    assert found is not None, (src, dst)
+    shards, ptargets = _universe(src, dst, src.ndim)
+    bounds = _fresh(src, model, shards, ptargets, objective)
+    goal_b = bounds.intern(ctx.states[goal])
+    picks = [start] + [t for _, _, t in found[1]]
+    picks += data.draw(
+        st.lists(st.integers(0, len(ctx.states) - 1), min_size=1, max_size=3), label="states"
+    )
+    for k in picks:
+        oracle = _fresh(src, model, shards, ptargets, objective)
+        oracle.heuristic = lambda i, g: 0.0
+        rest = search(oracle, oracle.intern(ctx.states[k]), oracle.intern(ctx.states[goal]))
+        if rest is None:
+            continue
+        i = bounds.intern(ctx.states[k])
+        floor = crossing_floor(bounds, i, goal_b)
+        assert floor <= rest[0] * (1 + 1e-9) + 1e-15, (src, dst, ctx.states[k], floor, rest[0])
+        codes, goal_codes = ctx.states[k][0], ctx.states[goal][0]
+        if not any(type(c) is int and c > 0 for c in goal_codes):
+            reduce = any(
+                type(c) is int and c > 0 and c != g for c, g in zip(codes, goal_codes, strict=True)
+            )
+            most = most_missing(bounds, i, goal_b, reduce) * bounds.itemsize * bounds.missing_rate
+            assert most <= rest[0] * (1 + 1e-9) + 1e-15, (src, dst, ctx.states[k], most, rest[0])
+
+
+def test_a_shard_on_the_slow_dim_is_bounded_by_what_crosses_it():
+    # (2,2,2,2) on two nodes: S(0) on the slow dim "a" -> R needs half the tensor over it
+    mesh, model = _two_nodes()
+    src = Spec(mesh, [Shard(0), Replicate(), Replicate(), Replicate()], (64, 64))
+    dst = Spec(mesh, [Replicate()] * 4, (64, 64))
+    shards, ptargets = _universe(src, dst, src.ndim)
+    ctx = _fresh(src, model, shards, ptargets, "time")
+    start, goal = ctx.intern(_state(src)), ctx.intern(_state(dst))
+    floor = crossing_floor(ctx, start, goal)
+    total, _ = search(ctx, start, goal)
+    assert 0 < floor <= total
+    # half of the tensor at half price, on the inter-node link
+    half = 64 * 64 * 4 / 2 * 0.5 / model.profile.inter.bytes_per_s
+    assert math.isclose(floor, half, rel_tol=1e-9)
