@@ -13,11 +13,9 @@ from collections.abc import Iterable, Sequence
 import attrs
 
 from meshplan.errors import StrategyError
-from meshplan.layout._ints import brief
+from meshplan.layout._ints import as_int, brief
 from meshplan.placement import Partial, Placement, Replicate, Shard, Spec, StridedShard
 from meshplan.placement._types import dtype_name
-
-from ._args import as_int
 
 __all__ = [
     "Meta",

@@ -22,8 +22,8 @@ from meshplan.placement import Partial, Replicate
 
 from ._args import ALL, LINEAR, as_int, broadcast_shapes, check_count, is_float, is_real
 from ._dtypes import ALL_DTYPES, COMPLEX, FLOAT8, FLOATING, check_dtypes, same_dtype
+from ._oprule import OpRule
 from ._rule import DimPlacement, DimStrategy, Meta, Placeholder
-from ._ruleset import OpRule
 
 __all__ = ["RULES", "parse_equation", "einsum_strategies", "MATMUL_DTYPES"]
 

@@ -37,8 +37,8 @@ from ._dtypes import (
     real_of,
     result_type,
 )
+from ._oprule import OpRule
 from ._rule import DimPlacement, DimStrategy, Meta, Placeholder
-from ._ruleset import OpRule
 
 __all__ = ["RULES", "UNARY", "BINARY", "pointwise_shards"]
 

@@ -25,8 +25,8 @@ from meshplan.placement import Partial
 
 from ._args import ALL, as_int, check_count, is_float, norm_dim, norm_dims
 from ._dtypes import ALL_DTYPES, COMPLEX, FLOAT8, FLOATING, INTEGRAL, check_dtypes, promote_types
+from ._oprule import OpRule
 from ._rule import DimStrategy, Meta, Placeholder
-from ._ruleset import OpRule
 
 __all__ = ["RULES", "view_blocks", "REDUCTIONS"]
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping
 from typing import Any
 
 import attrs
@@ -11,37 +11,9 @@ import attrs
 from meshplan.errors import StrategyError
 from meshplan.layout import FrozenMap
 
-from ._rule import DimStrategy, Meta
+from ._oprule import OpRule, OutputsFn, Rule
 
 __all__ = ["OpRule", "RuleSet", "Rule", "OutputsFn", "freeze_args"]
-
-Rule = Callable[..., Sequence[DimStrategy]]
-"""``rule(inputs: tuple[Meta, ...], **args) -> [DimStrategy, ...]`` for one mesh dim."""
-OutputsFn = Callable[..., Sequence[Meta]]
-"""``outputs(inputs: tuple[Meta, ...], **args) -> (Meta, ...)``: the op's output metadata."""
-
-
-def _callable(instance, attribute, value) -> None:
-    if not callable(value):
-        what = "rule(inputs, **args) -> [DimStrategy, ...]"
-        if attribute.name == "outputs":
-            what = "outputs(inputs, **args) -> (Meta, ...)"
-        raise StrategyError(
-            f"OpRule {attribute.name} must be a function {what}, got {value!r}", value=value
-        )
-
-
-@attrs.frozen
-class OpRule:
-    """An op's single-mesh-dim rule and its output metadata function.
-
-    >>> relu = RuleSet.default()["relu"]
-    >>> OpRule(relu.strategies, relu.outputs) == relu
-    True
-    """
-
-    strategies: Rule = attrs.field(validator=_callable)
-    outputs: OutputsFn = attrs.field(validator=_callable)
 
 
 def freeze_args(args: Mapping[str, Any]) -> tuple[tuple[str, Any], ...]:
