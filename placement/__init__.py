@@ -25,9 +25,9 @@ from ._local import (
     same_layout,
     shard_intervals,
 )
-from ._pspec import PartitionSpec, from_partition_spec, partition_spec
-from ._spec import Spec
-from ._text import format_placements, format_spec, parse_placements
+from ._pspec import PartitionSpec
+from ._spec import Spec, format_spec, from_partition_spec, partition_spec
+from ._text import format_placements, parse_placements
 from ._torch_compat import from_torch, to_torch, to_torch_shard_order
 from ._types import (
     DTYPES,

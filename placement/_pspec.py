@@ -19,10 +19,9 @@ from meshplan.errors import PlacementError
 from meshplan.layout import FrozenMap, Mesh
 from meshplan.layout._ints import int_or_same
 
-from ._spec import Spec, _shape
-from ._types import REDUCE_OPS, Partial, Placement, Replicate, Shard, StridedShard
+from ._types import REDUCE_OPS, Partial, Placement, Replicate, Shard, StridedShard, global_shape
 
-__all__ = ["PartitionSpec", "from_partition_spec", "partition_spec"]
+__all__ = ["PartitionSpec", "pspec_entries", "pspec_of"]
 
 Entry = tuple[Any, ...] | None
 
@@ -172,30 +171,11 @@ def _in_order(mesh: Mesh, pspec: Any, shape: Any) -> tuple[Any, Any]:
     return (pspec, shape) if first or not second else (shape, pspec)
 
 
-def from_partition_spec(
-    mesh: Mesh,
-    pspec: Any,
-    shape: Sequence[int],
-    partial: Mapping[Any, str] | None = None,
-    dtype: Any = "float32",
-) -> Spec:
-    """Build a :class:`Spec` from the JAX view (see the module docs).
-
-    Arguments come in the order of ``Spec(mesh, placements, shape)``: the mesh, how the
-    tensor is split, its global shape. ``pspec`` is a :class:`PartitionSpec` or a plain
-    sequence of entries (``None``, a mesh dim name or index, or a tuple of them, major
-    first); it may be shorter than the tensor's rank (the rest is unsharded).
-    ``partial`` maps mesh dims to reduce ops; when omitted, a :class:`PartitionSpec`'s
-    own ``partial`` is used. The older order ``(mesh, shape, pspec)`` is still accepted
-    (told apart by the values: a shape is ints, a pspec names mesh dims).
-
-    >>> mesh = Mesh.create((2, 2, 2), ("dp", "tp", "cp"))
-    >>> s = from_partition_spec(mesh, (("tp", "dp"), None), (8, 4), partial={"cp": "sum"})
-    >>> print(s)
-    f32[8,4](S(0)[1,0] S(0) P(sum))
-    >>> s == from_partition_spec(mesh, (8, 4), (("tp", "dp"), None), partial={"cp": "sum"})
-    True
-    """
+def pspec_entries(
+    mesh: Mesh, pspec: Any, shape: Any, partial: Mapping[Any, str] | None
+) -> tuple[list[Placement], tuple[int, ...], dict[int, tuple[int, ...]]]:
+    """The placements, global shape and shard order a partition spec gives (the arguments
+    of ``Spec``; see :func:`meshplan.placement.from_partition_spec`)."""
     if not isinstance(mesh, Mesh):
         raise PlacementError(f"from_partition_spec takes a Mesh, got {mesh!r}", value=mesh)
     pspec, shape = _in_order(mesh, pspec, shape)
@@ -203,7 +183,7 @@ def from_partition_spec(
     if partial is None and isinstance(pspec, PartitionSpec):
         partial = pspec.partial
     partial_map = _partial(partial)
-    shape = _shape(shape)
+    shape = global_shape(shape)
     ndim = len(shape)
     if len(entries) > ndim:
         raise PlacementError(
@@ -239,21 +219,11 @@ def from_partition_spec(
         order[d] = dims
     for name, op in partial_map.items():
         placements[claim(name, f"partial {op!r}")] = Partial(op)
-    return Spec(mesh, placements, shape, dtype, order)
+    return placements, shape, order
 
 
-def partition_spec(spec: Spec) -> PartitionSpec:
-    """The JAX view of ``spec``: mesh dim names per tensor dim, plus partial mesh dims.
-
-    Raises :class:`~meshplan.errors.PlacementError` for a ``StridedShard`` (no JAX
-    counterpart).
-
-    >>> mesh = Mesh.create((2, 2), ("dp", "tp"))
-    >>> partition_spec(Spec(mesh, (Shard(1), Partial("avg")), (4, 6)))
-    PartitionSpec(None, 'dp', partial={'tp': 'avg'})
-    """
-    if not isinstance(spec, Spec):
-        raise PlacementError(f"partition_spec takes a Spec, got {spec!r}", value=spec)
+def pspec_of(spec: Any) -> PartitionSpec:
+    """The JAX view of a ``Spec`` (see :func:`meshplan.placement.partition_spec`)."""
     names = spec.mesh.names
     for m, p in enumerate(spec.placements):
         if isinstance(p, StridedShard):

@@ -12,24 +12,22 @@ from meshplan.layout import FrozenMap, Mesh
 from meshplan.layout._frozen import EMPTY_MAP, identity_first_eq, int_keyed_map
 from meshplan.layout._ints import as_int, int_or_same
 
-from ._types import Partial, Placement, Replicate, Shard, StridedShard, dtype_name
+from ._pspec import PartitionSpec, pspec_entries, pspec_of
+from ._text import format_placements
+from ._types import (
+    Partial,
+    Placement,
+    Replicate,
+    Shard,
+    StridedShard,
+    dtype_name,
+    dtype_short,
+    global_shape,
+)
 
-__all__ = ["Spec"]
+__all__ = ["Spec", "format_spec", "from_partition_spec", "partition_spec"]
 
 _MAX_SIZE = 2**63 - 1  # torch sizes are int64
-
-
-def _shape(value: Iterable[int]) -> tuple[int, ...]:
-    if isinstance(value, str) or not isinstance(value, Iterable):
-        raise PlacementError(
-            f"global shape {value!r} is not a sequence of sizes; write e.g. (8, 4)", value=value
-        )
-    try:
-        return tuple(int_or_same(v) for v in value)
-    except TypeError:  # an iterable that refuses to iterate (a 0-d tensor or array)
-        raise PlacementError(
-            f"global shape {value!r} is not a sequence of sizes; write e.g. (8, 4)", value=value
-        ) from None
 
 
 def _placements(value: Iterable[Any]) -> tuple[Any, ...]:
@@ -98,7 +96,7 @@ class Spec:
 
     mesh: Mesh
     placements: tuple[Placement, ...] = attrs.field(converter=_placements)
-    shape: tuple[int, ...] = attrs.field(converter=_shape)
+    shape: tuple[int, ...] = attrs.field(converter=global_shape)
     dtype: str = "float32"
     shard_order: FrozenMap[int, tuple[int, ...]] = attrs.field(default=EMPTY_MAP, converter=_order)
 
@@ -202,14 +200,10 @@ class Spec:
         >>> s.placements, s.partition_spec()
         ((Shard(0), Shard(0)), PartitionSpec(('dp', 'tp'), None))
         """
-        from ._pspec import from_partition_spec
-
         return from_partition_spec(mesh, pspec, shape, partial, dtype)
 
     def partition_spec(self):
         """The JAX view of this spec (raises for ``StridedShard``); see :class:`PartitionSpec`."""
-        from ._pspec import partition_spec
-
         return partition_spec(self)
 
     def with_placements(
@@ -221,8 +215,6 @@ class Spec:
         return Spec(self.mesh, placements, self.shape, self.dtype, shard_order or {})
 
     def __str__(self) -> str:
-        from ._text import format_spec
-
         return format_spec(self)
 
     def __repr__(self) -> str:
@@ -369,3 +361,58 @@ def _canonical_order(
         if kept:
             order[d] = kept
     return int_keyed_map(dict(sorted(order.items())))
+
+
+def from_partition_spec(
+    mesh: Mesh,
+    pspec: Any,
+    shape: Sequence[int],
+    partial: Mapping[Any, str] | None = None,
+    dtype: Any = "float32",
+) -> Spec:
+    """Build a :class:`Spec` from the JAX view (see the module docs).
+
+    Arguments come in the order of ``Spec(mesh, placements, shape)``: the mesh, how the
+    tensor is split, its global shape. ``pspec`` is a :class:`PartitionSpec` or a plain
+    sequence of entries (``None``, a mesh dim name or index, or a tuple of them, major
+    first); it may be shorter than the tensor's rank (the rest is unsharded).
+    ``partial`` maps mesh dims to reduce ops; when omitted, a :class:`PartitionSpec`'s
+    own ``partial`` is used. The older order ``(mesh, shape, pspec)`` is still accepted
+    (told apart by the values: a shape is ints, a pspec names mesh dims).
+
+    >>> mesh = Mesh.create((2, 2, 2), ("dp", "tp", "cp"))
+    >>> s = from_partition_spec(mesh, (("tp", "dp"), None), (8, 4), partial={"cp": "sum"})
+    >>> print(s)
+    f32[8,4](S(0)[1,0] S(0) P(sum))
+    >>> s == from_partition_spec(mesh, (8, 4), (("tp", "dp"), None), partial={"cp": "sum"})
+    True
+    """
+    placements, shape, order = pspec_entries(mesh, pspec, shape, partial)
+    return Spec(mesh, placements, shape, dtype, order)
+
+
+def partition_spec(spec: Spec) -> PartitionSpec:
+    """The JAX view of ``spec``: mesh dim names per tensor dim, plus partial mesh dims.
+
+    Raises :class:`~meshplan.errors.PlacementError` for a ``StridedShard`` (no JAX
+    counterpart).
+
+    >>> mesh = Mesh.create((2, 2), ("dp", "tp"))
+    >>> partition_spec(Spec(mesh, (Shard(1), Partial("avg")), (4, 6)))
+    PartitionSpec(None, 'dp', partial={'tp': 'avg'})
+    """
+    if not isinstance(spec, Spec):
+        raise PlacementError(f"partition_spec takes a Spec, got {spec!r}", value=spec)
+    return pspec_of(spec)
+
+
+def format_spec(spec: Spec) -> str:
+    """``f32[8,4](S(0) R P(sum))``: dtype, global shape, placements (with shard order).
+
+    >>> print(format_spec(Spec(Mesh.create((2, 2)), (Shard(0), Partial()), (8, 4))))
+    f32[8,4](S(0) P(sum))
+    """
+    if not isinstance(spec, Spec):
+        raise PlacementError(f"format_spec takes a Spec, got {spec!r}", value=spec)
+    shape = ",".join(map(str, spec.shape))
+    return f"{dtype_short(spec.dtype)}[{shape}]({format_placements(spec.placements, spec.shard_order)})"

@@ -7,9 +7,9 @@ import re
 from meshplan.errors import PlacementError
 from meshplan.layout._ints import brief
 
-from ._types import Partial, Placement, Replicate, Shard, StridedShard, dtype_short
+from ._types import Partial, Placement, Replicate, Shard, StridedShard
 
-__all__ = ["format_spec", "format_placements", "parse_placements"]
+__all__ = ["format_placements", "parse_placements"]
 
 
 def format_placements(placements, shard_order=None) -> str:
@@ -44,16 +44,6 @@ def format_placements(placements, shard_order=None) -> str:
             shown.add(p.dim)
         parts.append(text)
     return " ".join(parts)
-
-
-def format_spec(spec) -> str:
-    """``f32[8,4](S(0) R P(sum))``: dtype, global shape, placements (with shard order)."""
-    from ._spec import Spec
-
-    if not isinstance(spec, Spec):
-        raise PlacementError(f"format_spec takes a Spec, got {spec!r}", value=spec)
-    shape = ",".join(map(str, spec.shape))
-    return f"{dtype_short(spec.dtype)}[{shape}]({format_placements(spec.placements, spec.shard_order)})"
 
 
 # digits are ASCII [0-9] only: ``\d`` and ``int`` also take other scripts' digits ("S(٣)")

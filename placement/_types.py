@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 import attrs
 
 from meshplan.errors import PlacementError
 from meshplan.layout._ints import int_or_same
 
 __all__ = [
+    "global_shape",
     "Shard",
     "StridedShard",
     "Replicate",
@@ -166,3 +169,21 @@ def dtype_itemsize(name: str) -> int:
 
 def dtype_short(name: str) -> str:
     return DTYPES[dtype_name(name)][1]
+
+
+def global_shape(value: Iterable[int]) -> tuple[int, ...]:
+    """A global shape as a tuple of ints (validated where a Spec is built).
+
+    >>> global_shape([8, 4])
+    (8, 4)
+    """
+    if isinstance(value, str) or not isinstance(value, Iterable):
+        raise PlacementError(
+            f"global shape {value!r} is not a sequence of sizes; write e.g. (8, 4)", value=value
+        )
+    try:
+        return tuple(int_or_same(v) for v in value)
+    except TypeError:  # an iterable that refuses to iterate (a 0-d tensor or array)
+        raise PlacementError(
+            f"global shape {value!r} is not a sequence of sizes; write e.g. (8, 4)", value=value
+        ) from None
