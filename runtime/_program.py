@@ -47,8 +47,20 @@ def _decode(value: Any, tensors: Sequence[Any], device: Any) -> Any:
     return value
 
 
-_STRIDE_FREE = {"t", "transpose", "permute", "view", "_unsafe_view", "reshape", "detach", "alias",
-                "unsqueeze", "squeeze", "expand", "clone"}
+_STRIDE_FREE = {
+    "t",
+    "transpose",
+    "permute",
+    "view",
+    "_unsafe_view",
+    "reshape",
+    "detach",
+    "alias",
+    "unsqueeze",
+    "squeeze",
+    "expand",
+    "clone",
+}
 
 
 def _local_call(op: ProgramOp, tensors: Sequence[torch.Tensor], rank: int, device: Any):
@@ -136,7 +148,9 @@ def _run_ops(ops: Sequence[ProgramOp], env: dict[Value, Any], backend: Any) -> N
 
 def _grads(program: Program, env: dict[Value, Any], backend: Any, zeros) -> list[Any]:
     out = []
-    for v, plan, spec in zip(program.graph.grads, program.grad_moves, program.grad_specs, strict=True):
+    for v, plan, spec in zip(
+        program.graph.grads, program.grad_moves, program.grad_specs, strict=True
+    ):
         if spec is None:
             out.append(None)
         elif v is None:
@@ -177,7 +191,8 @@ def simulate_program(
         env[Value(k)] = dict(c)
     _run_ops(program.ops, env, backend)
     outs = tuple(
-        backend.move(p, env[v]) for v, p in zip(program.graph.outputs, program.out_moves, strict=True)
+        backend.move(p, env[v])
+        for v, p in zip(program.graph.outputs, program.out_moves, strict=True)
     )
 
     def zeros(spec: Spec) -> dict[int, torch.Tensor]:

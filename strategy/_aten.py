@@ -150,9 +150,7 @@ def _pointwise(call: Call) -> list[DimStrategy]:
             outs.append(DimStrategy([PSUM], [R, PSUM]))
         else:
             outs.append(DimStrategy([PSUM], [PSUM, R]))
-    elif op in ("mul", "div") and n == 1 and _scalar_other(call):
-        outs.append(DimStrategy([PSUM], [PSUM]))
-    elif op == "sum" and n == 1:
+    elif op in ("mul", "div") and n == 1 and _scalar_other(call) or op == "sum" and n == 1:
         outs.append(DimStrategy([PSUM], [PSUM]))
     return outs
 
@@ -317,14 +315,14 @@ def _mm(call: Call) -> list[DimStrategy]:
 
 
 def _addmm(call: Call) -> list[DimStrategy]:
-    return _sums_only(_named("addmm", call, beta=call.arg(3, "beta", 1), alpha=call.arg(4, "alpha", 1)))
+    return _sums_only(
+        _named("addmm", call, beta=call.arg(3, "beta", 1), alpha=call.arg(4, "alpha", 1))
+    )
 
 
 def _embedding(call: Call) -> list[DimStrategy]:
     # aten.embedding(weight, indices); the named rule reads (indices, weight)
-    swapped = Call(
-        call.target, (call.inputs[1], call.inputs[0]), call.outputs, (), {}, call.tags
-    )
+    swapped = Call(call.target, (call.inputs[1], call.inputs[0]), call.outputs, (), {}, call.tags)
     out = []
     for s in _sums_only(_named("embedding", swapped)):
         if any(isinstance(p, Partial) for p in s.inputs):
@@ -357,9 +355,7 @@ def _layer_norm_backward(call: Call) -> list[DimStrategy]:
     k = len(call.arg(2, "normalized_shape"))
     outs = []
     for d in range(x.ndim - k):
-        o = []
-        for j, m in enumerate(call.outputs):
-            o.append(Placeholder(d) if j == 0 else PSUM)
+        o = [Placeholder(d) if j == 0 else PSUM for j in range(len(call.outputs))]
         ins = [Placeholder(d)] * 4 + [R] * (len(call.inputs) - 4)
         outs.append(DimStrategy(o, ins))
     return outs

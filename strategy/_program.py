@@ -233,7 +233,7 @@ def _options(
     n_in, n_out = len(call.inputs), len(call.outputs)
     rep = DimStrategy([Replicate()] * n_out, [Replicate()] * n_in)
     per_dim = []
-    for m, size in enumerate(mesh.shape):
+    for size in mesh.shape:
         per_dim.append([rep] + (list(rules) if size > 1 else []))
     seen: dict[tuple, _Option] = {}
     for combo in itertools.product(*per_dim):
@@ -438,6 +438,34 @@ def plan_graph(
         raise StrategyError(f"solver must be 'whole' or 'op_by_op', got {solver!r}", value=solver)
     from ._solve import solve
 
+    if not isinstance(graph, Graph):
+        raise StrategyError(
+            f"plan_graph plans a traced Graph (see plan_program), got {graph!r:.80}", value=graph
+        )
+    if isinstance(arg_specs, Spec) or not isinstance(arg_specs, Sequence):
+        raise StrategyError(
+            f"arg_specs must be a sequence of Specs, one per argument, got {arg_specs!r:.80}",
+            value=arg_specs,
+        )
+    arg_specs = _check_specs("plan_graph", "argument", arg_specs)
+    if len(arg_specs) != len(graph.args) or not arg_specs:
+        raise StrategyError(
+            f"the graph takes {len(graph.args)} arguments, got {len(arg_specs)} specs",
+            value=arg_specs,
+        )
+    for name, value in (
+        ("max_factor", max_factor),
+        ("max_options", max_options),
+        ("max_rounds", max_rounds),
+        ("max_priced", max_priced),
+    ):
+        if (
+            isinstance(value, bool)
+            or not isinstance(value, int)
+            or value < 0
+            or (name != "max_priced" and value < 1)
+        ):
+            raise StrategyError(f"{name} must be a positive int, got {value!r}", value=value)
     model = check_model(cost_model)
     compute = ComputeModel() if compute is None else compute
     if not isinstance(compute, ComputeModel):
@@ -452,8 +480,7 @@ def plan_graph(
     outs = _out_specs(graph, mesh, out_specs)
     cots = tuple(grad_spec(s) for s in outs)
     grads = tuple(
-        grad_spec(s) if g is not None else None
-        for s, g in zip(arg_specs, graph.grads, strict=True)
+        grad_spec(s) if g is not None else None for s, g in zip(arg_specs, graph.grads, strict=True)
     )
     fixed: dict[int, Spec] = dict(zip(graph.args, arg_specs, strict=True))
     fixed.update(zip(graph.cotangents, cots, strict=True))
@@ -491,7 +518,10 @@ def plan_graph(
         return k
 
     ins = [[[sid(s) for s in o.input_specs] for o in opts] for opts in options]
-    outs_ = [[[sid(s) if s is not None else -1 for s in o.output_specs] for o in opts] for opts in options]
+    outs_ = [
+        [[sid(s) if s is not None else -1 for s in o.output_specs] for o in opts]
+        for opts in options
+    ]
     exact: dict[tuple[int, int], float] = {}
     bounds: dict[tuple[int, int], float] = {}
 
@@ -559,7 +589,9 @@ def plan_graph(
             starts = ()
             if _order_too_wide(unary, pairs, max_factor):
                 starts = (
-                    _greedy(calls, var, graph, terms, ins, outs_, unary, pairs, price, learn_exact).choice,
+                    _greedy(
+                        calls, var, graph, terms, ins, outs_, unary, pairs, price, learn_exact
+                    ).choice,
                 )
             sol = solve(unary, pairs, max_factor=max_factor, starts=starts)
         new = 0
@@ -597,7 +629,9 @@ def plan_graph(
                     learn(e, b)
         if not new or rounds >= max_rounds:
             break
-    return _assemble(graph, arg_specs, outs, cots, grads, fixed, options, var, sol, model, fallbacks)
+    return _assemble(
+        graph, arg_specs, outs, cots, grads, fixed, options, var, sol, model, fallbacks
+    )
 
 
 def _order_too_wide(unary, pairs, max_factor: int) -> bool:
@@ -690,8 +724,7 @@ def _out_specs(graph: Graph, mesh, out_specs) -> tuple[Spec, ...]:
     out_specs = _check_specs("plan_program", "output spec", out_specs)
     if len(out_specs) != len(metas):
         raise StrategyError(
-            f"out_specs has {len(out_specs)} specs but the function returns {len(metas)} "
-            "tensors",
+            f"out_specs has {len(out_specs)} specs but the function returns {len(metas)} tensors",
             value=out_specs,
         )
     for i, (s, m) in enumerate(zip(out_specs, metas, strict=True)):
@@ -729,9 +762,7 @@ def _assemble(graph, arg_specs, outs, cots, grads, fixed, options, var, sol, mod
         n = graph.nodes[node]
         o = options[var[node]][sol.choice[var[node]]]
         compute += o.compute
-        moves = tuple(
-            move(specs[v], o.input_specs[i]) for i, v in enumerate(n.inputs)
-        )
+        moves = tuple(move(specs[v], o.input_specs[i]) for i, v in enumerate(n.inputs))
         for j, s in enumerate(o.output_specs):
             if s is not None:
                 specs[Value(node, j)] = s

@@ -36,7 +36,8 @@ def explain_program(program: Any) -> str:
         rows.append(
             (
                 op.phase,
-                op.call.target.removeprefix("aten.") + (" [replicated]" if op.replicated_fallback else ""),
+                op.call.target.removeprefix("aten.")
+                + (" [replicated]" if op.replicated_fallback else ""),
                 ", ".join(_text(s) for s in op.input_specs),
                 ", ".join(_text(s) for s in op.output_specs if s is not None),
                 "; ".join(f"in{i}: {_move_text(m)}" for i, m in moved),
@@ -63,11 +64,7 @@ def explain_program(program: Any) -> str:
     lines.append(
         f"total {c.total:.4g} s = comm {c.comm:.4g} s + compute {c.compute:.4g} s; "
         f"{c.collectives} collectives, {c.bytes:.4g} bytes per rank; method {program.method}"
-        + (
-            f" (lower bound {program.lower_bound:.4g} s)"
-            if program.method != "exact"
-            else ""
-        )
+        + (f" (lower bound {program.lower_bound:.4g} s)" if program.method != "exact" else "")
     )
     if by_kind:
         lines.append("collectives: " + ", ".join(f"{k} x{v}" for k, v in sorted(by_kind.items())))

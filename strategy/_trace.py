@@ -184,7 +184,7 @@ def _to_graph(gm, arg_specs, requires_grad, n_out: int) -> Graph:
             continue
         if fx.op != "call_function":
             raise StrategyError(f"unexpected node {fx.op} {fx.target} in the trace", value=fx)
-        if fx.target is getattr(__import__("operator"), "getitem"):
+        if fx.target is __import__("operator").getitem:
             src, i = fx.args
             if src in where:
                 values[fx] = Value(where[src], i)

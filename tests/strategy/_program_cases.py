@@ -93,8 +93,12 @@ def _prod(s):
 # -- a two-layer transformer ------------------------------------------------------------
 
 
-def transformer(tok, emb, *rest, heads: int = 4, layers: int = 2):
-    """A tiny GPT: embedding, per layer pre-norm attention and MLP with residuals, head, CE."""
+def transformer(tok, emb, *rest, heads: int = 4, layers: int = 2, fused: bool = True):
+    """A tiny GPT: embedding, per layer pre-norm attention and MLP with residuals, head, CE.
+
+    ``fused=False`` writes attention out (``softmax(q k^T / sqrt(d)) v``, unmasked), the
+    form torch's DTensor has sharding rules for on CPU.
+    """
     *ws, head, tgt = rest
     x = F.embedding(tok, emb)
     B, T, D = x.shape
@@ -105,7 +109,11 @@ def transformer(tok, emb, *rest, heads: int = 4, layers: int = 2):
         q = (h @ wq).view(B, T, heads, D // heads).transpose(1, 2)
         k = (h @ wk).view(B, T, heads, D // heads).transpose(1, 2)
         v = (h @ wv).view(B, T, heads, D // heads).transpose(1, 2)
-        a = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        if fused:
+            a = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        else:
+            scores = (q @ k.transpose(-2, -1)) * (1.0 / (D // heads) ** 0.5)
+            a = torch.softmax(scores, dim=-1) @ v
         x = x + a.transpose(1, 2).reshape(B, T, D) @ wo
         h = F.layer_norm(x, (D,), ln2w, ln2b)
         x = x + F.gelu(h @ ws[layers * per + 2 * layer]) @ ws[layers * per + 2 * layer + 1]
@@ -141,8 +149,18 @@ def transformer_args(mesh: Mesh, *, B=4, T=4, D=8, V=12, layers=2, seed=0, dp=Tr
         add(torch.ones(D, dtype=torch.float64), [R])
         add(torch.zeros(D, dtype=torch.float64), [R])
     for _ in range(layers):
-        mats.append((torch.randn(D, 2 * D, generator=g, dtype=torch.float64) / D**0.5, [Shard(0), Shard(1)][:nd]))
-        mats.append((torch.randn(2 * D, D, generator=g, dtype=torch.float64) / D**0.5, [Shard(1), Shard(0)][:nd]))
+        mats.append(
+            (
+                torch.randn(D, 2 * D, generator=g, dtype=torch.float64) / D**0.5,
+                [Shard(0), Shard(1)][:nd],
+            )
+        )
+        mats.append(
+            (
+                torch.randn(2 * D, D, generator=g, dtype=torch.float64) / D**0.5,
+                [Shard(1), Shard(0)][:nd],
+            )
+        )
     for t, p in mats:
         add(t, p)
     add(torch.randn(D, V, generator=g, dtype=torch.float64) / D**0.5, [Shard(0), Shard(1)][:nd])

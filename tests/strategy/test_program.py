@@ -10,17 +10,16 @@ import warnings
 
 import pytest
 import torch
-import torch.nn.functional as F
 from _program_cases import arg_specs, build, meshes, programs, transformer, transformer_args
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from meshplan.errors import StrategyError
 from meshplan.layout import Mesh
-from meshplan.placement import Partial, Replicate, Shard, Spec, shard, unshard
+from meshplan.placement import Replicate, Shard, Spec, shard, unshard
 from meshplan.runtime import simulate_program
 from meshplan.strategy import ComputeModel, plan_program
-from meshplan.strategy._program import _options, grad_spec
+from meshplan.strategy._program import grad_spec
 from meshplan.strategy._solve import total
 
 warnings.filterwarnings("ignore", category=UserWarning, module="meshplan")
