@@ -401,11 +401,11 @@ def table_builds(pairs, model, objective="time") -> list[float]:
     """Build the plan table of each distinct context of ``pairs`` (none when too big), as
     ``plan()`` would use it; the seconds each took (garbage collection off, as for every
     other time here)."""
-    from meshplan.redistribute import _planner, _search, _table
+    from meshplan.redistribute import _encoding, _search, _table
 
     seen = {}
     for src, dst in pairs:
-        shards, ptargets = _planner._universe(src, dst, src.ndim)
+        shards, ptargets = _encoding._universe(src, dst, src.ndim)
         ctx = _search.context(
             src.mesh, src.shape, src.dtype, model, shards, ptargets, None, objective
         )

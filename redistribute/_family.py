@@ -32,7 +32,7 @@ import math
 import threading
 
 from ._exact import even_steps
-from ._search import _tie, permute_price, price_coefficients, step_price
+from ._price import _tie, permute_price, price_coefficients, step_price
 
 __all__ = ["family_of", "shared", "record", "extremes", "clear_families", "LARGEST", "SIZES_FIRST"]
 

@@ -31,6 +31,7 @@ import math
 
 from ._exact import piece
 from ._heuristic import SUMAVG, R
+from ._price import _prefix_length, permute_price
 
 __all__ = [
     "general_permutes",
@@ -55,8 +56,6 @@ def general_permutes(ctx, i: int) -> tuple:
 
 
 def _priced(ctx, i: int) -> tuple:
-    from ._search import permute_price
-
     state = ctx.states[i]
     b_in = ctx.nbytes(i)
     bound = ctx.bound
@@ -126,8 +125,6 @@ def _is_partial(code) -> bool:
 def _group(a, b) -> tuple:
     """The mesh dims after the common prefix of each tensor dim's orders in ``a`` and
     ``b`` (sorted): the group of the all_permute between them."""
-    from ._search import _prefix_length
-
     codes, chains = a
     new_codes, new_chains = b
     dims: set = set()

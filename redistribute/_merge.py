@@ -32,11 +32,12 @@ from meshplan.layout._mesh import first_instance
 from meshplan.placement import Partial, Replicate, is_shard_like
 
 from ._cost import CostModel, as_model, padded_local_bytes, step_cost
+from ._encoding import MERGEABLE, _spec, _state, _universe, alias_dims
+from ._encoding import _step as fast_step
 from ._step import Plan, Step, as_plan
 
 __all__ = ["merge", "merge_plan", "MergeWarning", "reset_merge_warnings", "MERGEABLE"]
 
-MERGEABLE = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all")
 
 _WARNED: set[tuple[int, ...]] = set()
 
@@ -221,8 +222,6 @@ def _merged_step(seg: list[Step], separate: float, price: _Prices, bound=None):
     kind = seg[0].collective
     if not _valid_merge(src, dst, dims, kind):
         return None, None
-    from ._planner import _step as fast_step
-    from ._planner import alias_dims
 
     names = alias_dims(mesh)
     alias = None
@@ -319,8 +318,6 @@ def _swap(x: Step, y: Step):
     """Run ``y`` before ``x`` (disjoint single mesh dims): the two new steps, or None."""
     if len(x.mesh_dims) != 1 or len(y.mesh_dims) != 1 or x.mesh_dims == y.mesh_dims:
         return None
-    from ._planner import _spec, _state
-    from ._planner import _step as fast_step
 
     s0 = _state(x.src)
     s2 = _state(y.dst)
@@ -364,7 +361,6 @@ def _apply(state, m, code):
 
 
 def _valid_single(step: Step) -> bool:
-    from ._planner import _state, _universe
     from ._search import context
 
     src, dst = step.src, step.dst

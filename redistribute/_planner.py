@@ -54,15 +54,9 @@ import itertools
 import math
 
 from meshplan.errors import PlanError
-from meshplan.layout import FrozenMap, Mesh
-from meshplan.layout._frozen import int_keyed_map
 from meshplan.layout._ints import as_bool, as_int
 from meshplan.placement import (
-    Partial,
-    Replicate,
-    Shard,
     Spec,
-    StridedShard,
     dtype_itemsize,
     same_layout,
 )
@@ -75,182 +69,32 @@ from ._cost import (
     collective_weight,
     padded_local_bytes,
 )
+from ._encoding import (
+    _STATES,
+    _alias_named,
+    _plan_value,
+    _spec,
+    _state,
+    _step,
+    _universe_of,
+    alias_dims,
+)
 from ._exact import exact_covers, piece_classes, tiny_dims
 from ._family import clear_families, extremes, family_of, record, shared
 from ._merge import merge_plan, warn_missed, warned
 from ._search import R, class_goal, clear_contexts, context, search, unreduced_goal
-from ._step import Plan, Step, _avg_scale
+from ._step import Plan
 from ._table import built, clear_tables, table, walk
 
 __all__ = ["plan", "check_plannable", "clear_plan_cache"]
 
-_OPS = ("sum", "avg", "max", "min")
-_OP_CODE = {op: i + 1 for i, op in enumerate(_OPS)}
-
-
-# -- encoding -------------------------------------------------------------------------------
-
-
-def _code(p) -> object:
-    match p:
-        case Replicate():
-            return R
-        case Partial(op=op):
-            return _OP_CODE[op]
-        case StridedShard(dim=d, split_factor=sf):
-            return (d, sf)
-        case Shard(dim=d):
-            return (d, 1)
-    raise PlanError(f"unknown placement {p!r}", value=p)
-
-
-@functools.cache
-def _placement(code) -> object:
-    if code == R:
-        return Replicate()
-    if type(code) is int:
-        return Partial(_OPS[code - 1])
-    d, sf = code
-    return Shard(d) if sf == 1 else StridedShard(d, sf)
-
-
-_STATES: dict = {}  # Spec -> its encoded state (Specs are frozen; their hash is cached)
-
-
-def _state(spec: Spec) -> tuple:
-    state = _STATES.get(spec)
-    if state is None:
-        codes = tuple(_code(p) for p in spec.placements)
-        chains = tuple(spec.order(d) for d in range(spec.ndim))
-        if len(_STATES) >= 65536:
-            _STATES.clear()
-        state = _STATES[spec] = (codes, chains)
-    return state
-
-
-def _spec(template: Spec, state: tuple) -> Spec:
-    """A canonical Spec for an encoded state, built without re-validating (states are canonical)."""
-    codes, chains = state
-    order = _order_map(chains)
-    spec = object.__new__(Spec)
-    object.__setattr__(spec, "mesh", template.mesh)
-    object.__setattr__(spec, "placements", _placements(codes))
-    object.__setattr__(spec, "shape", template.shape)
-    object.__setattr__(spec, "dtype", template.dtype)
-    object.__setattr__(spec, "shard_order", order)
-    object.__setattr__(spec, "_attrs_cached_hash", None)
-    return spec
-
-
-@functools.lru_cache(maxsize=4096)
-def _placements(codes: tuple) -> tuple:
-    return tuple(_placement(c) for c in codes)
-
-
-@functools.lru_cache(maxsize=4096)
-def _order_map(chains: tuple) -> FrozenMap:
-    """The shard-order map of a state's chains (frozen: specs share it)."""
-    return int_keyed_map({d: c for d, c in enumerate(chains) if c})
-
-
-def _step(dims: tuple[int, ...], src: Spec, dst: Spec, collective, alias=None) -> Step:
-    step = object.__new__(Step)
-    object.__setattr__(step, "mesh_dims", dims)
-    object.__setattr__(step, "src", src)
-    object.__setattr__(step, "dst", dst)
-    object.__setattr__(step, "collective", collective)
-    object.__setattr__(step, "alias", alias)
-    object.__setattr__(step, "avg_scale", 1)
-    object.__setattr__(step, "_attrs_cached_hash", None)
-    object.__setattr__(step, "avg_scale", _avg_scale(step))
-    return step
-
-
-def _plan_value(src: Spec, dst: Spec, steps: tuple[Step, ...]) -> Plan:
-    p = object.__new__(Plan)
-    object.__setattr__(p, "src", src)
-    object.__setattr__(p, "dst", dst)
-    object.__setattr__(p, "steps", steps)
-    object.__setattr__(p, "_attrs_cached_hash", None)
-    return p
-
-
 # -- input checks ---------------------------------------------------------------------------
-
-
-@functools.lru_cache(maxsize=1024)
-def alias_dims(mesh: Mesh) -> FrozenMap:
-    """Each alias of ``mesh`` as the mesh dims it flattens (in flattening order).
-
-    Raises :class:`PlanError` for an alias that is not a flattening of mesh dims.
-
-    >>> m = Mesh.create((2, 2, 2), ("a", "b", "c")).flatten(("a", "c"), "ac")
-    >>> dict(alias_dims(m))
-    {'ac': (0, 2)}
-    """
-    found: dict[str, tuple[int, ...]] = {}
-    for name, axis in mesh.aliases.items():
-        dims = _flattened_dims(mesh, axis)
-        if dims is None:
-            raise PlanError(
-                f"alias {name!r} of {mesh} ({axis}) does not flatten any of its mesh dims "
-                f"{mesh.names!r}; register aliases with mesh.flatten(dims, name)",
-                value=name,
-            )
-        found[name] = dims
-    return FrozenMap(found)
-
-
-def _flattened_dims(mesh: Mesh, axis) -> tuple[int, ...] | None:
-    """The mesh dims (of size > 1, slowest first) whose flattening is ``axis``, or None.
-
-    Found from the fastest dim outwards: after dims of sizes multiplying to ``p``, the next
-    one is the dim whose ``j``-th offset is the axis's ``(j * p)``-th, for every ``j`` (mesh
-    dims never share an offset but 0, so at most one fits). O(dims^2 * size), where
-    trying every ordered subset of dims was factorial in them.
-    """
-    from meshplan.layout import Axis
-
-    axes = mesh.layout.axes
-    size = axis.size()
-    if size == 1:
-        ones = [d for d in range(mesh.ndim) if axes[d].size() == 1]
-        return (ones[0],) if ones else None
-    left = [d for d in range(mesh.ndim) if axes[d].size() > 1]
-    order: list[int] = []
-    p = 1
-    while p < size:
-        fit = next(
-            (
-                d
-                for d in left
-                if size % (p * axes[d].size()) == 0
-                and all(axes[d].offset(j) == axis.offset(j * p) for j in range(axes[d].size()))
-            ),
-            None,
-        )
-        if fit is None:
-            return None
-        order.append(fit)
-        left.remove(fit)
-        p *= axes[fit].size()
-    dims = tuple(reversed(order))
-    if Axis.from_modes(m for d in dims for m in axes[d].modes) != axis:
-        return None
-    return dims
-
-
-def _alias_named(mesh: Mesh, dims: tuple[int, ...]) -> str:
-    """The (first) alias of ``mesh`` flattening exactly ``dims``, in that order."""
-    for name, adims in alias_dims(mesh).items():
-        if adims == dims:
-            return name
-    raise PlanError(f"no alias of {mesh} flattens mesh dims {dims}", value=dims)
 
 
 def check_plannable(src: Spec, dst: Spec) -> None:
     """Raise :class:`PlanError` naming what differs when ``src`` and ``dst`` cannot be planned.
 
+    >>> from meshplan.layout import Mesh
     >>> from meshplan.placement import Replicate
     >>> a = Spec(Mesh.create(2), [Replicate()], (4,))
     >>> check_plannable(a, Spec(Mesh.create(2), [Replicate()], (5,)))
@@ -293,22 +137,6 @@ def check_plannable(src: Spec, dst: Spec) -> None:
             value=(src.dtype, dst.dtype),
         )
     alias_dims(src.mesh)
-
-
-def _universe(src: Spec, dst: Spec, ndim: int) -> tuple[tuple, tuple]:
-    """The shard codes (every Shard, the StridedShards of ``src``/``dst``) and Partial op
-    codes a plan between them searches."""
-    return _universe_of(_state(src)[0], _state(dst)[0], ndim)
-
-
-@functools.lru_cache(maxsize=4096)
-def _universe_of(codes_a: tuple, codes_b: tuple, ndim: int) -> tuple[tuple, tuple]:
-    shards = [(d, 1) for d in range(ndim)]
-    for c in codes_a + codes_b:
-        if type(c) is tuple and c[1] > 1 and c not in shards:
-            shards.append(c)
-    ops = sorted({c for c in codes_a + codes_b if type(c) is int and c != R})
-    return tuple(shards), tuple(ops)
 
 
 # -- plan -------------------------------------------------------------------------------------

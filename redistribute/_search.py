@@ -52,10 +52,10 @@ from ._cost import (
     FLATTENED,
     Link,
     chain_extent,
-    coefficients,
     collective_weight,
     group_link,
 )
+from ._encoding import MERGEABLE, alias_dims
 from ._exact import (
     _smallest_piece,
     even_steps,
@@ -66,6 +66,14 @@ from ._exact import (
 )
 from ._general import general_bound, general_kept_bound, general_permutes
 from ._heuristic import ANY, SHARD_ANY, SUMAVG, R, _Bounds, sequence_weights
+from ._price import (
+    _hub_key,
+    _prefix_length,
+    _suffix_mask,
+    _tie,
+    price_coefficients,
+    step_price,
+)
 
 __all__ = [
     "R",
@@ -268,7 +276,6 @@ class _Context(_Bounds):
     def _set_aliases(self, merge: bool) -> None:
         """The mesh's aliases a merged step can run on (none unless ``merge``), and what
         they weaken in the heuristic."""
-        from ._planner import alias_dims
 
         self.aliases = tuple(
             (name, dims)
@@ -516,7 +523,6 @@ class _Context(_Bounds):
         and so is the check at their ends: on a tensor dim that is not tiny, every link
         leaves an order from its end and joins one at its end, so the orders keep a common
         prefix and differ only in the step's dims after it (the structural rule)."""
-        from ._merge import MERGEABLE
 
         codes = state[0]
         out = []
@@ -949,79 +955,6 @@ def _moves(memo: dict, prefix: tuple, state, generate) -> tuple:
     return moves
 
 
-@functools.lru_cache(maxsize=4096)
-def price_coefficients(
-    model, mesh, dims, collective, n_send, per_collective: float = 0.0
-) -> tuple[float, float, float]:
-    """A step's price as ``c0 + c_in * b_in + c_out * b_out`` (communication and compute
-    together, plus ``per_collective`` on a collective: the "collectives" objective)."""
-    c = coefficients(model, mesh, dims, collective, n_send)
-    c0 = c[0] + c[3] + (per_collective if collective is not None else 0.0)
-    return (c0, c[1] + c[4], c[2] + c[5])
-
-
-def step_price(c: tuple, b_in: int, b_out: int, scaled: bool, copy: float) -> float:
-    """The price of a step of coefficients ``c`` (:func:`price_coefficients`) on ``b_in``
-    bytes in, ``b_out`` out; ``scaled`` adds writing the output once more (an avg scale)
-    at ``copy`` seconds per byte. The one formula every price of the planner comes from
-    (searches, tables and plans shared across sizes agree to the last bit)."""
-    total = c[0] + c[1] * b_in + c[2] * b_out
-    if scaled:
-        total += b_out * copy
-    return total
-
-
-def _prefix_length(codes, chain, new_codes, new_chain) -> int:
-    """How long a prefix two shard orders of one tensor dim share (the same mesh dims,
-    each with the same placement)."""
-    k = 0
-    n = min(len(chain), len(new_chain))
-    while k < n and chain[k] == new_chain[k] and codes[chain[k]] == new_codes[chain[k]]:
-        k += 1
-    return k
-
-
-def _suffix_mask(chains, ks) -> int:
-    """The mesh dims (a bit mask) after the first ``ks[d]`` of each tensor dim's order."""
-    mask = 0
-    for chain, k in zip(chains, ks, strict=True):
-        for x in chain[k:]:
-            mask |= 1 << x
-    return mask
-
-
-def _hub_key(codes, chains, ks, mask: int) -> tuple:
-    """The permute hub of a state (``codes``, ``chains``) keeping the first ``ks[d]`` mesh
-    dims of each tensor dim's order (see ``_Context._hubs_of``); ``mask``: the mesh dims
-    after those prefixes (:func:`_suffix_mask`), which its permutes exchange pieces over."""
-    base = tuple(-1 if mask >> m & 1 else c for m, c in enumerate(codes))
-    prefixes = tuple(chain[:k] for chain, k in zip(chains, ks, strict=True))
-    nexts = tuple(
-        (chain[k], codes[chain[k]]) if k < len(chain) else -1
-        for chain, k in zip(chains, ks, strict=True)
-    )
-    return (base, prefixes, nexts)
-
-
-def permute_hub(a, b) -> tuple:
-    """The permute hub (``_Context._hubs_of``) an all_permute from state ``a`` to ``b``
-    passes through: the one keeping their common order prefixes."""
-    codes, chains = a
-    new_codes, new_chains = b
-    ks = tuple(
-        _prefix_length(codes, x, new_codes, y) for x, y in zip(chains, new_chains, strict=True)
-    )
-    return _hub_key(codes, chains, ks, _suffix_mask(chains, ks))
-
-
-def permute_price(c: tuple, b_in: int, b_out: int, a, b) -> float:
-    """The price of an all_permute from state ``a`` to ``b`` of coefficients ``c``
-    (:func:`price_coefficients`): its halves into and out of its hub, each with its own
-    tie-breaking factor, summed as every search, table and shared plan sums them."""
-    hub = permute_hub(a, b)
-    return (c[0] + c[1] * b_in) * _tie(a, hub) + c[2] * b_out * _tie(hub, b)
-
-
 def _put(t: tuple, i: int, v) -> tuple:
     return t[:i] + (v,) + t[i + 1 :]
 
@@ -1319,17 +1252,6 @@ class _General:
 
     def __init__(self, state: int):
         self.state = state
-
-
-def _tie(a, b) -> float:
-    """A deterministic factor in [1, 1 + 2**-31) for the transition ``a -> b`` (states).
-
-    Every price carries it, so plans that would tie exactly differ, and each pair of specs
-    has one cheapest plan, whichever way it is found (search or table, in any process of
-    one Python build: states hold only ints, whose hashes are fixed). A plan's price moves
-    by under 5e-10 of itself.
-    """
-    return 1.0 + (hash((a, b)) & 0xFFFFFFFF) * 2.0**-63
 
 
 def _commute_filter(ctx: _Context, prev: int, x: tuple, succ: tuple) -> tuple:

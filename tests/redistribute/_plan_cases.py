@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from meshplan.layout import Mesh
 from meshplan.placement import Partial, Spec, gather_index, local_intervals, shard, unshard
 from meshplan.redistribute import CostModel, HardwareProfile, Link, Step, simulate
-from meshplan.redistribute._planner import _plan_value, _spec, _state, _step, _universe
+from meshplan.redistribute._encoding import _plan_value, _spec, _state, _step, _universe
 from meshplan.redistribute._search import R, context
 from meshplan.testing import mesh_dims, shapes, specs
 

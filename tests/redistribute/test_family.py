@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 from meshplan.layout import Mesh
 from meshplan.placement import Shard, Spec, StridedShard, parse_placements
 from meshplan.redistribute import CostModel, HardwareProfile, MergeWarning, clear_plan_cache, plan
+from meshplan.redistribute import _encoding as E
 from meshplan.redistribute import _family as F
 from meshplan.redistribute import _planner as P
 from meshplan.redistribute._exact import even_steps
@@ -61,7 +62,7 @@ def test_a_plan_shared_across_sizes_is_the_search_plan(pair, model, base, scales
         if src == dst:
             return
     # multiples of the family's steps (with StridedShards: every shard order chunks evenly)
-    shards, _ = P._universe(src, dst, src.ndim)
+    shards, _ = E._universe(src, dst, src.ndim)
     step = even_steps(src.mesh.shape, src.ndim, shards) + (1, 1, 1)
     sizes = [
         (step[0] * base[0] * k, step[1] * base[1], step[2] * base[2])[: src.ndim] for k in scales
@@ -180,7 +181,7 @@ def test_only_contexts_whose_prices_scale_with_bytes_form_a_family(
 ):
     mesh = Mesh.create((2, 2))
     src = Spec(mesh, parse_placements(placements)[0], shape, "float32")
-    shards, ptargets = P._universe(src, src, src.ndim)
+    shards, ptargets = E._universe(src, src, src.ndim)
     fam = F.family_of(mesh, shape, CostModel.default(), shards, ptargets, bound, objective, True)
     assert (fam is None) == (why is not None), why
 
@@ -191,9 +192,9 @@ def _moves_from(src: Spec, dst: Spec, shape, model, limit: int = 60) -> dict:
     from meshplan.redistribute import _search as S
 
     S.clear_contexts()
-    shards, ptargets = P._universe(src, dst, src.ndim)
+    shards, ptargets = E._universe(src, dst, src.ndim)
     ctx = S.context(src.mesh, shape, src.dtype, model, shards, ptargets, None)
-    start = ctx.intern(P._state(src))
+    start = ctx.intern(E._state(src))
     seen = {start: None}
     queue = [start]
     out = {}
@@ -220,7 +221,7 @@ def test_a_family_has_the_same_moves_at_every_size(pair, k):
     # multiple of the family's steps it must answer alike, or plans could not be shared
     # (and contexts of the family share their moves: generated apart, they agree)
     src, dst = pair
-    shards, _ = P._universe(src, dst, src.ndim)
+    shards, _ = E._universe(src, dst, src.ndim)
     step = even_steps(src.mesh.shape, src.ndim, shards)
     model = CostModel.default()
     small = _moves_from(src, dst, step, model)

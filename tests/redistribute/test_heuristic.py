@@ -15,9 +15,9 @@ from hypothesis import strategies as st
 from meshplan.layout import Mesh
 from meshplan.placement import Partial, Replicate, Shard, Spec, StridedShard
 from meshplan.redistribute import CostModel, HardwareProfile
+from meshplan.redistribute._encoding import _state, _universe
 from meshplan.redistribute._general import crossing_floor, most_missing
 from meshplan.redistribute._heuristic import _Bounds, _keeps, _orders, _weight
-from meshplan.redistribute._planner import _state, _universe
 from meshplan.redistribute._search import _Context, search
 
 MODELS = [

@@ -23,9 +23,10 @@ from meshplan.errors import PlacementError
 from meshplan.layout import Mesh
 from meshplan.placement import Replicate, Spec
 from meshplan.redistribute import CostModel
+from meshplan.redistribute import _encoding as N
 from meshplan.redistribute import _exact as E
 from meshplan.redistribute import _merge as M
-from meshplan.redistribute import _planner as P
+from meshplan.redistribute import _price as Pr
 from meshplan.redistribute import _search as S
 from meshplan.redistribute import _table as T
 
@@ -34,7 +35,7 @@ SLOW = settings(deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
 def _context(src, dst, merge=True):
-    shards, ptargets = P._universe(src, dst, src.ndim)
+    shards, ptargets = N._universe(src, dst, src.ndim)
     ctx = S.context(src.mesh, src.shape, src.dtype, MODEL, shards, ptargets, None, "time", merge)
     return ctx
 
@@ -93,7 +94,7 @@ def test_permutes_through_hubs_are_every_permute(pair, data):
     for hub, dims, _, _ in hubs:
         for y, _ in S._moves(S._HUB_MEMBERS, ctx._permutes_key, hub, ctx._hub_members):
             through[y] += 1
-            assert S.permute_hub(x, y) == hub
+            assert Pr.permute_hub(x, y) == hub
             assert (y, dims) in want
     assert all(n == 1 for n in through.values())
     assert set(through) == {y for y, _ in want}
@@ -157,7 +158,7 @@ def merge_cases(draw):
 def test_merged_step_exact_check_agrees_with_the_exchange(case):
     ctx, mesh, a, b, dims, kind = case
     template = Spec(mesh, [Replicate()] * mesh.ndim, ctx.shape, "float64")
-    ref = M._valid_merge(P._spec(template, a), P._spec(template, b), dims, kind)
+    ref = M._valid_merge(N._spec(template, a), N._spec(template, b), dims, kind)
     structural = not _suffix_mask(a, b) & ~sum(1 << m for m in dims)
     event(f"{kind} {'valid' if ref else 'invalid'}{'' if structural else ', by the exact check'}")
     assert ctx._valid_moving_merge(a, b, dims, kind) == ref

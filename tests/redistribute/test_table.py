@@ -26,6 +26,7 @@ from meshplan.placement import (
     parse_placements,
 )
 from meshplan.redistribute import CostModel, HardwareProfile, clear_plan_cache, cost, plan
+from meshplan.redistribute import _encoding as E
 from meshplan.redistribute import _planner as P
 from meshplan.redistribute import _search as S
 from meshplan.redistribute import _table as T
@@ -42,10 +43,10 @@ MODELS = [
 def _context(src, dst, model, bound=None, objective="time"):
     """A context of the pair, the start's id and the goal's: its id, or the ids of every
     state of its layout when plan() searches to those (``_planner._goal_class``)."""
-    shards, ptargets = P._universe(src, dst, src.ndim)
+    shards, ptargets = E._universe(src, dst, src.ndim)
     ctx = S.context(src.mesh, src.shape, src.dtype, model, shards, ptargets, bound, objective)
-    goals = P._goal_class(P._state(dst), src.shape, src.mesh.shape, shards)
-    return ctx, ctx.intern(P._state(src)), P._interned(ctx, goals)
+    goals = P._goal_class(E._state(dst), src.shape, src.mesh.shape, shards)
+    return ctx, ctx.intern(E._state(src)), P._interned(ctx, goals)
 
 
 def _moves(found):
@@ -152,7 +153,7 @@ def test_state_count_is_the_number_of_states_enumerated():
         assert len(states) == len(set(states)) == T.state_count(ctx)
         # every one is a canonical spec: its Spec round-trips to the same state
         for s in states[:: max(1, len(states) // 40)]:
-            assert P._state(P._spec(a, s)) == s
+            assert E._state(E._spec(a, s)) == s
 
 
 @pytest.mark.parametrize("sizes", [(8,), (2, 4), (2, 2, 2), (2, 3, 2), (2, 2, 2, 2), (2, 1, 2)])
@@ -269,7 +270,7 @@ def test_a_merged_step_and_a_permute_at_one_price_resolve_alike():
     src = Spec(mesh, [Replicate(), Shard(0), Shard(0)], (0, 0), "float64")
     dst = Spec(mesh, [Replicate(), Shard(1), Shard(1)], (0, 0), "float64")
     ctx, start, _ = _context(src, dst, CostModel(HardwareProfile.nvlink_ib()))
-    goal = ctx.intern(P._state(dst))
+    goal = ctx.intern(E._state(dst))
     assert plan(src, dst).steps == ()
     with ctx.lock:
         by_search = S.search(ctx, start, goal)
