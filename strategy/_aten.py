@@ -362,7 +362,8 @@ def _layer_norm_backward(call: Call) -> list[DimStrategy]:
 
 
 def _sdpa(call: Call) -> list[DimStrategy]:
-    # q, k, v (and an optional mask broadcast over batch/heads) sharded on batch or heads
+    # q, k, v (and an optional mask broadcast over batch/heads) sharded on batch or heads;
+    # every rank's piece non-empty (torch's CPU kernels fault on an empty batch or head)
     n_out = len(call.outputs)
     out = []
     for d in (0, 1):
@@ -370,8 +371,11 @@ def _sdpa(call: Call) -> list[DimStrategy]:
         for m in call.inputs:
             # q, k, v, out and their gradients are (B, H, T, E); logsumexp is (B, H, T)
             lead = m.ndim >= 3 and m.shape[d] == call.inputs[0].shape[d]
-            ins.append(Placeholder(d) if lead else R)
-        o = [Placeholder(d) if m is not None and m.ndim >= 2 else R for m in call.outputs]
+            ins.append(Placeholder(d, nonempty=True) if lead else R)
+        o = [
+            Placeholder(d, nonempty=True) if m is not None and m.ndim >= 2 else R
+            for m in call.outputs
+        ]
         out.append(DimStrategy(o[:n_out], ins))
     return out
 
