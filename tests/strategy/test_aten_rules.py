@@ -64,7 +64,7 @@ def _value(meta, gen):
 def _cases():
     out = []
     for call in _calls():
-        for k, s in enumerate(aten_strategies(call)):
+        for k in range(len(aten_strategies(call))):
             out.append(pytest.param(call, k, id=f"{call.target}-{k}"))
     return out
 
@@ -82,9 +82,18 @@ def test_each_strategy_of_each_aten_rule_computes_the_op(call, k):
         opt = _realize(call, mesh, (strategy,), ComputeModel())
         if opt is None:
             continue  # the strategy's constraints do not hold at these sizes
-        rep = ProgramOp(0, call, (), (), tuple(
-            None if m is None else Spec(mesh, [Replicate()], m.shape, m.dtype) for m in call.outputs
-        ), (), "forward")
+        rep = ProgramOp(
+            0,
+            call,
+            (),
+            (),
+            tuple(
+                None if m is None else Spec(mesh, [Replicate()], m.shape, m.dtype)
+                for m in call.outputs
+            ),
+            (),
+            "forward",
+        )
         want = _local_call(rep, inputs, 0, "cpu")
         want = want if isinstance(want, tuple | list) else (want,)
         op = ProgramOp(0, call, (), opt.input_specs, opt.output_specs, (), "forward")
@@ -99,8 +108,6 @@ def test_each_strategy_of_each_aten_rule_computes_the_op(call, k):
             got = unshard({r: per_rank[r][j] for r in range(n)}, spec)
             assert torch.allclose(
                 got.double(), want[j].double(), rtol=1e-9, atol=1e-9, equal_nan=True
-            ), (
-                f"{call.target} {strategy} on {n} ranks: output {j} in {spec} differs"
-            )
+            ), f"{call.target} {strategy} on {n} ranks: output {j} in {spec} differs"
         checked += 1
     assert checked or any(p for p in strategy.entries)  # constraints may rule out both sizes
