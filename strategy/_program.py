@@ -27,23 +27,21 @@ reduce-scattered once, and a row-parallel partial sum is reduced once.
 
 from __future__ import annotations
 
-import functools
-import itertools
-import math
 import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import attrs
 
-from meshplan.errors import PlacementError, StrategyError
-from meshplan.placement import Partial, Replicate, Shard, Spec, StridedShard
+from meshplan.errors import StrategyError
+from meshplan.placement import Partial, Replicate, Spec
 
-from ._aten import Call, aten_strategies
-from ._expand import check_constraint
+from ._aten import Call
+from ._candidates import ComputeModel, Option, is_float
+from ._candidates import options as candidate_options
 from ._graph import Graph, Value
 from ._price import _plan, check_model, input_bound, redistribute_cost
-from ._rule import DimStrategy, Placeholder
+from ._program_terms import all_pairs, greedy, matrix, order_too_wide, pair_count
 
 __all__ = [
     "ComputeModel",
@@ -61,34 +59,6 @@ class ProgramWarning(UserWarning):
     """An op of a program has no sharding rule and runs replicated."""
 
 
-@attrs.frozen
-class ComputeModel:
-    """What local work costs: seconds per floating-point operation and per byte touched.
-
-    The default is a GPU of ~100 TFLOP/s and ~2 TB/s; :meth:`cpu` a few CPU cores.
-
-    >>> ComputeModel().seconds(flops=2e12, nbytes=0)
-    0.02
-    """
-
-    flops_per_s: float = 100e12
-    bytes_per_s: float = 2e12
-
-    def __attrs_post_init__(self) -> None:
-        for name in ("flops_per_s", "bytes_per_s"):
-            v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, int | float) or not v > 0:
-                raise StrategyError(f"ComputeModel {name}={v!r} must be a number > 0", value=v)
-
-    @classmethod
-    def cpu(cls) -> ComputeModel:
-        """A few CPU cores: ~50 GFLOP/s, ~10 GB/s."""
-        return cls(50e9, 10e9)
-
-    def seconds(self, *, flops: float, nbytes: float) -> float:
-        return flops / self.flops_per_s + nbytes / self.bytes_per_s
-
-
 def grad_spec(spec: Spec) -> Spec:
     """The layout a gradient of a value in ``spec`` takes: Partial dims replicate.
 
@@ -96,6 +66,7 @@ def grad_spec(spec: Spec) -> Spec:
     value, needed in full by every rank; Shard and Replicate dims keep.
 
     >>> from meshplan.layout import Mesh
+    >>> from meshplan.placement import Partial, Shard
     >>> print(grad_spec(Spec(Mesh.create((2, 2)), [Partial(), Shard(0)], (4,))))
     f32[4](R S(0))
     """
@@ -186,152 +157,6 @@ class Program:
         )
 
 
-# -- candidates ---------------------------------------------------------------------------
-
-
-def _fill(p: Any) -> Any:
-    if isinstance(p, Placeholder):
-        return Shard(p.dim) if p.split == 1 else StridedShard(p.dim, p.split)
-    return p
-
-
-def _plain(s: DimStrategy) -> bool:
-    """No strided placeholder: programs shard intermediate values with plain Shard only
-    (a strided layout of an intermediate is never cheaper to reach than a plain one in
-    the ops a model holds, and it would multiply every op's candidates)."""
-    return all(not isinstance(p, Placeholder) or p.split == 1 for p in s.entries)
-
-
-def _constraints(p: Any) -> tuple[str, ...]:
-    if not isinstance(p, Placeholder):
-        return ()
-    return tuple(n for n in ("even", "nonempty", "aligned") if getattr(p, n))
-
-
-@attrs.frozen
-class _Option:
-    input_specs: tuple[Spec, ...]
-    output_specs: tuple[Spec | None, ...]
-    compute: float
-
-
-@functools.lru_cache(maxsize=4096)
-def _options(
-    call: Call, mesh, compute: ComputeModel, strict: bool, max_options: int = 1 << 30
-) -> tuple[list[_Option], bool]:
-    rules = aten_strategies(call)
-    fallback = rules is None
-    if fallback:
-        if strict:
-            raise StrategyError(
-                f"no sharding rule for {call.target}; add one, or call plan_program with "
-                "strict=False to run it replicated",
-                value=call.target,
-            )
-        rules = []
-    rules = [r for r in rules if _plain(r)]
-    n_in, n_out = len(call.inputs), len(call.outputs)
-    rep = DimStrategy([Replicate()] * n_out, [Replicate()] * n_in)
-    per_dim = []
-    for size in mesh.shape:
-        per_dim.append([rep] + (list(rules) if size > 1 else []))
-    seen: dict[tuple, _Option] = {}
-    for combo in itertools.product(*per_dim):
-        opt = _realize(call, mesh, combo, compute)
-        if opt is None:
-            continue
-        key = (opt.input_specs, opt.output_specs)
-        if key not in seen:
-            seen[key] = opt
-    return tuple(_keep(list(seen.values()), max_options)), fallback
-
-
-def _keep(options: list[_Option], limit: int) -> list[_Option]:
-    """At most ``limit`` options: full replication and the ones of least compute (stable).
-
-    On meshes of three or more dims an op has up to (rules + 1) ** ndim candidates and
-    the pairwise prices grow with their square; the ones kept are the most sharded (least
-    local work), which is where a step's time goes, and the replicated fallback.
-    """
-    if len(options) <= limit:
-        return options
-    ranked = sorted(range(1, len(options)), key=lambda i: (options[i].compute, i))
-    return [options[0]] + [options[i] for i in sorted(ranked[: limit - 1])]
-
-
-def _realize(call: Call, mesh, combo: Sequence[DimStrategy], compute: ComputeModel):
-    specs_in, specs_out = [], []
-    try:
-        for i, meta in enumerate(call.inputs):
-            entries = [s.inputs[i] for s in combo]
-            spec = Spec(mesh, [_fill(p) for p in entries], meta.shape, meta.dtype)
-            if not _meets(spec, entries):
-                return None
-            specs_in.append(spec)
-        for j, meta in enumerate(call.outputs):
-            if meta is None:
-                specs_out.append(None)
-                continue
-            entries = [s.outputs[j] for s in combo]
-            if any(isinstance(p, Partial) for p in entries) and not _float(meta.dtype):
-                return None
-            spec = Spec(mesh, [_fill(p) for p in entries], meta.shape, meta.dtype)
-            if not _meets(spec, entries):
-                return None
-            specs_out.append(spec)
-    except PlacementError:
-        return None
-    return _Option(tuple(specs_in), tuple(specs_out), _compute(call, specs_in, specs_out, compute))
-
-
-def _float(dtype: str) -> bool:
-    return dtype.startswith(("float", "bfloat", "complex"))
-
-
-def _meets(spec: Spec, entries) -> bool:
-    for p in entries:
-        for name in _constraints(p):
-            if not check_constraint(spec, p.dim, name):
-                return False
-    return True
-
-
-_ITEMSIZE = {"float64": 8, "int64": 8, "complex64": 8, "float32": 4, "int32": 4, "bool": 1}
-
-
-def local_numel(spec: Spec) -> int:
-    """The largest local element count of ``spec`` (pure arithmetic on the mesh dims)."""
-    sizes = list(spec.shape)
-    for m, p in enumerate(spec.placements):
-        if isinstance(p, Shard | StridedShard):
-            k = spec.mesh.shape[m]
-            sizes[p.dim] = -(-sizes[p.dim] // k)
-    return math.prod(sizes)
-
-
-def _local_dims(spec: Spec) -> list[int]:
-    sizes = list(spec.shape)
-    for m, p in enumerate(spec.placements):
-        if isinstance(p, Shard | StridedShard):
-            sizes[p.dim] = -(-sizes[p.dim] // spec.mesh.shape[m])
-    return sizes
-
-
-def _compute(call: Call, ins, outs, model: ComputeModel) -> float:
-    nbytes = sum(local_numel(s) * _ITEMSIZE.get(s.dtype, 4) for s in list(ins) + list(outs) if s)
-    flops = 0.0
-    op = call.op
-    if op in ("mm", "bmm", "addmm") and len(ins) >= 2:
-        a, b = (ins[1], ins[2]) if op == "addmm" else (ins[0], ins[1])
-        la, lb = _local_dims(a), _local_dims(b)
-        flops = 2.0 * math.prod(la) * lb[-1]
-    elif "scaled_dot_product" in op:
-        q = _local_dims(ins[0])
-        if len(q) == 4:
-            flops = 4.0 * q[0] * q[1] * q[2] * q[2] * q[3] * (2.5 if "backward" in op else 1.0)
-    return model.seconds(flops=flops, nbytes=nbytes)
-
-
 # -- planning -------------------------------------------------------------------------------
 
 
@@ -372,6 +197,7 @@ def plan_program(
 
     >>> import torch
     >>> from meshplan.layout import Mesh
+    >>> from meshplan.placement import Replicate, Shard
     >>> mesh = Mesh.create((2,), ("dp",))
     >>> x = Spec(mesh, [Shard(0)], (8, 4), "float64")
     >>> w = Spec(mesh, [Replicate()], (4, 3), "float64")
@@ -393,7 +219,7 @@ def plan_program(
                 value=s,
             )
     if requires_grad is None:
-        requires_grad = tuple(_float(s.dtype) for s in arg_specs)
+        requires_grad = tuple(is_float(s.dtype) for s in arg_specs)
     else:
         requires_grad = tuple(bool(g) for g in requires_grad)
         if len(requires_grad) != len(arg_specs):
@@ -487,12 +313,12 @@ def plan_graph(
 
     calls = graph.calls
     var = {node: i for i, node in enumerate(calls)}
-    options: list[tuple[_Option, ...]] = []
+    options: list[tuple[Option, ...]] = []
     fallbacks = []
     for node in calls:
         call = graph.nodes[node].call
         limit = max_options if mesh.ndim >= 3 else 1 << 30  # 1-D, 2-D: every candidate
-        opts, fb = _options(call, mesh, compute, strict, limit)
+        opts, fb = candidate_options(call, mesh, compute, strict, limit)
         if fb:
             fallbacks.append(call.target)
         options.append(opts)
@@ -562,9 +388,9 @@ def plan_graph(
     # no other choice can be cheaper (its every term is at most its true price), so the
     # solution is the exact minimum whenever the solver's is.
     compute_cost = [np.array([o.compute for o in opts], dtype=float) for opts in options]
-    if _pair_count(terms, ins, outs_) <= max_priced:
+    if pair_count(terms, ins, outs_) <= max_priced:
         # few enough distinct pairs: price them all up front, one round
-        for a, b in _all_pairs(terms, ins, outs_):
+        for a, b in all_pairs(terms, ins, outs_):
             if (a, b) not in exact:
                 exact[(a, b)] = 0.0 if a == b else redistribute_cost(table[a], table[b], model)
     rounds = 0
@@ -575,21 +401,21 @@ def plan_graph(
         for t in terms:
             if t[0] == "fixed":
                 _, c, i, src = t
-                unary[c] += _matrix([src], [row[i] for row in ins[c]], price)[0]
+                unary[c] += matrix([src], [row[i] for row in ins[c]], price)[0]
             elif t[0] == "sink":
                 _, c, j, dst = t
-                unary[c] += _matrix([row[j] for row in outs_[c]], [dst], price)[:, 0]
+                unary[c] += matrix([row[j] for row in outs_[c]], [dst], price)[:, 0]
             else:
                 _, p, j, c, i = t
-                m = _matrix([row[j] for row in outs_[p]], [row[i] for row in ins[c]], price)
+                m = matrix([row[j] for row in outs_[p]], [row[i] for row in ins[c]], price)
                 pairs[(p, c)] = m if (p, c) not in pairs else pairs[(p, c)] + m
         if solver == "op_by_op":
-            sol = _greedy(calls, var, graph, terms, ins, outs_, unary, pairs, price, learn_exact)
+            sol = greedy(calls, var, graph, terms, ins, outs_, unary, pairs, price, learn_exact)
         else:
             starts = ()
-            if _order_too_wide(unary, pairs, max_factor):
+            if order_too_wide(unary, pairs, max_factor):
                 starts = (
-                    _greedy(
+                    greedy(
                         calls, var, graph, terms, ins, outs_, unary, pairs, price, learn_exact
                     ).choice,
                 )
@@ -632,87 +458,6 @@ def plan_graph(
     return _assemble(
         graph, arg_specs, outs, cots, grads, fixed, options, var, sol, model, fallbacks
     )
-
-
-def _order_too_wide(unary, pairs, max_factor: int) -> bool:
-    from ._solve import _order
-
-    return _order(len(unary), [len(u) for u in unary], pairs.keys(), max_factor) is None
-
-
-def _greedy(calls, var, graph, terms, ins, outs_, unary, pairs, price, exact_price):
-    """Each op in order takes its cheapest option given its producers' choices (exact prices)."""
-    from ._solve import Solution, total
-
-    choice = [0] * len(calls)
-    inputs_of: dict[int, list] = {}
-    for t in terms:
-        if t[0] == "fixed":
-            inputs_of.setdefault(t[1], []).append(("fixed", t[2], t[3]))
-        elif t[0] == "pair":
-            inputs_of.setdefault(t[3], []).append(("pair", t[4], t[1], t[2]))
-    for node in calls:  # a topological order
-        c = var[node]
-        best = None
-        for k in range(len(ins[c])):
-            cost = float(unary[c][k]) - _fixed_part(inputs_of.get(c, ()), ins[c][k], price)
-            for entry in inputs_of.get(c, ()):
-                if entry[0] == "fixed":
-                    cost += exact_price(entry[2], ins[c][k][entry[1]])
-                else:
-                    _, i, p, j = entry
-                    cost += exact_price(outs_[p][choice[p]][j], ins[c][k][i])
-            if best is None or cost < best[0]:
-                best = (cost, k)
-        choice[c] = best[1]
-    value = total(choice, unary, pairs)
-    return Solution(tuple(choice), value, 0.0, "op by op")
-
-
-def _fixed_part(entries, option_ins, price) -> float:
-    """What ``unary`` already holds for an option's fixed inputs (replaced by exact prices)."""
-    return sum(price(e[2], option_ins[e[1]]) for e in entries if e[0] == "fixed")
-
-
-def _term_sides(t, ins, outs_) -> tuple[list[int], list[int]]:
-    if t[0] == "fixed":
-        _, c, i, src = t
-        return [src], list(dict.fromkeys(row[i] for row in ins[c]))
-    if t[0] == "sink":
-        _, c, j, dst = t
-        return list(dict.fromkeys(row[j] for row in outs_[c])), [dst]
-    _, p, j, c, i = t
-    return (
-        list(dict.fromkeys(row[j] for row in outs_[p])),
-        list(dict.fromkeys(row[i] for row in ins[c])),
-    )
-
-
-def _pair_count(terms, ins, outs_) -> int:
-    n = 0
-    for t in terms:
-        a, b = _term_sides(t, ins, outs_)
-        n += len(a) * len(b)
-    return n
-
-
-def _all_pairs(terms, ins, outs_):
-    for t in terms:
-        a, b = _term_sides(t, ins, outs_)
-        for x in a:
-            for y in b:
-                yield x, y
-
-
-def _matrix(srcs: list[int], dsts: list[int], price):
-    """``price(src, dst)`` for every pair of spec numbers, each distinct pair priced once."""
-    import numpy as np
-
-    us, ud = list(dict.fromkeys(srcs)), list(dict.fromkeys(dsts))
-    row = {s: i for i, s in enumerate(us)}
-    col = {d: j for j, d in enumerate(ud)}
-    small = np.array([[price(s, d) for d in ud] for s in us], dtype=float)
-    return small[np.array([row[s] for s in srcs])][:, np.array([col[d] for d in dsts])]
 
 
 def _out_specs(graph: Graph, mesh, out_specs) -> tuple[Spec, ...]:

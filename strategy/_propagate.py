@@ -141,7 +141,7 @@ def _redistribute():
     try:
         from meshplan.runtime import redistribute
     except ImportError:
-        from meshplan.runtime._run import redistribute
+        from meshplan.runtime._autograd import redistribute
     return redistribute
 
 

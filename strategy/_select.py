@@ -303,7 +303,9 @@ def _future_bound(problem: Problem, m: int, rule: Any, model: Any) -> float:
     total = 0.0
     for out, p in zip(problem.outputs, rule.outputs, strict=False):
         if isinstance(p, Partial):
-            nbytes = dtype_itemsize(out.dtype) * math.prod(out.shape) / math.prod(problem.mesh.shape)
+            nbytes = (
+                dtype_itemsize(out.dtype) * math.prod(out.shape) / math.prod(problem.mesh.shape)
+            )
             steps = _dim_steps(model, problem.mesh, m, nbytes)
             total += min(steps[4], steps[5]) / _share(problem.mesh, m)  # all_reduce, reduce_scatter
     return total * (1 - 1e-9)

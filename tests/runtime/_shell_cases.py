@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from meshplan.layout import Mesh
 from meshplan.placement import Spec, shard_one
 from meshplan.redistribute import Plan
-from meshplan.runtime._run import grad_spec
+from meshplan.runtime._autograd import grad_spec
 from meshplan.testing import mesh_dims, specs
 
 GROUP_TIMEOUT = 30.0

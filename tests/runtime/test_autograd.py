@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 
 from meshplan.layout import Mesh
 from meshplan.placement import Partial, Replicate, Shard, Spec, shard, unshard
-from meshplan.runtime._run import grad_spec, redistribute
+from meshplan.runtime._autograd import grad_spec, redistribute
 
 BATCH = 12
 NO_SHRINK = [Phase.explicit, Phase.reuse, Phase.generate]  # a failing batch prints its case

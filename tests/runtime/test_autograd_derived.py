@@ -17,7 +17,7 @@ from _shell_cases import groups_for
 from meshplan.errors import RuntimeShellError
 from meshplan.layout import Mesh
 from meshplan.placement import Partial, Replicate, Shard, Spec, shard
-from meshplan.runtime._run import derived_grad_spec, redistribute
+from meshplan.runtime._autograd import derived_grad_spec, redistribute
 
 
 def _fsdp_step(w_full, xs):

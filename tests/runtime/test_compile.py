@@ -57,7 +57,8 @@ def _compile(fn, backend: str):
 def _compiled_cases(cases):
     import warnings
 
-    from meshplan.runtime._run import grad_spec, redistribute, run
+    from meshplan.runtime._autograd import grad_spec, redistribute
+    from meshplan.runtime._run import run
 
     rank = dist.get_rank()
     out = []

@@ -16,8 +16,9 @@ from meshplan.errors import RuntimeShellError
 from meshplan.layout import Mesh
 from meshplan.placement import Partial, Replicate, Shard, Spec, shard
 from meshplan.redistribute import plan
+from meshplan.runtime._autograd import redistribute
 from meshplan.runtime._pool import WorkerDied, WorkerError
-from meshplan.runtime._run import prepare_groups, redistribute, run, run_step
+from meshplan.runtime._run import prepare_groups, run, run_step
 
 TIMEOUT = 2.5  # seconds; no other test uses groups with this timeout
 SLACK = 6.0  # seconds beyond the timeout a busy 2-core machine may need to notice

@@ -23,7 +23,8 @@ from meshplan.placement import Replicate, Spec, shard, unshard
 from meshplan.runtime._program import _local_call
 from meshplan.strategy import ComputeModel
 from meshplan.strategy._aten import aten_strategies
-from meshplan.strategy._program import ProgramOp, _realize
+from meshplan.strategy._candidates import realize
+from meshplan.strategy._program import ProgramOp
 from meshplan.strategy._trace import trace
 
 
@@ -79,7 +80,7 @@ def test_each_strategy_of_each_aten_rule_computes_the_op(call, k):
     checked = 0
     for n in (2, 3):
         mesh = Mesh.create((n,))
-        opt = _realize(call, mesh, (strategy,), ComputeModel())
+        opt = realize(call, mesh, (strategy,), ComputeModel())
         if opt is None:
             continue  # the strategy's constraints do not hold at these sizes
         rep = ProgramOp(

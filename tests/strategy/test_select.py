@@ -137,7 +137,9 @@ def test_expand_lists_distinct_strategies_and_the_minimum_is_among_them():
         c = select("mm", (a, b), accept_partial=accept)
         assert c.strategy in strategies
         cheapest = min(
-            sum(redistribute_cost(s, t, MODEL) for s, t in zip((a, b), st_.input_specs, strict=True))
+            sum(
+                redistribute_cost(s, t, MODEL) for s, t in zip((a, b), st_.input_specs, strict=True)
+            )
             + (0.0 if accept else reduction_cost(st_.output_spec, MODEL))
             for st_ in strategies
         )
