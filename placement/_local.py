@@ -10,8 +10,8 @@ from __future__ import annotations
 import functools
 import math
 from collections.abc import Iterable, Sequence
-from typing import Any
 from itertools import product
+from typing import Any
 
 import attrs
 

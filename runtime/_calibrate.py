@@ -34,11 +34,11 @@ from typing import Any
 import torch
 
 from meshplan.errors import RuntimeShellError
+from meshplan.redistribute._cost import COLLECTIVES, FLATTENED, HardwareProfile, Link, link_terms
+from meshplan.redistribute._planner import alias_dims
 
 from . import _collectives as C
-from meshplan.redistribute._cost import COLLECTIVES, FLATTENED, HardwareProfile, Link, link_terms
 from ._groups import ProcessGroups
-from meshplan.redistribute._planner import alias_dims
 
 __all__ = ["calibrate", "measure"]
 
