@@ -22,10 +22,14 @@ import collections
 import itertools
 import math
 import threading
+from typing import TYPE_CHECKING
 
 from meshplan.errors import PlanError
 
 from ._search import SUMAVG, R, admits, is_pattern, mixable, state_order
+
+if TYPE_CHECKING:  # numpy is imported when a table is built, not with the planner
+    import numpy as np
 
 __all__ = ["MAX_STATES", "LAZY", "Table", "lazy_pairs", "table", "built", "walk", "clear_tables"]
 

@@ -40,10 +40,9 @@ def _save_then_train(path):
     and run all_reduces on the loop's own groups while the save goes on."""
     import torch.distributed as dist
 
+    import meshplan.checkpoint._io as io
     from meshplan.checkpoint import SaveHandle, save
     from meshplan.runtime import ProcessGroups
-
-    import meshplan.checkpoint._io as io
 
     groups = ProcessGroups(MESH)
     loop = groups.get(None).pg

@@ -165,7 +165,8 @@ def test_an_index_with_byte_only_checksums_still_loads(tmp_path):
     index = os.path.join(tmp_path, INDEX_NAME)
     with open(index) as f:
         doc = json.load(f)
-    for c, part in zip(doc["tensors"]["w"]["chunks"], (torch.arange(2), torch.arange(2, 4))):
+    chunks = doc["tensors"]["w"]["chunks"]
+    for c, part in zip(chunks, (torch.arange(2), torch.arange(2, 4)), strict=True):
         c["checksum"] = checksum(part)  # an index of an earlier meshplan
     with open(index, "w") as f:
         json.dump(doc, f)

@@ -200,9 +200,7 @@ def brute_force_bounds(
             g = tuple(sorted(set(diff) | moved))
             if len(g) < 2 or t == s:
                 continue
-            if all(m in shard_dims and is_shard_like(t.placements[m]) for m in g):
-                yield Step(g, s, t, "all_permute")
-            elif _moves_whole_pieces(s, t, g):
+            if all(m in shard_dims and is_shard_like(t.placements[m]) for m in g) or _moves_whole_pieces(s, t, g):
                 yield Step(g, s, t, "all_permute")
         yield from merged(s)
 
