@@ -10,7 +10,7 @@ from meshplan.errors import PlanError
 from meshplan.layout._ints import brief
 from meshplan.placement import Partial, Replicate, Spec, is_shard_like, same_layout
 
-__all__ = ["Step", "Plan", "COLLECTIVES", "reduce_op"]
+__all__ = ["Step", "Plan", "COLLECTIVES", "reduce_op", "grad_spec"]
 
 COLLECTIVES = ("all_gather", "all_reduce", "reduce_scatter", "all_to_all", "all_permute")
 
@@ -308,3 +308,23 @@ class Plan:
 
     def __repr__(self) -> str:
         return f"Plan(src={self.src!r}, dst={self.dst!r}, steps={self.steps!r})"
+
+
+def grad_spec(spec: Spec) -> Spec:
+    """The layout a gradient of a value in ``spec`` takes: Partial dims replicate.
+
+    The gradient of a partial sum (or average, max, min) is the gradient of the reduced
+    value, needed in full by every rank; Shard and Replicate dims keep. The backward of a
+    redistribution and of a whole program both land gradients here.
+
+    >>> from meshplan.layout import Mesh
+    >>> from meshplan.placement import Shard
+    >>> print(grad_spec(Spec(Mesh.create((2, 2)), [Partial(), Shard(0)], (4,))))
+    f32[4](R S(0))
+    """
+    if not isinstance(spec, Spec):
+        raise PlanError(f"grad_spec reads a Spec, got {spec!r}", value=spec)
+    if not spec.is_partial:
+        return spec
+    placements = [Replicate() if isinstance(p, Partial) else p for p in spec.placements]
+    return Spec(spec.mesh, placements, spec.shape, spec.dtype, spec.shard_order)

@@ -14,32 +14,14 @@ from typing import Any
 
 import torch
 
-from meshplan.errors import PlanError, RuntimeShellError
+from meshplan.errors import RuntimeShellError
 from meshplan.placement import Partial, Replicate, Spec
+from meshplan.redistribute._step import grad_spec
 
 from ._groups import ProcessGroups
 from ._run import _check_local, dtype_of, run
 
 __all__ = ["grad_spec", "derived_grad_spec", "redistribute"]
-
-
-def grad_spec(spec: Spec) -> Spec:
-    """The layout of a gradient: a Partial value's gradient is replicated, the rest keep.
-
-    As in DTensor: the gradient of a Partial tensor (any op) is the gradient of its
-    reduced value, held by every rank.
-
-    >>> from meshplan.layout import Mesh
-    >>> from meshplan.placement import Shard
-    >>> print(grad_spec(Spec(Mesh.create((2, 2)), [Partial(), Shard(0)], (4,))))
-    f32[4](R S(0))
-    """
-    if not isinstance(spec, Spec):
-        raise PlanError(f"grad_spec reads a Spec, got {spec!r}", value=spec)
-    if not spec.is_partial:
-        return spec
-    placements = [Replicate() if isinstance(p, Partial) else p for p in spec.placements]
-    return Spec(spec.mesh, placements, spec.shape, spec.dtype, spec.shard_order)
 
 
 class _Redistribute(torch.autograd.Function):

@@ -34,7 +34,8 @@ from typing import Any
 import attrs
 
 from meshplan.errors import StrategyError
-from meshplan.placement import Partial, Replicate, Spec
+from meshplan.placement import Replicate, Spec
+from meshplan.redistribute._step import grad_spec
 
 from ._aten import Call
 from ._candidates import ComputeModel, Option, is_float
@@ -57,25 +58,6 @@ __all__ = [
 
 class ProgramWarning(UserWarning):
     """An op of a program has no sharding rule and runs replicated."""
-
-
-def grad_spec(spec: Spec) -> Spec:
-    """The layout a gradient of a value in ``spec`` takes: Partial dims replicate.
-
-    The gradient of a partial sum (or average, max, min) is the gradient of the reduced
-    value, needed in full by every rank; Shard and Replicate dims keep.
-
-    >>> from meshplan.layout import Mesh
-    >>> from meshplan.placement import Partial, Shard
-    >>> print(grad_spec(Spec(Mesh.create((2, 2)), [Partial(), Shard(0)], (4,))))
-    f32[4](R S(0))
-    """
-    if not isinstance(spec, Spec):
-        raise StrategyError(f"grad_spec reads a Spec, got {spec!r}", value=spec)
-    if not spec.is_partial:
-        return spec
-    placements = [Replicate() if isinstance(p, Partial) else p for p in spec.placements]
-    return Spec(spec.mesh, placements, spec.shape, spec.dtype, spec.shard_order)
 
 
 @attrs.frozen
