@@ -40,27 +40,18 @@ True
 from meshplan.errors import CheckpointError
 from meshplan.layout._lazy import lazy_attributes
 
-from ._index import (
-    INDEX_NAME,
-    ChunkRecord,
-    Metadata,
-    MissingTensorError,
-    TensorMeta,
-    check_tiles,
-    metadata_from_json,
-    metadata_to_json,
-    read_metadata,
-)
+from ._index import INDEX_NAME, ChunkRecord, Metadata, MissingTensorError, TensorMeta, check_tiles
+from ._index_json import metadata_from_json, metadata_to_json, read_metadata
 from ._plan import Box, Read, check_target, intersect, local_boxes, plan_reads, writes
 
 _LAZY = {
-    "save": "_io",
+    "save": "_save",
     "save_async": "_async",
     "SaveHandle": "_async",
-    "save_all": "_io",
-    "load": "_io",
-    "load_all": "_io",
-    "checksum": "_io",
+    "save_all": "_save",
+    "load": "_load",
+    "load_all": "_load",
+    "checksum": "_encoding",
     "load_dcp": "_dcp",
     "load_dcp_all": "_dcp",
     "read_dcp_metadata": "_dcp",

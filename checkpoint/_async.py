@@ -31,8 +31,11 @@ import torch
 from meshplan.errors import CheckpointError
 from meshplan.placement import Sharded
 
-from ._index import Metadata, checkpoint_path
+from ._index import Metadata
+from ._index_json import checkpoint_path
 from ._plan import writes
+from ._protocol import save_distributed, save_sole
+from ._ranks import check_groups, check_whole_mesh
 
 __all__ = ["SaveHandle", "save_async"]
 
@@ -179,20 +182,11 @@ def save_async(
     >>> handle.wait()["w"].spec == spec
     True
     """
-    from ._io import _check_groups, _save_distributed, save
-
     directory = checkpoint_path(path)
     side = None
     if groups is not None:
-        _check_groups(groups)
-        mesh = groups.mesh
-        if mesh.size() != mesh.world_size:
-            raise CheckpointError(
-                f"save needs ProcessGroups over a whole mesh, got one over the sliced mesh "
-                f"{mesh} (several instances would each commit); build ProcessGroups on the "
-                "root mesh",
-                value=mesh,
-            )
+        check_groups(groups)
+        check_whole_mesh(groups.mesh)
         side = _SIDE.get(groups)
         if side is None:
             side = _SIDE[groups] = _CheckpointGroups(groups)
@@ -204,9 +198,9 @@ def save_async(
     staged = _host_copy(state, side and side.rank) if isinstance(state, Mapping) else state
     handle = SaveHandle(directory, time.perf_counter() - started)
     if side is None:
-        work = lambda: save(staged, directory)  # noqa: E731
+        work = lambda: save_sole(staged, directory)  # noqa: E731
     else:
-        work = lambda: _save_distributed(staged, directory, side)  # noqa: E731
+        work = lambda: save_distributed(staged, directory, side)  # noqa: E731
         side.pending = handle
     thread = threading.Thread(
         target=handle._run, args=(work, started), name=f"meshplan-save {directory}"

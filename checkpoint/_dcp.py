@@ -28,8 +28,11 @@ from meshplan.layout._mesh import first_instance
 from meshplan.placement import Replicate, Sharded, Spec, local_shape
 from meshplan.placement._tensor import partial_keeps
 
-from ._index import ChunkRecord, Metadata, TensorMeta, checkpoint_path, missing_tensor
+from ._index import ChunkRecord, Metadata, TensorMeta, missing_tensor
+from ._index_json import checkpoint_path, read_metadata
+from ._load import load_all
 from ._plan import check_target, plan_reads
+from ._ranks import resolve_rank
 
 __all__ = ["convert_to_dcp", "load_dcp", "load_dcp_all", "read_dcp_metadata"]
 
@@ -198,14 +201,12 @@ def load_dcp(
     rank's boxes are read, and no collective runs. ``device`` places the local tensors
     (default: CPU).
     """
-    from ._io import _resolve_rank
-
     directory = checkpoint_path(path)
     if not isinstance(targets, Mapping):
         raise CheckpointError(
             f"targets must map tensor names to Specs, got {type(targets)!r}", value=targets
         )
-    me = _resolve_rank(targets, groups, rank)
+    me = resolve_rank(targets, groups, rank)
     for key, spec in targets.items():
         if isinstance(spec, Spec) and not spec.mesh.contains(me):
             raise CheckpointError(
@@ -244,9 +245,6 @@ def convert_to_dcp(
     tensors or DTensors of any placements.
     """
     import torch.distributed.checkpoint as dcp
-
-    from ._index import read_metadata
-    from ._io import load_all
 
     directory = checkpoint_path(path)
     meta = read_metadata(directory)

@@ -37,7 +37,8 @@ import torch
 
 from meshplan.errors import CheckpointError
 
-from ._index import INDEX_NAME, read_metadata
+from ._index import INDEX_NAME
+from ._index_json import read_metadata
 
 __all__ = [
     "STATE_DIR",

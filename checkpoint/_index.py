@@ -1,4 +1,4 @@
-"""The checkpoint index: frozen metadata values and their JSON form (no torch).
+"""The checkpoint index: frozen metadata values and the check that chunks tile (no torch).
 
 A checkpoint is a directory holding shard files (safetensors, one per writing rank and
 save) and one ``index.json``. The index is the commit record: it lists, per tensor key,
@@ -9,9 +9,7 @@ name are not part of the checkpoint.
 
 from __future__ import annotations
 
-import json
 import math
-import os
 from collections.abc import Callable, Iterable
 
 import attrs
@@ -21,23 +19,19 @@ from meshplan.layout import FrozenMap
 from meshplan.layout._ints import as_int, brief
 from meshplan.placement import DTYPES, Chunk, Spec
 
-from ._spec_json import spec_from_doc, spec_to_doc
-
 __all__ = [
-    "FORMAT",
     "INDEX_NAME",
     "VERSION",
     "ChunkRecord",
     "Metadata",
     "MissingTensorError",
     "TensorMeta",
+    "check_dtype_name",
     "check_tiles",
-    "metadata_from_json",
-    "metadata_to_json",
-    "read_metadata",
+    "ints_of",
+    "missing_tensor",
 ]
 
-FORMAT = "meshplan.checkpoint"
 VERSION = 1
 INDEX_NAME = "index.json"
 
@@ -56,7 +50,7 @@ def missing_tensor(key: object, known: Iterable[str], where: str) -> MissingTens
     )
 
 
-def _ints(what: str) -> Callable[[Iterable[int]], tuple[int, ...]]:
+def ints_of(what: str) -> Callable[[Iterable[int]], tuple[int, ...]]:
     """A converter to a tuple of ints in ``[0, 2**63)`` (numpy ints too; not bools)."""
 
     def convert(value: Iterable[int]) -> tuple[int, ...]:
@@ -96,8 +90,8 @@ class ChunkRecord:
     (Chunk(offsets=(2, 0), sizes=(2, 4)), 8)
     """
 
-    offsets: tuple[int, ...] = attrs.field(converter=_ints("offsets"))
-    sizes: tuple[int, ...] = attrs.field(converter=_ints("sizes"))
+    offsets: tuple[int, ...] = attrs.field(converter=ints_of("offsets"))
+    sizes: tuple[int, ...] = attrs.field(converter=ints_of("sizes"))
     file: str = attrs.field(validator=lambda i, a, v: _text("chunk file", v))
     name: str = attrs.field(validator=lambda i, a, v: _text("chunk name", v))
     checksum: str = attrs.field(validator=lambda i, a, v: _text("chunk checksum", v))
@@ -119,7 +113,8 @@ def _text(what: str, value: object) -> None:
         )
 
 
-def _dtype_name(value: object) -> None:
+def check_dtype_name(value: object) -> None:
+    """Raise unless ``value`` names a dtype a checkpoint holds (``"float32"``, ...)."""
     _text("dtype", value)
     if value not in DTYPES:
         raise CheckpointError(
@@ -130,7 +125,9 @@ def _dtype_name(value: object) -> None:
 
 def _chunks(value: Iterable[ChunkRecord]) -> tuple[ChunkRecord, ...]:
     if not isinstance(value, Iterable) or isinstance(value, str | bytes):
-        raise CheckpointError(f"chunks {brief(value)} must be a sequence of ChunkRecords", value=value)
+        raise CheckpointError(
+            f"chunks {brief(value)} must be a sequence of ChunkRecords", value=value
+        )
     try:
         out = tuple(value)
     except TypeError:  # a 0-d tensor or array
@@ -170,8 +167,8 @@ class TensorMeta:
     """
 
     key: str = attrs.field(validator=lambda i, a, v: _text("tensor key", v))
-    shape: tuple[int, ...] = attrs.field(converter=_ints("shape"))
-    dtype: str = attrs.field(validator=lambda i, a, v: _dtype_name(v))
+    shape: tuple[int, ...] = attrs.field(converter=ints_of("shape"))
+    dtype: str = attrs.field(validator=lambda i, a, v: check_dtype_name(v))
     chunks: tuple[ChunkRecord, ...] = attrs.field(converter=_chunks)
     spec: Spec | None = attrs.field(default=None, validator=_saved_spec)
 
@@ -319,203 +316,3 @@ def _overlap_by_sweep(boxes: list, ndim: int):
             ):
                 return a, b
     return ()
-
-
-# -- JSON ---------------------------------------------------------------------------
-
-
-def metadata_to_json(meta: Metadata) -> str:
-    """The index text for ``meta`` (stable: keys and chunks in a fixed order)."""
-    if not isinstance(meta, Metadata):
-        raise CheckpointError(
-            f"metadata_to_json writes a Metadata, got {type(meta).__name__} {meta!r:.80}",
-            value=meta,
-        )
-    doc = {
-        "format": FORMAT,
-        "version": meta.version,
-        "tensors": {
-            key: {
-                "shape": list(t.shape),
-                "dtype": t.dtype,
-                **({} if t.spec is None else {"spec": spec_to_doc(t.spec)}),
-                "chunks": [
-                    {
-                        "offsets": list(c.offsets),
-                        "sizes": list(c.sizes),
-                        "file": c.file,
-                        "name": c.name,
-                        "checksum": c.checksum,
-                    }
-                    for c in t.chunks
-                ],
-            }
-            for key, t in sorted(meta.tensors.items())
-        },
-    }
-    return json.dumps(doc, indent=1, sort_keys=False) + "\n"
-
-
-def _file(value: object) -> str:
-    """A chunk's file name from the index: a relative path inside the checkpoint."""
-    parts = value.replace("\\", "/").split("/") if isinstance(value, str) else []
-    if not parts or os.path.isabs(value) or any(p in ("", ".", "..") for p in parts):
-        raise ValueError(f"file {value!r} is not a file name inside the checkpoint")
-    return value
-
-
-def _index_doc(text: str | bytes, where: str) -> dict:
-    """The JSON document of index text (str or UTF-8 bytes)."""
-    if isinstance(text, bytes | bytearray):
-        try:
-            text = bytes(text).decode("utf-8")
-        except UnicodeDecodeError as e:
-            raise CheckpointError(
-                f"{where} is not UTF-8 text ({e}); the index is damaged", value=where
-            ) from None
-    if not isinstance(text, str):
-        raise CheckpointError(
-            f"index text must be a str or bytes, got {type(text).__name__} {text!r:.80}; pass "
-            f"the contents of {INDEX_NAME}",
-            value=text,
-        )
-    try:
-        doc = json.loads(text)
-    except RecursionError:
-        raise CheckpointError(
-            f"{where} nests too deeply to be a {FORMAT} index; the index is damaged", value=where
-        ) from None
-    except ValueError as e:
-        raise CheckpointError(f"{where} is not valid JSON ({e}); the index is damaged") from None
-    if not isinstance(doc, dict) or doc.get("format") != FORMAT:
-        raise CheckpointError(f"{where} is not a {FORMAT} index", value=where)
-    version = doc.get("version")
-    if type(version) is not int or version != VERSION:  # not True, not 1.0
-        raise CheckpointError(
-            f"{where} has index version {version!r}; this meshplan reads version {VERSION} "
-            "(an int)",
-            value=version,
-        )
-    if not isinstance(doc.get("tensors"), dict):
-        raise CheckpointError(
-            f"{where} is malformed (its 'tensors' is {doc.get('tensors')!r:.80}, not an "
-            "object); the index is damaged",
-            value=where,
-        )
-    return doc
-
-
-def _tensor_meta(key: str, t: object) -> TensorMeta:
-    """One tensor's entry of the index document (raises the errors the caller reports)."""
-    chunks = [
-        ChunkRecord(c["offsets"], c["sizes"], _file(c["file"]), c["name"], c["checksum"])
-        for c in t["chunks"]
-    ]
-    shape, dtype = _ints("shape")(t["shape"]), t["dtype"]
-    _dtype_name(dtype)
-    spec = spec_from_doc(t["spec"], shape, dtype) if "spec" in t else None
-    return TensorMeta(key, shape, dtype, chunks, spec)
-
-
-def metadata_from_json(text: str | bytes, where: str = INDEX_NAME) -> Metadata:
-    """Parse and check index text; raise :class:`CheckpointError` naming what is wrong.
-
-    >>> m = metadata_from_json(metadata_to_json(Metadata({"w": TensorMeta("w", (0,), "int64", ())})))
-    >>> m["w"].shape
-    (0,)
-    """
-    doc = _index_doc(text, where)
-    tensors: dict[str, TensorMeta] = {}
-    for key, t in doc["tensors"].items():
-        try:
-            meta = _tensor_meta(key, t)
-        except (KeyError, TypeError, AttributeError, ValueError) as e:
-            kind = "" if isinstance(e, CheckpointError) else f"{type(e).__name__}: "
-            raise CheckpointError(
-                f"{where} is malformed at tensor {key!r} ({kind}{e}); the index is damaged",
-                value=key,
-            ) from None
-        check_tiles(meta, f" in {where}")
-        tensors[key] = meta
-    _check_unique_entries(tensors.values(), where)
-    return Metadata(tensors)
-
-
-def _check_unique_entries(metas: Iterable[TensorMeta], where: str) -> None:
-    """Raise unless every chunk record names its own entry of its shard file (two records
-    of one entry would read the same bytes for two boxes)."""
-    seen: dict[tuple[str, str], str] = {}
-    for meta in metas:
-        for c in meta.chunks:
-            other = seen.get((c.file, c.name))
-            if other is not None:
-                raise CheckpointError(
-                    f"{where}: entry {c.name!r} of {c.file!r} is recorded twice (tensors "
-                    f"{other!r} and {meta.key!r}); each saved box has its own entry, so the "
-                    "index is damaged",
-                    value=(c.file, c.name),
-                )
-            seen[(c.file, c.name)] = meta.key
-
-
-def checkpoint_path(path: object) -> str:
-    """``path`` (a str, bytes or os.PathLike) as a str; raise CheckpointError for any other
-    value or an empty path.
-
-    >>> checkpoint_path(b"ckpt")
-    'ckpt'
-    >>> checkpoint_path("")
-    Traceback (most recent call last):
-    ...
-    meshplan.errors.CheckpointError: the checkpoint path is empty; ...
-    """
-    try:
-        raw = os.fspath(path)  # type: ignore[arg-type]
-    except TypeError:
-        raise CheckpointError(
-            f"a checkpoint path must be a str or os.PathLike naming a directory, got "
-            f"{type(path).__name__} {path!r:.80}; pass e.g. 'checkpoints/step-100'",
-            value=path,
-        ) from None
-    text = os.fsdecode(raw)
-    if not text:
-        raise CheckpointError(
-            "the checkpoint path is empty; pass a directory (e.g. '.' for the current one)",
-            value=path,
-        )
-    if "\0" in text:
-        raise CheckpointError(
-            f"checkpoint path {text!r} holds a NUL character; pass a real directory path",
-            value=path,
-        )
-    return text
-
-
-def read_metadata(path: str | os.PathLike[str]) -> Metadata:
-    """The committed index of the checkpoint at ``path`` (shapes, dtypes, saved specs, chunks).
-
-    Raises :class:`CheckpointError` when ``path`` has no index (never committed, or a
-    save crashed before its first commit) or the index is damaged.
-
-    >>> import tempfile
-    >>> read_metadata(tempfile.mkdtemp())
-    Traceback (most recent call last):
-    ...
-    meshplan.errors.CheckpointError: no checkpoint at ...: index.json is missing ...
-    """
-    directory = checkpoint_path(path)
-    index = os.path.join(directory, INDEX_NAME)
-    try:
-        with open(index, "rb") as f:
-            text = f.read()
-    except FileNotFoundError:
-        raise CheckpointError(
-            f"no checkpoint at {directory!r}: {INDEX_NAME} is missing (the checkpoint was "
-            "never committed, or its save did not finish); save again or pick another path",
-            value=directory,
-        ) from None
-    except OSError as e:
-        raise CheckpointError(
-            f"cannot read {index!r}: {e}; pass the checkpoint's directory", value=index
-        ) from None
-    return metadata_from_json(text, index)

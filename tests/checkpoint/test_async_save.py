@@ -40,20 +40,20 @@ def _save_then_train(path):
     and run all_reduces on the loop's own groups while the save goes on."""
     import torch.distributed as dist
 
-    import meshplan.checkpoint._io as io
+    import meshplan.checkpoint._protocol as protocol
     from meshplan.checkpoint import SaveHandle, save
     from meshplan.runtime import ProcessGroups
 
     groups = ProcessGroups(MESH)
     loop = groups.get(None).pg
     state = _state(1)
-    real = io._write_rank
+    real = protocol.write_rank
 
     def slow_write(*args, **kwargs):  # the write starts after the loop changed its tensors
         time.sleep(0.3)
         return real(*args, **kwargs)
 
-    io._write_rank = slow_write
+    protocol.write_rank = slow_write
     try:
         handle = save(state, os.path.join(path, "a"), groups, blocking=False)
         assert isinstance(handle, SaveHandle) and handle.staging_seconds >= 0
@@ -66,7 +66,7 @@ def _save_then_train(path):
             total += x
         meta = handle.wait()
     finally:
-        io._write_rank = real
+        protocol.write_rank = real
     assert handle.done() and handle.seconds >= handle.staging_seconds
     # a second one, then a third that waits for it (one at a time on the checkpoint group)
     second = save(state, os.path.join(path, "b"), groups, blocking=False)

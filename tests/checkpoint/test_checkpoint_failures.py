@@ -7,7 +7,7 @@ import os
 import pytest
 import torch
 
-import meshplan.checkpoint._io as io
+import meshplan.checkpoint._protocol as protocol
 from meshplan.checkpoint import (
     INDEX_NAME,
     CheckpointError,
@@ -59,7 +59,7 @@ def saved(tmp_path):
 def test_crash_between_chunk_writes_keeps_the_previous_checkpoint(saved, monkeypatch):
     path, old = saved
     before = sorted(os.listdir(path))
-    real = io._write_rank
+    real = protocol.write_rank
     calls = []
 
     def crash_on_third_rank(*args, **kwargs):
@@ -68,7 +68,7 @@ def test_crash_between_chunk_writes_keeps_the_previous_checkpoint(saved, monkeyp
             raise OSError("disk full (simulated)")
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(io, "_write_rank", crash_on_third_rank)
+    monkeypatch.setattr(protocol, "write_rank", crash_on_third_rank)
     with pytest.raises(OSError, match="simulated"):
         save_all(_states(torch.randn(8, 6)), path)
     monkeypatch.undo()
@@ -89,7 +89,7 @@ def test_crash_before_commit_keeps_the_previous_checkpoint(saved, monkeypatch):
     def crash(*args, **kwargs):
         raise KeyboardInterrupt  # killed after every shard file was written
 
-    monkeypatch.setattr(io, "_commit", crash)
+    monkeypatch.setattr(protocol, "_commit", crash)
     with pytest.raises(KeyboardInterrupt):
         save_all(_states(torch.randn(8, 6)), path)
     monkeypatch.undo()
@@ -105,7 +105,7 @@ def test_crash_while_writing_the_index_keeps_the_previous_checkpoint(saved, monk
             raise OSError("power cut (simulated)")
         return real_replace(src, dst, *a, **k)
 
-    monkeypatch.setattr(io.os, "replace", crash_on_index)
+    monkeypatch.setattr(protocol.os, "replace", crash_on_index)
     with pytest.raises(CheckpointError, match="cannot commit"):
         save_all(_states(torch.randn(8, 6)), path)
     monkeypatch.undo()
@@ -113,7 +113,7 @@ def test_crash_while_writing_the_index_keeps_the_previous_checkpoint(saved, monk
 
 
 def test_a_save_that_never_committed_is_no_checkpoint(tmp_path, monkeypatch):
-    monkeypatch.setattr(io, "_commit", lambda *a: (_ for _ in ()).throw(OSError("crash")))
+    monkeypatch.setattr(protocol, "_commit", lambda *a: (_ for _ in ()).throw(OSError("crash")))
     with pytest.raises(OSError):
         save_all(_states(torch.randn(8, 6)), tmp_path)
     with pytest.raises(CheckpointError, match="index.json is missing"):

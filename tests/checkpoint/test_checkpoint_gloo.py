@@ -44,17 +44,17 @@ def _save(path, bad_rank=None, crash_commit=False):
     state = {k: Sharded(shard_one(_global(k), s, rank), s, rank) for k, s in SAVED.items()}
     if rank == bad_rank:
         state.pop("w")  # this rank forgets a tensor: nobody commits, nobody hangs
-    import meshplan.checkpoint._io as io
+    import meshplan.checkpoint._protocol as protocol
 
-    real_commit = io._commit
+    real_commit = protocol._commit
     if crash_commit:
-        io._commit = lambda *a: (_ for _ in ()).throw(OSError("disk gone (simulated)"))
+        protocol._commit = lambda *a: (_ for _ in ()).throw(OSError("disk gone (simulated)"))
     try:
         meta = save(state, path, groups)
     except (CheckpointError, OSError) as e:
         return ("error", f"{type(e).__name__}: {e}")
     finally:
-        io._commit = real_commit
+        protocol._commit = real_commit
     return ("ok", meta)
 
 

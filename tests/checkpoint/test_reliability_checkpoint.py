@@ -81,10 +81,10 @@ def test_concurrent_saves_into_one_directory_leave_a_complete_checkpoint(tmp_pat
 
 
 def test_a_running_save_keeps_its_files_while_another_commits(tmp_path, monkeypatch):
-    import meshplan.checkpoint._io as io
+    import meshplan.checkpoint._protocol as protocol
 
     save_all(_states(1), tmp_path)
-    real_commit = io._commit
+    real_commit = protocol._commit
     inner = []
 
     def commit_after_another_save(directory, meta, save_id):
@@ -94,7 +94,7 @@ def test_a_running_save_keeps_its_files_while_another_commits(tmp_path, monkeypa
             save_all(_states(2), directory)
         real_commit(directory, meta, save_id)
 
-    monkeypatch.setattr(io, "_commit", commit_after_another_save)
+    monkeypatch.setattr(protocol, "_commit", commit_after_another_save)
     save_all(_states(3), tmp_path)
     monkeypatch.undo()
     assert _value(tmp_path) == 3  # the last commit wins, and its files survived the other

@@ -18,7 +18,7 @@ SPEC = Spec(MESH, (Shard(0), Shard(1)), (4, 6), "float32")
 def _save(path, value, die_rank=None, die_at=None):
     import torch.distributed as dist
 
-    import meshplan.checkpoint._io as io
+    import meshplan.checkpoint._protocol as protocol
     from meshplan.checkpoint import save
     from meshplan.placement import Sharded, shard_one
     from meshplan.runtime import ProcessGroups
@@ -26,15 +26,15 @@ def _save(path, value, die_rank=None, die_at=None):
     rank = dist.get_rank()
     groups = ProcessGroups(MESH, timeout=4)  # a dead peer fails collectives within 4 s
     if rank == die_rank:
-        name = {"write": "_write_rank", "assemble": "_assemble", "commit": "_commit"}[die_at]
-        real = getattr(io, name)
+        name = {"write": "write_rank", "assemble": "_assemble", "commit": "_commit"}[die_at]
+        real = getattr(protocol, name)
 
         def die(*args, **kwargs):
             if die_at == "commit":
                 real(*args, **kwargs)  # the new checkpoint is committed, then the rank dies
             os._exit(9)
 
-        setattr(io, name, die)
+        setattr(protocol, name, die)
     local = shard_one(torch.full(SPEC.shape, float(value)), SPEC, rank)
     try:
         save({"w": Sharded(local, SPEC, rank)}, path, groups)

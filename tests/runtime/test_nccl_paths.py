@@ -9,10 +9,10 @@ from meshplan.checkpoint import load, load_all, save_all
 from meshplan.errors import CheckpointError, RuntimeShellError
 from meshplan.layout import Mesh
 from meshplan.placement import Replicate, Shard, Sharded, Spec, shard
-from meshplan.runtime import _collectives as C
+from meshplan.runtime import _p2p
 from meshplan.runtime._calibrate import default_device
 from meshplan.runtime._groups import ProcessGroups, _needs_warm_up
-from meshplan.runtime._pool import _bind_device
+from meshplan.runtime._worker import bind_device
 
 # -- tasks (run on every rank) ------------------------------------------------------------
 
@@ -24,7 +24,7 @@ def _warmed_partial_exchange():
     g = groups.get("b")
     sends = [(1, torch.tensor([float(dist.get_rank())]))] if g.position == 0 else []
     recvs = [(0, (1,))] if g.position == 1 else []
-    got = C.exchange(sends, recvs, g, dtype=torch.float32, device="cpu")
+    got = _p2p.exchange(sends, recvs, g, dtype=torch.float32, device="cpu")
     return [float(t) for t in got], _needs_warm_up(g.pg, None)
 
 
@@ -44,11 +44,11 @@ def test_calibrate_times_on_the_gpu_of_an_nccl_world_whatever_the_mesh_says():
 
 
 def test_a_worker_binds_a_gpu_only_on_nccl():
-    assert _bind_device("gloo", 3) is None
+    assert bind_device("gloo", 3) is None
     if torch.cuda.is_available():
         pytest.skip("this machine has GPUs: the cuda tests cover the binding")
     with pytest.raises(RuntimeShellError, match="needs CUDA GPUs"):
-        _bind_device("nccl", 0)
+        bind_device("nccl", 0)
 
 
 def _saved(tmp_path):
@@ -69,10 +69,10 @@ def test_load_places_tensors_on_the_device_asked_for(tmp_path):
 
 
 def test_save_copies_non_contiguous_boxes_to_contiguous_host_tensors(tmp_path):
-    from meshplan.checkpoint._io import _to_host
+    from meshplan.checkpoint._write import to_host
 
     base = torch.arange(12.0).reshape(3, 4)
-    pieces = _to_host([base.t(), base[:, 1:3], base])
+    pieces = to_host([base.t(), base[:, 1:3], base])
     assert all(p.is_contiguous() and p.device.type == "cpu" for p in pieces)
     assert torch.equal(pieces[0], base.t()) and torch.equal(pieces[1], base[:, 1:3])
     assert pieces[2] is base  # a contiguous CPU tensor is not copied
