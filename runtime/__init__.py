@@ -22,7 +22,7 @@ from meshplan.errors import RuntimeShellError, WorkerError
 from meshplan.layout._lazy import lazy_attributes
 
 _LAZY = {
-    "Group": "_groups",
+    "Group": "_group",
     "ProcessGroups": "_groups",
     "WorkerPool": "_pool",
     "calibrate": "_calibrate",

@@ -38,6 +38,7 @@ from meshplan.redistribute._cost import COLLECTIVES, FLATTENED, HardwareProfile,
 from meshplan.redistribute._planner import alias_dims
 
 from . import _collectives as C
+from . import _p2p
 from ._groups import ProcessGroups
 
 __all__ = ["calibrate", "measure"]
@@ -237,7 +238,7 @@ def _call(kind: str, group, count: int, device):
     # all_permute: one batch of sends and receives, each rank to the next
     me = group.position
     sends, recvs = [((me + 1) % n, x)], [((me - 1) % n, x.shape)]
-    return lambda: C.exchange(sends, recvs, group, dtype=x.dtype, device=x.device)
+    return lambda: _p2p.exchange(sends, recvs, group, dtype=x.dtype, device=x.device)
 
 
 def _fit(

@@ -1,4 +1,4 @@
-"""Collectives over a :class:`~meshplan.redistribute.Group`, in mesh-coordinate order.
+"""Collectives over a :class:`~meshplan.runtime.Group`, in mesh-coordinate order.
 
 Every helper speaks in *positions*: the members of a group numbered by mesh coordinate
 along its dims (``group.ranks``), never by the torch group's own rank order. Lists of
@@ -8,12 +8,13 @@ ranks (a permuted rank map therefore cannot permute data).
 They return new contiguous tensors and never modify their inputs; uneven sizes are padded
 on the wire and trimmed afterwards; a group of one member needs no communication. The
 torch calls are the current (2.13) ones: ``all_gather_single``, ``reduce_scatter_single``,
-``all_reduce``, ``all_to_all_single`` and ``batch_isend_irecv``; gloo runs all of them,
-all_to_all included. Reductions: ``"sum"``, ``"max"``, ``"min"`` map to torch's ops, and
-``"avg"`` is a sum followed by a division by the group size (true division for floating
-and complex dtypes, floor division for integers, as in the simulator), which works on
-every backend. gloo (torch 2.13) reduce-scatters every one of these ops natively, so no
-all_reduce fallback is needed; it has no max/min for complex dtypes.
+``all_reduce`` and ``all_to_all_single``; gloo runs all of them, all_to_all included.
+(Point-to-point messages, ``batch_isend_irecv``, are in :mod:`meshplan.runtime._p2p`.)
+Reductions: ``"sum"``, ``"max"``, ``"min"`` map to torch's ops, and ``"avg"`` is a sum
+followed by a division by the group size (true division for floating and complex dtypes,
+floor division for integers, as in the simulator), which works on every backend. gloo
+(torch 2.13) reduce-scatters every one of these ops natively, so no all_reduce fallback
+is needed; it has no max/min for complex dtypes.
 
 A torch failure (a dead peer, a peer that never joins within the group's timeout, a
 mismatch between ranks that the backend detects) surfaces as a ``RuntimeShellError``
@@ -23,7 +24,6 @@ naming the collective, the group and the rank.
 from __future__ import annotations
 
 import contextlib
-import datetime
 import math
 from collections.abc import Iterator, Sequence
 
@@ -32,7 +32,7 @@ import torch.distributed as dist
 
 from meshplan.errors import RuntimeShellError
 
-from ._groups import Group
+from ._group import Group
 
 __all__ = [
     "REDUCE_OPS",
@@ -41,8 +41,6 @@ __all__ = [
     "all_reduce",
     "all_to_all",
     "all_to_all_single",
-    "exchange",
-    "permute",
     "reduce_scatter",
 ]
 
@@ -60,8 +58,9 @@ _TORCH_OPS = {
 
 
 @contextlib.contextmanager
-def _guard(what: str, group: Group) -> Iterator[None]:
-    """Turn a torch.distributed failure into a RuntimeShellError naming what failed."""
+def guard(what: str, group: Group) -> Iterator[None]:
+    """Turn a torch.distributed failure inside the block into a RuntimeShellError naming
+    what failed (every collective here and in :mod:`._p2p` runs in one)."""
     try:
         yield
     except RuntimeShellError:
@@ -122,17 +121,13 @@ def _finish_avg(tensor: torch.Tensor, n: int) -> torch.Tensor:
     return tensor.floor_divide_(n)
 
 
-def _timeout(group: Group) -> datetime.timedelta:
-    return datetime.timedelta(seconds=group.timeout)
-
-
 # -- all_reduce ---------------------------------------------------------------------------
 
 
 def all_reduce(tensor: torch.Tensor, group: Group, op: str = "sum") -> torch.Tensor:
     """Reduce ``tensor`` over the group with ``op``; every member gets the result.
 
-    >>> from meshplan.runtime._groups import Group
+    >>> from meshplan.runtime._group import Group
     >>> alone = Group("d0", ranks=(0,), pg_ranks=(0,), rank=0, pg=None)
     >>> all_reduce(torch.tensor([1, 5]), alone, "avg")
     tensor([1, 5])
@@ -140,7 +135,7 @@ def all_reduce(tensor: torch.Tensor, group: Group, op: str = "sum") -> torch.Ten
     _check_op(op)
     out = tensor.clone(memory_format=torch.contiguous_format)
     if group.size > 1 and out.numel():
-        with _guard(f"all_reduce({op})", group):
+        with guard(f"all_reduce({op})", group):
             dist.all_reduce(out, op=_TORCH_OPS[op], group=group.pg)
     if op == "avg":
         _finish_avg(out, group.size)
@@ -159,7 +154,7 @@ def all_gather(
     equal to the local one); the other dims must agree on every member. Uneven pieces are
     padded on the wire and trimmed.
 
-    >>> from meshplan.runtime._groups import Group
+    >>> from meshplan.runtime._group import Group
     >>> alone = Group("d0", ranks=(3,), pg_ranks=(3,), rank=3, pg=None)
     >>> all_gather(torch.arange(4).view(2, 2), alone, dim=1)
     [tensor([[0, 1],
@@ -188,7 +183,7 @@ def all_gather(
         padded[: x.shape[0]] = x
         x = padded
     out = x.new_empty((n * width, *rest))
-    with _guard("all_gather", group):
+    with guard("all_gather", group):
         dist.all_gather_single(out, x, group=group.pg)
     pieces = []
     for p, s in enumerate(sizes):
@@ -205,7 +200,7 @@ def all_gather_concat(
     Without padding or reordering (even sizes, dim 0, coordinate order equal to the torch
     group's order) the gathered buffer is returned as is, with no copy.
 
-    >>> from meshplan.runtime._groups import Group
+    >>> from meshplan.runtime._group import Group
     >>> alone = Group("d0", ranks=(0,), pg_ranks=(0,), rank=0, pg=None)
     >>> all_gather_concat(torch.ones(2), alone)
     tensor([1., 1.])
@@ -223,7 +218,7 @@ def all_gather_concat(
             )
         x = tensor.contiguous()
         out = x.new_empty((n * x.shape[0], *x.shape[1:]))
-        with _guard("all_gather", group):
+        with guard("all_gather", group):
             dist.all_gather_single(out, x, group=group.pg)
         return out
     return torch.cat(all_gather(tensor, group, sizes=sizes, dim=dim), dim=dim)
@@ -251,7 +246,7 @@ def reduce_scatter(
     (any shapes, equal on every member for the same position). Uneven blocks are padded
     with zeros on the wire.
 
-    >>> from meshplan.runtime._groups import Group
+    >>> from meshplan.runtime._group import Group
     >>> alone = Group("d0", ranks=(0,), pg_ranks=(0,), rank=0, pg=None)
     >>> reduce_scatter(torch.tensor([4.0, 6.0]), alone, "avg")
     tensor([4., 6.])
@@ -279,7 +274,7 @@ def reduce_scatter(
         x = tensor.movedim(dim, 0)
         if n > 1 and dim == 0 and len(set(sizes)) == 1 and group.is_identity and x.numel():
             out = x.new_empty((sizes[0], *x.shape[1:]))
-            with _guard(f"reduce_scatter({op})", group):
+            with guard(f"reduce_scatter({op})", group):
                 dist.reduce_scatter_single(out, x.contiguous(), op=_TORCH_OPS[op], group=group.pg)
             return _finish_avg(out, n) if op == "avg" else out
         blocks = list(x.split(sizes, dim=0))
@@ -310,7 +305,7 @@ def _reduce_scatter_blocks(blocks: list[torch.Tensor], group: Group, op: str) ->
     for p, block in enumerate(blocks):
         wire[group.group_rank(p), : block.numel()] = block.reshape(-1)
     out = mine.new_empty((width,))
-    with _guard(f"reduce_scatter({op})", group):
+    with guard(f"reduce_scatter({op})", group):
         dist.reduce_scatter_single(out, wire.view(-1), op=_TORCH_OPS[op], group=group.pg)
     out = out[: mine.numel()].view(mine.shape)
     return _finish_avg(out, n) if op == "avg" else out
@@ -329,7 +324,7 @@ def all_to_all(
     ``recv_shapes[p]`` is the shape of the block position ``p`` sends to this rank
     (default: the shapes sent, for symmetric exchanges). One ``all_to_all_single`` call.
 
-    >>> from meshplan.runtime._groups import Group
+    >>> from meshplan.runtime._group import Group
     >>> alone = Group("d0", ranks=(0,), pg_ranks=(0,), rank=0, pg=None)
     >>> all_to_all([torch.arange(3)], alone)
     [tensor([0, 1, 2])]
@@ -358,7 +353,7 @@ def all_to_all(
     recv_numels = group.to_group_order([math.prod(s) for s in shapes])
     inp = torch.cat(send)
     out = inp.new_empty((sum(recv_numels),))
-    with _guard("all_to_all", group):
+    with guard("all_to_all", group):
         dist.all_to_all_single(out, inp, recv_numels, [t.numel() for t in send], group=group.pg)
     by_group = out.split(recv_numels)
     return [by_group[group.group_rank(p)].view(shapes[p]) for p in range(n)]
@@ -375,7 +370,7 @@ def all_to_all_single(
     """Split ``tensor`` along ``dim`` by ``send_sizes`` (one piece per position), exchange,
     and concatenate the received pieces (``recv_sizes``) along ``dim`` in position order.
 
-    >>> from meshplan.runtime._groups import Group
+    >>> from meshplan.runtime._group import Group
     >>> alone = Group("d0", ranks=(0,), pg_ranks=(0,), rank=0, pg=None)
     >>> all_to_all_single(torch.arange(4).view(2, 2), alone, [2], [2], dim=1)
     tensor([[0, 1],
@@ -393,117 +388,10 @@ def all_to_all_single(
     if group.size > 1 and dim == 0 and group.is_identity:
         x = tensor.contiguous()
         out = x.new_empty((sum(recv_sizes), *x.shape[1:]))
-        with _guard("all_to_all", group):
+        with guard("all_to_all", group):
             dist.all_to_all_single(out, x, recv_sizes, send_sizes, group=group.pg)
         return out
     shape = list(tensor.shape)
     blocks = list(tensor.split(send_sizes, dim=dim))
     recv_shapes = [tuple(shape[:dim] + [s] + shape[dim + 1 :]) for s in recv_sizes]
     return torch.cat(all_to_all(blocks, group, recv_shapes), dim=dim)
-
-
-# -- point to point -----------------------------------------------------------------------
-
-
-def exchange(
-    sends: Sequence[tuple[int, torch.Tensor]],
-    recvs: Sequence[tuple[int, Sequence[int]]],
-    group: Group,
-    *,
-    dtype: torch.dtype | None = None,
-    device: torch.device | str | None = None,
-) -> list[torch.Tensor]:
-    """Point-to-point exchange in one ``batch_isend_irecv``: ``(position, tensor)`` sends and
-    ``(position, shape)`` receives; returns the received tensors in ``recvs`` order.
-
-    Several messages between the same pair are matched in order; messages to this rank's
-    own position are copied locally; empty messages are not sent. ``dtype``/``device``
-    default to the first send's (a rank that only receives must give ``dtype``).
-
-    >>> from meshplan.runtime._groups import Group
-    >>> alone = Group("d0", ranks=(0,), pg_ranks=(0,), rank=0, pg=None)
-    >>> exchange([(0, torch.tensor([1, 2]))], [(0, (2,))], alone)
-    [tensor([1, 2])]
-    """
-    me = group.position
-    sends = [(group._check(int(p), "position"), t) for p, t in sends]
-    recvs = [(group._check(int(p), "position"), tuple(int(d) for d in s)) for p, s in recvs]
-    if dtype is None or device is None:
-        if not sends:
-            if recvs and dtype is None:
-                raise RuntimeShellError("exchange: a rank that only receives must pass dtype=")
-            device = device or "cpu"
-        else:
-            dtype = dtype or sends[0][1].dtype
-            device = device or sends[0][1].device
-    out = [torch.empty(shape, dtype=dtype, device=device) for _, shape in recvs]
-    local = [t for p, t in sends if p == me]
-    local_slots = [i for i, (p, _) in enumerate(recvs) if p == me]
-    if len(local) != len(local_slots):
-        raise RuntimeShellError(
-            f"exchange on rank {group.rank}: {len(local)} message(s) to itself but "
-            f"{len(local_slots)} expected from itself",
-            value=(len(local), len(local_slots)),
-        )
-    for t, i in zip(local, local_slots, strict=True):
-        if t.numel() != out[i].numel():
-            raise RuntimeShellError(
-                f"exchange on rank {group.rank}: a message to itself has shape "
-                f"{tuple(t.shape)}, but {tuple(out[i].shape)} is expected",
-                value=tuple(t.shape),
-            )
-        out[i].copy_(t.reshape(out[i].shape))
-    ops: list[dist.P2POp] = []
-    sent: dict[int, int] = {}
-    for p, t in sends:
-        if p == me or t.numel() == 0:
-            continue
-        tag = sent[p] = sent.get(p, -1) + 1
-        ops.append(
-            dist.P2POp(
-                dist.isend, t.contiguous(), group=group.pg, group_peer=group.group_rank(p), tag=tag
-            )
-        )
-    received: dict[int, int] = {}
-    for (p, _), buf in zip(recvs, out, strict=True):
-        if p == me or buf.numel() == 0:
-            continue
-        tag = received[p] = received.get(p, -1) + 1
-        ops.append(
-            dist.P2POp(dist.irecv, buf, group=group.pg, group_peer=group.group_rank(p), tag=tag)
-        )
-    # A rank with nothing to send or receive skips batch_isend_irecv. NCCL allows that
-    # only once the group has run a collective of all its members (its first one sets up
-    # the communicator): ProcessGroups runs one when it creates an NCCL group (warm_up).
-    if ops:
-        with _guard("exchange", group):
-            works = dist.batch_isend_irecv(ops)
-            for work in works:
-                work.wait(_timeout(group))
-    return out
-
-
-def permute(
-    tensor: torch.Tensor,
-    group: Group,
-    *,
-    dst: int | None,
-    src: int | None,
-    recv_shape: Sequence[int] | None = None,
-) -> torch.Tensor | None:
-    """Send ``tensor`` to position ``dst`` and receive one from position ``src``.
-
-    ``recv_shape`` defaults to ``tensor``'s shape; ``dst``/``src`` may be None (send or
-    receive nothing; then the result is None when nothing is received).
-
-    >>> from meshplan.runtime._groups import Group
-    >>> alone = Group("d0", ranks=(0,), pg_ranks=(0,), rank=0, pg=None)
-    >>> permute(torch.tensor([7]), alone, dst=0, src=0)
-    tensor([7])
-    """
-    sends = [] if dst is None else [(dst, tensor)]
-    recvs = (
-        [] if src is None else [(src, tuple(tensor.shape) if recv_shape is None else recv_shape)]
-    )
-    out = exchange(sends, recvs, group, dtype=tensor.dtype, device=tensor.device)
-    return out[0] if out else None

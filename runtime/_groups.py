@@ -22,6 +22,8 @@ How groups are created (torch 2.13; verified on gloo, written for any backend):
   :meth:`ProcessGroups.create_all`, and kept for the life of the process in one table
   (the shell's process-group table, keyed by member set, backend and timeout, shared by
   every ``ProcessGroups``), so building ``ProcessGroups`` again reuses them.
+* :meth:`ProcessGroups.from_device_mesh` adopts the groups a torch ``DeviceMesh``
+  already holds instead, and creates only those it lacks.
 * Default ("world" creation): like ``DeviceMesh``, every rank of the world takes part in
   creating the groups of a dim -- each rank calls ``new_group(ranks, sort_ranks=False)``
   for every group of that dim, in one order; ranks outside a group return at once
@@ -55,156 +57,15 @@ import gc
 from collections.abc import Sequence
 from typing import Any
 
-import attrs
-
 from meshplan.errors import RuntimeShellError
 from meshplan.layout import Mesh
 
-__all__ = ["DEFAULT_TIMEOUT", "Group", "ProcessGroups"]
+from ._device_mesh import device_mesh_groups, mesh_from_device_mesh
+from ._group import DEFAULT_TIMEOUT, Group
 
-DEFAULT_TIMEOUT = 600.0
-"""Seconds a collective may wait for its peers before it fails (NCCL's default too)."""
+__all__ = ["ProcessGroups"]
 
 DimsKey = int | str | Sequence[int | str] | None
-
-
-def _ranks(value: Sequence[int]) -> tuple[int, ...]:
-    from meshplan.layout._ints import as_int
-
-    try:
-        items = tuple(value) if not isinstance(value, str | bytes) else None
-    except (TypeError, RecursionError):
-        items = None
-    ints = None if items is None else [as_int(r) for r in items]
-    if ints is None or any(r is None or r < 0 for r in ints):
-        raise RuntimeShellError(f"a group's ranks are ints >= 0, got {value!r:.80}", value=value)
-    return tuple(ints)  # type: ignore[arg-type]
-
-
-@attrs.frozen(repr=False)
-class Group:
-    """One rank group of a mesh as the calling rank sees it: a torch group plus coordinate order.
-
-    ``ranks`` lists the members by mesh coordinate along the group's dims (the order of
-    every meshplan collective's per-position data); ``pg_ranks`` lists them in the torch
-    group's own rank order; ``pg`` is the torch ``ProcessGroup``.
-
-    >>> g = Group("tp", ranks=(7, 5, 6), pg_ranks=(5, 6, 7), rank=5, pg=None, timeout=60.0)
-    >>> g.size, g.position, g.group_rank(0), g.position_of(0)
-    (3, 1, 2, 1)
-    >>> g.to_group_order(["from 7", "from 5", "from 6"])
-    ['from 5', 'from 6', 'from 7']
-    >>> g.to_position_order(["from 5", "from 6", "from 7"])
-    ['from 7', 'from 5', 'from 6']
-    """
-
-    name: str
-    ranks: tuple[int, ...] = attrs.field(converter=_ranks)
-    pg_ranks: tuple[int, ...] = attrs.field(converter=_ranks)
-    rank: int
-    pg: Any = attrs.field(eq=False)
-    timeout: float = DEFAULT_TIMEOUT
-    _group_of_position: tuple[int, ...] = attrs.field(init=False, eq=False)
-    _position_of_group: tuple[int, ...] = attrs.field(init=False, eq=False)
-    _position: int = attrs.field(init=False, eq=False)
-
-    def __attrs_post_init__(self) -> None:
-        if type(self.rank) is not int or not isinstance(self.name, str):
-            raise RuntimeShellError(
-                f"a Group's name is a str and its rank an int, got {self.name!r:.40} and "
-                f"{self.rank!r:.40}",
-                value=self.rank,
-            )
-        if isinstance(self.timeout, bool) or not isinstance(self.timeout, int | float):
-            raise RuntimeShellError(f"timeout={self.timeout!r:.40} is no number", value=self.timeout)
-        if sorted(self.ranks) != sorted(self.pg_ranks) or len(set(self.ranks)) != len(self.ranks):
-            raise RuntimeShellError(
-                f"group {self.name!r}: coordinate order {self.ranks!r} and process-group order "
-                f"{self.pg_ranks!r} must list the same distinct ranks",
-                value=self.ranks,
-            )
-        if self.rank not in self.ranks:
-            raise RuntimeShellError(
-                f"group {self.name!r} over ranks {self.ranks!r} does not contain the calling "
-                f"rank {self.rank}",
-                value=self.rank,
-            )
-        where = {r: g for g, r in enumerate(self.pg_ranks)}
-        to_group = tuple(where[r] for r in self.ranks)
-        to_position = [0] * len(to_group)
-        for p, g in enumerate(to_group):
-            to_position[g] = p
-        object.__setattr__(self, "_group_of_position", to_group)
-        object.__setattr__(self, "_position_of_group", tuple(to_position))
-        object.__setattr__(self, "_position", self.ranks.index(self.rank))
-
-    @property
-    def size(self) -> int:
-        """Number of members."""
-        return len(self.ranks)
-
-    @property
-    def position(self) -> int:
-        """The calling rank's position (mesh coordinate along the group's dims)."""
-        return self._position
-
-    @property
-    def is_identity(self) -> bool:
-        """True when the torch group's rank order is the coordinate order."""
-        return self.ranks == self.pg_ranks
-
-    def group_rank(self, position: int) -> int:
-        """The torch group rank of the member at ``position``."""
-        return self._group_of_position[self._check(position, "position")]
-
-    def position_of(self, group_rank: int) -> int:
-        """The position (coordinate order) of the member with torch group rank ``group_rank``."""
-        return self._position_of_group[self._check(group_rank, "group rank")]
-
-    def to_group_order(self, items: Sequence[Any]) -> list[Any]:
-        """Reorder per-position ``items`` into torch group-rank order."""
-        self._check_len(items)
-        return [items[p] for p in self._position_of_group]
-
-    def to_position_order(self, items: Sequence[Any]) -> list[Any]:
-        """Reorder per-group-rank ``items`` into position (coordinate) order."""
-        self._check_len(items)
-        return [items[g] for g in self._group_of_position]
-
-    def _check(self, index: int, what: str) -> int:
-        if not isinstance(index, int) or not 0 <= index < self.size:
-            raise RuntimeShellError(
-                f"{what} {index!r} is out of range for group {self.name!r} of size {self.size}",
-                value=index,
-            )
-        return index
-
-    def _check_len(self, items: Sequence[Any]) -> None:
-        if len(items) != self.size:
-            raise RuntimeShellError(
-                f"group {self.name!r} has {self.size} members but got {len(items)} items; "
-                "pass one item per member",
-                value=len(items),
-            )
-
-    def __getstate__(self) -> dict[str, Any]:
-        # a torch process group does not travel between processes: it arrives as None
-        return {
-            "name": self.name,
-            "ranks": self.ranks,
-            "pg_ranks": self.pg_ranks,
-            "rank": self.rank,
-            "timeout": self.timeout,
-        }
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__init__(pg=None, **state)  # type: ignore[misc]
-
-    def __repr__(self) -> str:
-        return (
-            f"Group({self.name!r}, ranks={self.ranks!r}, pg_ranks={self.pg_ranks!r}, "
-            f"rank={self.rank}, timeout={self.timeout})"
-        )
 
 
 class ProcessGroups:
@@ -294,17 +155,53 @@ class ProcessGroups:
         timeout: float | datetime.timedelta = DEFAULT_TIMEOUT,
         warm_up: bool | None = None,
     ) -> ProcessGroups:
-        """The groups of a torch ``DeviceMesh``, reusing its own process groups (none created).
+        """The groups of a torch ``DeviceMesh``, reusing its own process groups.
 
         Its mesh is ``Mesh.from_device_mesh(device_mesh)``; every dim and flattened dim
-        maps to the torch group the DeviceMesh holds for it, and so does any set of dims
-        with the same members. Only a set of dims the DeviceMesh has no group for gets a
-        new one (created as the constructor does); flatten it in torch first
-        (``device_mesh[dims]._flatten(name)``) to share torch's.
-        """
-        from ._interop import process_groups_from_device_mesh
+        maps to the torch group the DeviceMesh holds for it (no second set of
+        communicators: each NCCL communicator costs device memory and start-up time),
+        and so does any set of dims with the same members. Only a set of dims the
+        DeviceMesh has no group for (a step across two dims with no flattened dim over
+        them) gets a new one, created by every rank of the world as the constructor
+        does; flatten it in torch first (``device_mesh[dims]._flatten(name)``) to share
+        torch's. Call it on every rank of the world.
 
-        return process_groups_from_device_mesh(device_mesh, timeout=timeout, warm_up=warm_up)
+        ``warm_up`` (default: on NCCL) runs one all_reduce on each adopted group, in one
+        order on every rank: NCCL requires every member in a group's first collective,
+        and a DeviceMesh's groups may not have run one yet. Build it once and reuse it.
+        """
+        import torch.distributed as dist
+
+        mesh = mesh_from_device_mesh(device_mesh)
+        groups = cls(mesh, timeout=timeout, warm_up=warm_up)
+        rank = groups.rank
+        if not mesh.contains(rank):
+            raise RuntimeShellError(
+                f"rank {rank} is not in {device_mesh}; call ProcessGroups.from_device_mesh "
+                "on the DeviceMesh's ranks",
+                value=rank,
+            )
+        theirs = device_mesh_groups(device_mesh)
+        adopted: dict[Any, Group] = {}
+
+        def adopt(key: Any, dim: str) -> Group:
+            pg = theirs[dim]
+            pg_ranks = tuple(dist.get_process_group_ranks(pg))
+            ranks = mesh.group_of(rank, dim)
+            adopted[key] = Group(dim, ranks, pg_ranks, rank, pg, groups.timeout)
+            return adopted[key]
+
+        for i, name in enumerate(mesh.names):
+            adopted[(i,)] = adopt((name,), name)
+        for alias in mesh.aliases:
+            adopt((alias,), alias)
+        groups._adopt(adopted)
+        seen = set()
+        for group in adopted.values():
+            if id(group.pg) not in seen and _needs_warm_up(group.pg, warm_up):
+                _warm_up(group.pg, rank, group.pg_ranks, groups.timeout)
+            seen.add(id(group.pg))
+        return groups
 
     def _adopt(self, handles: dict[Any, Group]) -> None:
         """Serve ``handles`` (keyed like ``_key``), and any key whose members one of them has."""

@@ -2,26 +2,21 @@
 
 A torch program adopts meshplan one piece at a time through these conversions:
 
-* :func:`mesh_from_device_mesh` (also ``Mesh.from_device_mesh``) reads a ``DeviceMesh``
-  -- root, submesh or flattened mesh -- as a :class:`~meshplan.layout.Mesh` with the
-  same dim names and the same rank group along every dim; the root's flattened dims
-  (``dm[dims]._flatten(name)``) become aliases. :func:`to_device_mesh` goes back.
-* :func:`process_groups_from_device_mesh` (also ``ProcessGroups.from_device_mesh``)
-  hands meshplan the ``DeviceMesh``'s own process groups: no second set of
-  communicators (each NCCL communicator costs device memory and start-up time).
+* ``Mesh.from_device_mesh`` (:func:`mesh_from_device_mesh`, defined in
+  :mod:`meshplan.runtime._device_mesh`) reads a ``DeviceMesh`` as a
+  :class:`~meshplan.layout.Mesh`, and ``ProcessGroups.from_device_mesh`` hands meshplan
+  the ``DeviceMesh``'s own process groups. :func:`to_device_mesh` goes back.
 * :func:`from_dtensor` and :func:`to_dtensor` convert one rank's view of a DTensor to a
   :class:`~meshplan.placement.Sharded` and back, keeping the local tensor as it is.
 * :func:`redistribute_dtensor` moves a DTensor to other placements with a meshplan plan
   (differentiable, like ``DTensor.redistribute``).
 
-Reading a ``DeviceMesh``'s layout and flattened dims needs attributes torch keeps
-private (``_layout``, ``_rank_map``, ``_flatten_mapping``); this module is the only
-place meshplan reads them.
+Reading a ``DeviceMesh``'s layout, flattened dims and groups needs attributes torch
+keeps private; :mod:`meshplan.runtime._device_mesh` is the only place meshplan reads them.
 """
 
 from __future__ import annotations
 
-import datetime
 import itertools
 from collections.abc import Sequence
 from typing import Any
@@ -29,79 +24,23 @@ from typing import Any
 import torch
 
 from meshplan.errors import MeshError, PlacementError, RuntimeShellError
-from meshplan.layout import Axis, Mesh, MeshLayout
+from meshplan.layout import Mesh, MeshLayout
 from meshplan.placement import Sharded, Spec
 from meshplan.placement._torch_compat import from_torch, to_torch
 
-from ._groups import DEFAULT_TIMEOUT, Group, ProcessGroups, _needs_warm_up, _warm_up
+from ._device_mesh import mesh_from_device_mesh
+from ._groups import ProcessGroups
 
 __all__ = [
     "from_dtensor",
     "mesh_from_device_mesh",
-    "process_groups_from_device_mesh",
     "redistribute_dtensor",
     "to_device_mesh",
     "to_dtensor",
 ]
 
 
-# -- DeviceMesh <-> Mesh -------------------------------------------------------------------
-
-
-def _is_device_mesh(value: Any) -> bool:
-    from torch.distributed.device_mesh import DeviceMesh
-
-    return isinstance(value, DeviceMesh)
-
-
-def _axis(flat: Any) -> Axis:
-    """A torch ``_FlatLayout`` (sizes and strides, possibly nested) as an :class:`Axis`."""
-    return Axis.from_modes(tuple(flat.sizes_and_strides))
-
-
-def _names_of(dm: Any) -> tuple[str, ...]:
-    names = dm.mesh_dim_names
-    return tuple(names) if names else tuple(f"d{i}" for i in range(dm.ndim))
-
-
-def mesh_from_device_mesh(device_mesh: Any) -> Mesh:
-    """The :class:`Mesh` of a torch ``DeviceMesh``: same names, same groups along every dim.
-
-    A root mesh keeps its rank map; a submesh (``dm["tp"]``) or a flattened mesh
-    (``dm["dp", "tp"]._flatten("dp_tp")``) becomes the submesh family of the root's mesh
-    (the root's rank map, so ``groups()`` lists every instance). Flattened dims of the
-    root become aliases (those lying within a submesh's dims stay on it). A mesh without
-    dim names gets ``d0, d1, ...``.
-    """
-    if not _is_device_mesh(device_mesh):
-        raise MeshError(
-            f"Mesh.from_device_mesh needs a torch DeviceMesh, got {device_mesh!r}; build a "
-            "Mesh with Mesh.create(...) instead",
-            value=device_mesh,
-        )
-    root = device_mesh._get_root_mesh()
-    ranks = tuple(int(r) for r in root._rank_map.tolist())
-    root_names = _names_of(root)
-    aliases = {name: _axis(flat._layout[0]) for name, flat in root._flatten_mapping.items()}
-    whole = Mesh(
-        MeshLayout(tuple(_axis(a) for a in root._layout)),
-        ranks,
-        root_names,
-        aliases,
-        root.device_type,
-    )
-    if device_mesh is root:
-        return whole
-    layout = MeshLayout(tuple(_axis(a) for a in device_mesh._layout))
-    names = _names_of(device_mesh)
-    try:
-        sub = whole[names]
-    except MeshError:
-        sub = None
-    if sub is not None and sub.layout == layout:
-        return sub
-    # a submesh whose names do not slice the root (renamed or unnamed dims)
-    return Mesh(layout, ranks, names, {}, root.device_type)
+# -- Mesh -> DeviceMesh ------------------------------------------------------------------
 
 
 def _is_row_major_root(mesh: Mesh) -> bool:
@@ -189,61 +128,6 @@ def to_device_mesh(mesh: Mesh, *, groups: ProcessGroups | None = None) -> Any:
             )
         dm[dims]._flatten(alias)
     return dm
-
-
-# -- ProcessGroups from a DeviceMesh -------------------------------------------------------
-
-
-def process_groups_from_device_mesh(
-    device_mesh: Any,
-    *,
-    timeout: float | datetime.timedelta = DEFAULT_TIMEOUT,
-    warm_up: bool | None = None,
-) -> ProcessGroups:
-    """A :class:`ProcessGroups` that uses ``device_mesh``'s own process groups.
-
-    Every dim and every flattened dim of the DeviceMesh gets the torch group the
-    DeviceMesh already holds, and so does any set of dims with the same members; only a
-    set of dims the DeviceMesh has no group for (a step across two dims with no
-    flattened dim over them) gets a new group, created by every rank of the world as
-    ``ProcessGroups(mesh)`` does. Call it on every rank of the world.
-
-    ``warm_up`` (default: on NCCL) runs one all_reduce on each adopted group, in one
-    order on every rank: NCCL requires every member in a group's first collective, and a
-    DeviceMesh's groups may not have run one yet. Build it once and reuse it.
-    """
-    import torch.distributed as dist
-
-    mesh = mesh_from_device_mesh(device_mesh)
-    groups = ProcessGroups(mesh, timeout=timeout, warm_up=warm_up)
-    rank = groups.rank
-    if not mesh.contains(rank):
-        raise RuntimeShellError(
-            f"rank {rank} is not in {device_mesh}; call ProcessGroups.from_device_mesh on "
-            "the DeviceMesh's ranks",
-            value=rank,
-        )
-    adopted: dict[Any, Group] = {}
-
-    def adopt(key: Any, dim: Any, pg: Any) -> None:
-        ranks = mesh.group_of(rank, dim)
-        pg_ranks = tuple(dist.get_process_group_ranks(pg))
-        adopted[key] = Group(str(dim), ranks, pg_ranks, rank, pg, groups.timeout)
-
-    for i, name in enumerate(mesh.names):
-        pg = device_mesh.get_group(name) if device_mesh.mesh_dim_names else device_mesh.get_group(i)
-        adopt((name,), name, pg)
-        adopted[(i,)] = adopted[(name,)]
-    root = device_mesh._get_root_mesh()
-    for alias in mesh.aliases:
-        adopt((alias,), alias, root._flatten_mapping[alias].get_group())
-    groups._adopt(adopted)
-    seen = set()
-    for group in adopted.values():
-        if id(group.pg) not in seen and _needs_warm_up(group.pg, warm_up):
-            _warm_up(group.pg, rank, group.pg_ranks, groups.timeout)
-        seen.add(id(group.pg))
-    return groups
 
 
 # -- DTensor <-> Sharded -------------------------------------------------------------------
@@ -394,7 +278,7 @@ def redistribute_dtensor(
     ``placements`` are torch placements (``Shard``, ``_StridedShard``, ``Replicate``,
     ``Partial``). The plan is meshplan's (:func:`meshplan.redistribute.plan`: uneven
     merged gathers, all_to_all on gloo, Partial to Partial); the groups are the DTensor's
-    mesh's own (:func:`process_groups_from_device_mesh`) unless ``groups`` is given. The
+    mesh's own (:meth:`ProcessGroups.from_device_mesh`) unless ``groups`` is given. The
     backward pass moves the gradient to the source placements (a Partial source dim gets
     a Replicate gradient) with a meshplan plan too, and is itself differentiable.
     """
@@ -419,6 +303,6 @@ def redistribute_dtensor(
             value=placements,
         )
     if groups is None:  # (pass groups= to reuse one, warmed up once on NCCL)
-        groups = process_groups_from_device_mesh(dtensor.device_mesh, warm_up=False)
+        groups = ProcessGroups.from_device_mesh(dtensor.device_mesh, warm_up=False)
     options = {"cost_model": cost_model, "merge": merge, "max_local_bytes": max_local_bytes}
     return _RedistributeDTensor.apply(dtensor, tuple(placements), groups, options)

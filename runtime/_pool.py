@@ -26,16 +26,16 @@ import contextlib
 import datetime
 import multiprocessing
 import multiprocessing.connection
-import os
 import pickle
 import sys
 import time
-import traceback
 import weakref
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from meshplan.errors import RuntimeShellError, WorkerError
+
+from ._worker import worker_main
 
 __all__ = ["WorkerPool", "RemoteError"]
 
@@ -48,6 +48,7 @@ _PRELOAD = (
     "meshplan.runtime._pool",
     "meshplan.runtime._groups",
     "meshplan.runtime._collectives",
+    "meshplan.runtime._p2p",
 )
 
 
@@ -230,7 +231,7 @@ class WorkerPool:
         for rank in range(self.world_size):
             parent_end, child_end = ctx.Pipe(duplex=True)
             proc = ctx.Process(
-                target=_worker_main,
+                target=worker_main,
                 args=(rank, config, child_end),
                 name=f"meshplan-worker-{rank}",
                 daemon=True,
@@ -450,112 +451,3 @@ def _shutdown_ref(ref: weakref.ref[WorkerPool]) -> None:
     pool = ref()
     if pool is not None:
         pool._kill()
-
-
-# -- worker side ------------------------------------------------------------------------
-
-
-def _worker_main(rank: int, config: dict[str, Any], conn: Any) -> None:
-    """Join the world, then run tasks until told to stop (or the parent goes away)."""
-    os.environ.update(config["env"])
-    try:
-        import torch
-        import torch.distributed as dist
-
-        torch.set_num_threads(config["threads"])
-        device_id = _bind_device(config["backend"], rank)
-        store = dist.TCPStore(
-            config["host"],
-            config["port"],
-            config["world_size"],
-            is_master=False,
-            timeout=datetime.timedelta(seconds=config["start_timeout"]),
-        )
-        dist.init_process_group(
-            config["backend"],
-            store=store,
-            rank=rank,
-            world_size=config["world_size"],
-            timeout=datetime.timedelta(seconds=config["pg_timeout"]),
-            device_id=device_id,
-        )
-    except BaseException as exc:  # reported to the parent
-        _reply(conn, "err", 0, _pack_exception(exc))
-        return
-    _reply(conn, "ok", 0, rank)
-    while True:
-        try:
-            kind, body = pickle.loads(conn.recv_bytes())
-        except (EOFError, OSError):
-            break  # the parent is gone
-        if kind == "stop":
-            break
-        task_id, parent_path, payload = body
-        _adopt_sys_path(parent_path)
-        try:
-            fn, args, kwargs = pickle.loads(payload)
-            result = fn(*args, **kwargs)
-            out = pickle.dumps(("ok", task_id, result))
-        except BaseException as exc:  # reported to the parent
-            out = pickle.dumps(("err", task_id, _pack_exception(exc)))
-        try:
-            conn.send_bytes(out)
-        except (OSError, ValueError):
-            break
-    with contextlib.suppress(Exception):  # exiting anyway
-        dist.destroy_process_group()
-
-
-def _bind_device(backend: str, rank: int) -> Any:
-    """For an NCCL world, give worker ``rank`` a GPU of its own (``rank % device_count``) and
-    make it current: NCCL runs on the current device, so without this every worker would
-    share GPU 0 (collectives then hang or fail). None for other backends."""
-    if "nccl" not in str(backend).lower():
-        return None
-    import torch
-
-    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    if count == 0:
-        raise RuntimeShellError(
-            f"backend {backend!r} needs CUDA GPUs, but this machine has none; use "
-            "WorkerPool(n, 'gloo') on CPUs",
-            value=backend,
-        )
-    device = torch.device("cuda", rank % count)
-    torch.cuda.set_device(device)
-    return device
-
-
-def _adopt_sys_path(parent_path: list[str]) -> None:
-    known = set(parent_path)
-    sys.path[:] = list(parent_path) + [p for p in sys.path if p not in known]
-
-
-def _pack_exception(exc: BaseException) -> tuple[bytes | None, str]:
-    """The exception pickled (attributes that cannot travel become their repr), and its text."""
-    text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
-    for candidate in (exc, _travel_copy(exc)):
-        try:
-            data = pickle.dumps(candidate)
-            pickle.loads(data)
-            return data, text
-        except Exception:  # sent as text only
-            continue
-    return None, text
-
-
-def _travel_copy(exc: BaseException) -> BaseException:
-    clone = type(exc).__new__(type(exc))
-    clone.args = exc.args
-    for key, value in vars(exc).items():
-        try:
-            pickle.dumps(value)
-        except Exception:  # keep what can be shown
-            value = repr(value)
-        setattr(clone, key, value)
-    return clone
-
-
-def _reply(conn: Any, status: str, task_id: int, body: Any) -> None:
-    with contextlib.suppress(OSError, ValueError):
-        conn.send_bytes(pickle.dumps((status, task_id, body)))

@@ -40,8 +40,10 @@ from meshplan.redistribute._step import Plan, Step, reduce_op
 from meshplan.redistribute.exchange import Segments, step_group
 
 from . import _collectives as C
+from . import _p2p
 from ._agree import check_same_plan
-from ._groups import Group, ProcessGroups
+from ._group import Group
+from ._groups import ProcessGroups
 
 # the per-rank bookkeeping, kept as constants by torch.compile (see traced_as_constant)
 transfers_from = traced_as_constant(_exchange.transfers_from)
@@ -412,7 +414,7 @@ def _all_permute(step: Step, me: int, local: torch.Tensor, group: Group) -> torc
     ]
     incoming = transfers_to(step, me)
     recvs = list(_recv_shapes(step, me))
-    received = C.exchange(sends, recvs, group, dtype=local.dtype, device=local.device)
+    received = _p2p.exchange(sends, recvs, group, dtype=local.dtype, device=local.device)
     target = local.new_empty(_local_shape(step.dst, me))
     for t, data in zip(incoming, received, strict=True):
         unpack_into(target, t.segments, data)

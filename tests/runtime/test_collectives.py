@@ -14,7 +14,9 @@ from torch.testing import assert_close
 from meshplan.errors import RuntimeShellError
 from meshplan.layout import Mesh
 from meshplan.runtime import _collectives as C
-from meshplan.runtime._groups import Group, ProcessGroups
+from meshplan.runtime import _p2p as P
+from meshplan.runtime._group import Group
+from meshplan.runtime._groups import ProcessGroups
 from meshplan.runtime._pool import WorkerDied, WorkerPool
 from meshplan.testing import mesh_dims
 
@@ -138,12 +140,12 @@ def _shift(mesh, key, dtype):
     n, me = g.size, g.position
     nxt, prev = (me + 1) % n, (me - 1) % n
     mine = _data(g.rank, (2, me + 1), dtype)
-    got = C.permute(mine, g, dst=nxt, src=prev, recv_shape=(2, prev + 1))
+    got = P.permute(mine, g, dst=nxt, src=prev, recv_shape=(2, prev + 1))
     expected = _data(g.ranks[prev], (2, prev + 1), dtype)
     # several messages to one peer, an empty one, and a message to itself
     sends = [(nxt, mine), (nxt, mine[:, :1] * 2), (nxt, mine[:0]), (me, mine + 1)]
     recvs = [(prev, (2, prev + 1)), (prev, (2, 1)), (prev, (0, prev + 1)), (me, (2, me + 1))]
-    many = C.exchange(sends, recvs, g)
+    many = P.exchange(sends, recvs, g)
     theirs = _data(g.ranks[prev], (2, prev + 1), dtype)
     expected_many = [theirs, theirs[:, :1] * 2, theirs[:0], mine + 1]
     return got, expected, many, expected_many
@@ -160,8 +162,8 @@ def _argument_errors():
         "sizes_sum": lambda: C.reduce_scatter(torch.ones(4), g, sizes=[2] * g.size),
         "blocks": lambda: C.all_to_all([torch.ones(1)], g),
         "avg_bool": lambda: C.all_reduce(torch.ones(2, dtype=torch.bool), g, "avg"),
-        "self_msgs": lambda: C.exchange([(g.position, torch.ones(1))], [], g),
-        "recv_dtype": lambda: C.exchange([], [(0, (1,))], g),
+        "self_msgs": lambda: P.exchange([(g.position, torch.ones(1))], [], g),
+        "recv_dtype": lambda: P.exchange([], [(0, (1,))], g),
     }
     for name, fn in checks.items():
         try:
@@ -386,8 +388,8 @@ def test_a_group_of_one_needs_no_process_group():
     _close(C.all_reduce(x, alone, "avg"), x)
     _close(C.reduce_scatter(x, alone, "max", dim=1), x)
     _close(C.all_to_all([x], alone)[0], x)
-    _close(C.permute(x, alone, dst=0, src=0), x)
-    assert C.permute(x, alone, dst=None, src=None) is None
+    _close(P.permute(x, alone, dst=0, src=0), x)
+    assert P.permute(x, alone, dst=None, src=None) is None
 
 
 # -- calibrate ----------------------------------------------------------------------------
@@ -402,7 +404,7 @@ def _calibrate(mesh):
 
 def test_calibrate_measures_each_collective_per_mesh_dim_and_agrees_across_ranks(pool8):
     from meshplan.redistribute import CostModel, HardwareProfile, Link
-    from meshplan.redistribute._cost import COLLECTIVES
+    from meshplan.redistribute._profile import COLLECTIVES
 
     mesh = Mesh.create((2, 1, 4), ("dp", "one", "tp"), ranks=(3, 1, 0, 2, 7, 5, 4, 6))
     # aliases: steps merge onto (tp, dp)'s group (timed once, though two aliases name it);
@@ -528,7 +530,7 @@ def _compiled():
         return torch.cat(C.all_to_all(list(w.chunk(2)), g)) + 1
 
     def point_to_point(x):
-        return C.permute(x, g, dst=1 - g.position, src=1 - g.position) * 3
+        return P.permute(x, g, dst=1 - g.position, src=1 - g.position) * 3
 
     x = torch.arange(4.0) + dist.get_rank()
     full = torch.compile(collectives, backend="eager", fullgraph=True)

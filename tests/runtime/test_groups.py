@@ -13,7 +13,8 @@ from hypothesis import strategies as st
 from meshplan.errors import MeshError, RuntimeShellError
 from meshplan.layout import Mesh
 from meshplan.runtime import _collectives as C
-from meshplan.runtime._groups import Group, ProcessGroups
+from meshplan.runtime._group import Group
+from meshplan.runtime._groups import ProcessGroups
 from meshplan.runtime._pool import WorkerPool
 from meshplan.testing import mesh_dims
 

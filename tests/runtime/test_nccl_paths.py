@@ -9,10 +9,10 @@ from meshplan.checkpoint import load, load_all, save_all
 from meshplan.errors import CheckpointError, RuntimeShellError
 from meshplan.layout import Mesh
 from meshplan.placement import Replicate, Shard, Sharded, Spec, shard
-from meshplan.runtime import _collectives as C
+from meshplan.runtime import _p2p
 from meshplan.runtime._calibrate import default_device
 from meshplan.runtime._groups import ProcessGroups, _needs_warm_up
-from meshplan.runtime._pool import _bind_device
+from meshplan.runtime._worker import bind_device
 
 # -- tasks (run on every rank) ------------------------------------------------------------
 
@@ -24,7 +24,7 @@ def _warmed_partial_exchange():
     g = groups.get("b")
     sends = [(1, torch.tensor([float(dist.get_rank())]))] if g.position == 0 else []
     recvs = [(0, (1,))] if g.position == 1 else []
-    got = C.exchange(sends, recvs, g, dtype=torch.float32, device="cpu")
+    got = _p2p.exchange(sends, recvs, g, dtype=torch.float32, device="cpu")
     return [float(t) for t in got], _needs_warm_up(g.pg, None)
 
 
@@ -44,11 +44,11 @@ def test_calibrate_times_on_the_gpu_of_an_nccl_world_whatever_the_mesh_says():
 
 
 def test_a_worker_binds_a_gpu_only_on_nccl():
-    assert _bind_device("gloo", 3) is None
+    assert bind_device("gloo", 3) is None
     if torch.cuda.is_available():
         pytest.skip("this machine has GPUs: the cuda tests cover the binding")
     with pytest.raises(RuntimeShellError, match="needs CUDA GPUs"):
-        _bind_device("nccl", 0)
+        bind_device("nccl", 0)
 
 
 def _saved(tmp_path):
