@@ -7,9 +7,11 @@ process groups, never imports torch, never keeps a "current mesh".
 
 from meshplan.errors import MeshError
 
-from ._axis import Axis, MeshLayout, coalesce, complement, compose, row_major_strides
+from ._axis import Axis, coalesce, complement, row_major_strides
+from ._compose import compose
 from ._frozen import FrozenMap
 from ._mesh import DimKey, Mesh, flatten, unflatten
+from ._mesh_layout import MeshLayout
 
 __all__ = [
     "Axis",

@@ -36,18 +36,21 @@ class FrozenMap(Mapping[K, V], Generic[K, V]):
                 value=data,
             ) from None
         items.update(kwargs)
-        try:
-            ordered = sorted(items.items(), key=lambda kv: _sort_key(kv[0]))
-        except TypeError:
-            raise MeshError(
-                f"a FrozenMap's keys must be orderable (ints or strings), got {list(items)!r}",
-                value=data,
-            ) from None
-        self._data: dict[K, V] = dict(ordered)
+        keys = list(items)
+        if not _in_order(keys):
+            try:
+                keys.sort(key=_sort_key)
+            except TypeError:
+                raise MeshError(
+                    f"a FrozenMap's keys must be orderable (ints or strings), got {list(items)!r}",
+                    value=data,
+                ) from None
+            items = {k: items[k] for k in keys}
+        self._data: dict[K, V] = items
         try:  # hashed now, so an unhashable value is refused here, not by a later lookup
-            self._hash: int | None = hash(tuple(self._data.items()))
+            self._hash: int = hash(tuple(items.items()))
         except TypeError:
-            key, value = next((k, v) for k, v in ordered if not _is_hashable(v))
+            key, value = next((k, v) for k, v in items.items() if not _is_hashable(v))
             raise MeshError(
                 f"a FrozenMap's values must be hashable, but {key!r} maps to {value!r}; use "
                 "tuples (not lists), frozensets (not sets) or FrozenMaps (not dicts)",
@@ -63,9 +66,22 @@ class FrozenMap(Mapping[K, V], Generic[K, V]):
     def __len__(self) -> int:
         return len(self._data)
 
+    def __contains__(self, key: object) -> bool:
+        return key in self._data
+
+    def get(self, key: K, default: Any = None) -> Any:
+        return self._data.get(key, default)
+
+    def keys(self):
+        return self._data.keys()
+
+    def values(self):
+        return self._data.values()
+
+    def items(self):
+        return self._data.items()
+
     def __hash__(self) -> int:
-        if self._hash is None:
-            self._hash = hash(tuple(self._data.items()))
         return self._hash
 
     def __eq__(self, other: object) -> bool:
@@ -109,17 +125,32 @@ def frozen_map(value: Mapping | Any) -> FrozenMap:
     return FrozenMap(value)
 
 
-def int_keyed_map(data: dict) -> FrozenMap:
-    """A :class:`FrozenMap` of ``data``, whose keys are ints in increasing order and whose
-    values are hashable, as its (internal) caller built it: taken without the checks,
-    sort and hash of the constructor (hashed when first asked)."""
-    m = object.__new__(FrozenMap)
-    m._data = data
-    m._hash = None
-    return m
+def _in_order(keys: list) -> bool:
+    """Whether ``keys`` are all ints, or all strings, in increasing order (the order a
+    :class:`FrozenMap` keeps), so they need no sort."""
+    if not keys:
+        return True
+    kind = type(keys[0])
+    if kind is not int and kind is not str:
+        return False
+    prev = keys[0]
+    for k in keys[1:]:
+        if type(k) is not kind or not prev < k:
+            return False
+        prev = k
+    return True
 
 
 EMPTY_MAP: FrozenMap = FrozenMap()
+
+
+def int_keyed_map(data: Mapping[int, Any]) -> FrozenMap:
+    """A :class:`FrozenMap` of ``data`` (int keys), sharing :data:`EMPTY_MAP` when empty.
+
+    >>> int_keyed_map({}) is EMPTY_MAP, int_keyed_map({1: (0,), 0: (1,)})
+    (True, FrozenMap({0: (1,), 1: (0,)}))
+    """
+    return FrozenMap(data) if data else EMPTY_MAP
 
 
 T = TypeVar("T", bound=type)
@@ -131,7 +162,8 @@ def identity_first_eq(cls: T) -> T:
 
     attrs compares field by field with ``==``, which never short-cuts on identity; values
     that nest other values (a Spec holds a Mesh holding a MeshLayout) then compare every
-    level even when both sides share it. Apply after ``@attrs.frozen(cache_hash=True)``.
+    level even when both sides share it. Apply after ``@attrs.frozen`` to a class whose
+    hash is cached (``cache_hash=True``, or a ``__hash__`` reading a cached property).
     """
     fields_eq = cls.__eq__
 

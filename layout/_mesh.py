@@ -3,76 +3,25 @@
 from __future__ import annotations
 
 import math
-import operator
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 import attrs
 
 from meshplan.errors import MeshError
 
-from ._axis import Axis, MeshLayout, complement, compose, row_major_strides
-from ._frozen import FrozenMap, frozen_map, identity_first_eq
-from ._ints import as_int, brief, int_or_same
+from ._axis import Axis, complement
+from ._frozen import FrozenMap, identity_first_eq
+from ._ints import as_int, int_or_same
+from ._mesh_algebra import contained, digit, gather, origin, overlapping_pair, reindex, split_axis
+from ._mesh_check import MAX_WORLD, alias_map, check_mesh, mesh_shape, names_of, sequence_of
+from ._mesh_layout import MeshLayout
 from ._ranks import RankMap, index_of, rank_map, short_repr, trusted_rank_map
 
 __all__ = ["Mesh", "flatten", "unflatten", "DimKey"]
 
 DimKey = int | str
 Dims = DimKey | Sequence[DimKey] | slice | None
-
-
-def _names(value: Iterable[str] | str) -> tuple[str, ...]:
-    if isinstance(value, str):
-        return (value,)
-    return _tuple(value, "names")
-
-
-def _tuple(value: Iterable, what: str) -> tuple:
-    if isinstance(value, str | bytes) or not isinstance(value, Iterable):
-        raise MeshError(f"{what} must be a sequence, got {value!r}", value=value)
-    if isinstance(value, set | frozenset):
-        raise MeshError(
-            f"{what} must be an ordered sequence (a tuple or list), got the set {value!r}",
-            value=value,
-        )
-    try:
-        return tuple(value)
-    except TypeError:  # e.g. a 0-d array
-        raise MeshError(f"{what} must be a sequence, got {value!r}", value=value) from None
-
-
-_MAX_WORLD = 2**31 - 1
-
-
-def _aliases(value) -> FrozenMap:
-    if value is None:
-        return FrozenMap()
-    if not isinstance(value, Mapping):
-        raise MeshError(
-            f"a mesh's aliases are a mapping of names to Axis values, got {value!r}", value=value
-        )
-    return frozen_map(value)
-
-
-def _mesh_shape(value) -> tuple[int, ...]:
-    """A mesh shape as a tuple of ints >= 1 (an int, or a sequence of ints; numpy ints too)."""
-    if isinstance(value, str | bytes):
-        raise MeshError(f"a mesh shape is an int or a sequence of ints, got {brief(value)}", value=value)
-    one = as_int(value)  # an int, a numpy int or a 0-d array
-    items = (one,) if one is not None else (value,) if isinstance(value, bool) else None
-    if items is None:
-        items = _tuple(value, "a mesh shape")
-    out = []
-    for s in items:
-        size = as_int(s)
-        if size is None or size < 1:
-            raise MeshError(
-                f"mesh shape {brief(value)} has size {brief(s)}; every size must be an int >= 1",
-                value=value,
-            )
-        out.append(size)
-    return tuple(out)
 
 
 @identity_first_eq
@@ -102,82 +51,12 @@ class Mesh:
 
     layout: MeshLayout
     ranks: RankMap = attrs.field(converter=rank_map)
-    names: tuple[str, ...] = attrs.field(converter=_names)
-    aliases: FrozenMap[str, Axis] = attrs.field(converter=_aliases, factory=FrozenMap)
+    names: tuple[str, ...] = attrs.field(converter=names_of)
+    aliases: FrozenMap[str, Axis] = attrs.field(converter=alias_map, factory=FrozenMap)
     device_type: str = "cpu"
 
     def __attrs_post_init__(self) -> None:
-        if not isinstance(self.layout, MeshLayout):
-            raise MeshError(f"layout must be a MeshLayout, got {self.layout!r}", value=self.layout)
-        ndim = self.layout.ndim
-        if len(self.names) != ndim:
-            raise MeshError(
-                f"mesh of shape {self.layout.shape} needs {ndim} dim names, got "
-                f"{len(self.names)}: {self.names!r}; give one name per dim",
-                value=self.names,
-            )
-        if not isinstance(self.device_type, str) or not self.device_type:
-            raise MeshError(
-                f"device_type must be a non-empty string such as 'cpu' or 'cuda', got "
-                f"{self.device_type!r}",
-                value=self.device_type,
-            )
-        for n in self.names:
-            if not isinstance(n, str) or not n:
-                raise MeshError(
-                    f"mesh dim names must be non-empty strings, got {n!r} in {self.names!r}",
-                    value=n,
-                )
-        if len(set(self.names)) != len(self.names):
-            dup = sorted({n for n in self.names if self.names.count(n) > 1})
-            raise MeshError(
-                f"duplicate mesh dim names {dup!r} in {self.names!r}; give each dim its own name",
-                value=self.names,
-            )
-        world = len(self.ranks)
-        if not self.layout.is_injective():
-            raise MeshError(
-                f"mesh layout {self.layout} overlaps: two coordinates name the same rank; "
-                "mesh dims must not share ranks",
-                value=self.layout,
-            )
-        try:
-            complement(self.layout.modes(), world)
-        except MeshError:
-            raise MeshError(
-                f"mesh layout {self.layout} does not tile the {world} ranks of the rank map "
-                f"{short_repr(self.ranks)}: its dims must cover the map in whole instances "
-                f"without interleaving; pass a rank map whose length is a multiple of "
-                f"{self.layout.numel()} (or a layout built by slicing a mesh over it)",
-                value=self.layout,
-            ) from None
-        for alias, axis in self.aliases.items():
-            if not isinstance(alias, str) or not alias:
-                raise MeshError(
-                    f"alias names must be non-empty strings, got {alias!r}", value=alias
-                )
-            if not isinstance(axis, Axis):
-                raise MeshError(f"alias {alias!r} must map to an Axis, got {axis!r}", value=axis)
-            if alias in self.names:
-                raise MeshError(
-                    f"alias {alias!r} clashes with a mesh dim name of {self.names!r}; "
-                    "pick another alias or dim name",
-                    value=alias,
-                )
-            if not axis.is_injective():
-                raise MeshError(
-                    f"alias {alias!r} has the overlapping layout {axis}; an alias must not "
-                    "name a rank twice",
-                    value=axis,
-                )
-            try:
-                complement(axis.modes, world)
-            except MeshError:
-                raise MeshError(
-                    f"alias {alias!r} has the layout {axis}, which does not tile the "
-                    f"{world} ranks of the rank map; flatten dims of this mesh instead",
-                    value=axis,
-                ) from None
+        check_mesh(self.layout, self.ranks, self.names, self.aliases, self.device_type)
 
     # -- construction -----------------------------------------------------------------
 
@@ -198,15 +77,15 @@ class Mesh:
         >>> Mesh.create(4, "x", ranks=[3, 1, 2, 0]).ranks
         (3, 1, 2, 0)
         """
-        shape = _mesh_shape(shape)
+        shape = mesh_shape(shape)
         numel = math.prod(shape)
-        if numel > _MAX_WORLD:
+        if numel > MAX_WORLD:
             raise MeshError(
                 f"mesh shape {shape!r} has {numel} ranks, more than any torch.distributed "
-                f"world (ranks are 32-bit ints: at most {_MAX_WORLD})",
+                f"world (ranks are 32-bit ints: at most {MAX_WORLD})",
                 value=shape,
             )
-        names = tuple(f"d{i}" for i in range(len(shape))) if names is None else _names(names)
+        names = tuple(f"d{i}" for i in range(len(shape))) if names is None else names_of(names)
         ranks = range(numel) if ranks is None else rank_map(ranks)
         if len(ranks) != numel:
             raise MeshError(
@@ -298,7 +177,7 @@ class Mesh:
             dims = (dims,)
         elif hasattr(dims, "__index__") and getattr(dims, "shape", None) == ():
             dims = (dims,)  # a 0-d array or tensor
-        dims = _tuple(dims, "mesh dims")
+        dims = sequence_of(dims, "mesh dims")
         out = []
         for d in dims:
             if isinstance(d, str) and d in self.aliases:
@@ -314,7 +193,7 @@ class Mesh:
                 value=dims,
             )
         if not Axis.from_modes(m for _, a in out for m in a.modes).is_injective():
-            a, b = _overlapping_pair(out)
+            a, b = overlapping_pair(out)
             raise MeshError(
                 f"mesh dims {dims!r} cannot be combined: {a!r} ({self.axis(a)}) and {b!r} "
                 f"({self.axis(b)}) share ranks (an alias and a dim it flattens?); pick dims "
@@ -350,7 +229,7 @@ class Mesh:
         chosen = self._resolve(dims)
         layout = MeshLayout(a for _, a in chosen)
         taken = {c for c, _ in chosen}
-        kept = {n: a for n, a in self.aliases.items() if n not in taken and _contained(a, layout)}
+        kept = {n: a for n, a in self.aliases.items() if n not in taken and contained(a, layout)}
         return Mesh(layout, self.ranks, tuple(n for n, _ in chosen), kept, self.device_type)
 
     def flatten(self, dims: Dims = None, name: str | None = None) -> Mesh:
@@ -401,7 +280,7 @@ class Mesh:
         ((2, 2, 4), ('dp', 'cp', 'tp'), (0, 4))
         """
         i = self.dim_index(dim)
-        sizes, names = _tuple(sizes, "unflatten sizes"), _names(names)
+        sizes, names = sequence_of(sizes, "unflatten sizes"), names_of(names)
         if len(sizes) != len(names):
             raise MeshError(
                 f"unflatten got {len(sizes)} sizes {sizes!r} but {len(names)} names "
@@ -423,14 +302,8 @@ class Mesh:
                 f"{axis.size()}",
                 value=sizes,
             )
-        try:
-            parts = tuple(
-                compose(axis, Axis.of((s,), (d,)))
-                for s, d in zip(sizes, row_major_strides(sizes), strict=True)
-            )
-        except MeshError:
-            parts = None
-        if parts is None or Axis.from_modes(m for p in parts for m in p.modes) != axis:
+        parts = split_axis(axis, sizes)
+        if parts is None:
             raise MeshError(
                 f"cannot unflatten dim {self.names[i]!r} (layout {axis}, a flattening of "
                 f"non-adjacent dims) into sizes {sizes!r}: the sizes do not split its modes "
@@ -479,7 +352,7 @@ class Mesh:
         index = self._index_of(rank)
         if index is None:
             return None
-        return tuple(_digits(index, a) for a in self.layout.axes)
+        return tuple(digit(index, a) for a in self.layout.axes)
 
     def rank_at(self, coordinate: Sequence[int], *, at: int | None = None) -> int:
         """The rank at ``coordinate`` in the instance containing ``at`` (default: first).
@@ -488,7 +361,7 @@ class Mesh:
         >>> m.rank_at((1, 2)), m["dp"].rank_at((1,), at=3)
         (6, 7)
         """
-        coordinate = tuple(int_or_same(c) for c in _tuple(coordinate, "a coordinate"))
+        coordinate = tuple(int_or_same(c) for c in sequence_of(coordinate, "a coordinate"))
         if len(coordinate) != self.ndim or any(
             isinstance(c, bool) or not isinstance(c, int) or not 0 <= c < s
             for c, s in zip(coordinate, self.shape, strict=True)
@@ -498,7 +371,7 @@ class Mesh:
                 "int per dim with 0 <= c < size",
                 value=coordinate,
             )
-        base = 0 if at is None else _base(self._require(at), self.layout.axes)
+        base = 0 if at is None else origin(self._require(at), self.layout.axes)
         return self.ranks[
             base + sum(a.offset(c) for a, c in zip(self.layout.axes, coordinate, strict=True))
         ]
@@ -516,7 +389,7 @@ class Mesh:
         index = self._require(rank)
         axes = [a for _, a in chosen]
         sub = Axis.from_modes(m for a in axes for m in a.modes)
-        return _gather(self.ranks, sub._offsets(_base(index, axes)))
+        return gather(self.ranks, sub._offsets(origin(index, axes)))
 
     def groups(self, dims: Dims = None) -> tuple[tuple[int, ...], ...]:
         """Every rank group along ``dims``: the process groups to create for them.
@@ -532,7 +405,7 @@ class Mesh:
         inner = sub.offsets()
         ranks = self.ranks
         return tuple(
-            _gather(ranks, [base + o for o in inner])
+            gather(ranks, [base + o for o in inner])
             for base in complement(sub.modes, len(ranks))._offsets(0)
         )
 
@@ -552,7 +425,7 @@ class Mesh:
         collapsed = family.layout.collapse()
         aliases = {}
         for name, axis in family.aliases.items():
-            moved = _reindex(axis, collapsed)
+            moved = reindex(axis, collapsed)
             if moved is not None:
                 aliases[name] = moved
         return Mesh(
@@ -577,88 +450,6 @@ class Mesh:
             extra += f", device_type={self.device_type!r}"
         ranks = tuple(self.ranks) if not isinstance(self.ranks, range) else self.ranks
         return f"Mesh(layout={self.layout!r}, ranks={ranks!r}, names={self.names!r}{extra})"
-
-
-def _gather(ranks: RankMap, offsets: Sequence[int]) -> tuple[int, ...]:
-    """The ranks at ``offsets`` of the rank map, in time linear in ``len(offsets)``."""
-    if isinstance(ranks, range):
-        if isinstance(offsets, range):
-            return tuple(ranks[offsets.start : offsets.stop : offsets.step])
-        if ranks.step == 1:
-            return tuple(map(ranks.start.__add__, offsets) if ranks.start else offsets)
-        start, step = ranks.start, ranks.step
-        return tuple(start + step * o for o in offsets)
-    if len(offsets) == 1:
-        return (ranks[offsets[0]],)
-    return operator.itemgetter(*offsets)(ranks)
-
-
-def _digits(index: int, axis: Axis) -> int:
-    """The coordinate of layout offset ``index`` along ``axis`` (row-major over its modes)."""
-    coord = 0
-    for size, stride in axis.modes:
-        coord = coord * size + (index // stride) % size
-    return coord
-
-
-def _base(index: int, axes: Iterable[Axis]) -> int:
-    """``index`` with its digits along ``axes`` zeroed: the offset of its instance's origin."""
-    for axis in axes:
-        for size, stride in axis.modes:
-            index -= ((index // stride) % size) * stride
-    return index
-
-
-def _overlapping_pair(chosen: Sequence[tuple[str, Axis]]) -> tuple[str, str]:
-    for i, (a, x) in enumerate(chosen):
-        for b, y in chosen[i + 1 :]:
-            if not Axis.from_modes(x.modes + y.modes).is_injective():
-                return a, b
-    return chosen[0][0], chosen[-1][0]
-
-
-def _contained(axis: Axis, layout: MeshLayout) -> bool:
-    """True when every offset of ``axis`` lies in the span of ``layout``'s modes."""
-    segments: list[tuple[int, int]] = []  # (stride, count): multiples of stride below stride*count
-    for stride, size in sorted((d, s) for s, d in layout.modes()):
-        if segments and segments[-1][0] * segments[-1][1] == stride:
-            s0, c0 = segments.pop()
-            segments.append((s0, c0 * size))
-        else:
-            segments.append((stride, size))
-    for size, stride in axis.modes:
-        if not any(stride % s0 == 0 and (stride // s0) * (size - 1) < c0 for s0, c0 in segments):
-            return False
-    return True
-
-
-def _reindex(axis: Axis, sub: Axis) -> Axis | None:
-    """``axis`` (offsets inside the image of injective ``sub``) as a layout of sub's indices.
-
-    Index ``j`` of the result satisfies ``sub.offset(result.offset(j)) == axis.offset(j)``;
-    None when no such layout exists.
-    """
-    table = sorted(zip(sub.strides, sub.sizes, row_major_strides(sub.sizes), strict=True))
-    pieces: list[tuple[int, int]] = []
-    for size, stride in axis.modes:
-        mode_pieces: list[tuple[int, int]] = []  # fastest first
-        rest, pos = size, stride
-        while rest > 1:
-            hit = next(((d, s, n) for d, s, n in table if d <= pos < d * s and pos % d == 0), None)
-            if hit is None:
-                return None
-            d, s, n = hit
-            q = pos // d
-            if rest * q <= s:
-                mode_pieces.append((rest, n * q))
-                break
-            if s % q or rest % (s // q):
-                return None
-            mode_pieces.append((s // q, n * q))
-            rest //= s // q
-            pos = d * s
-        pieces.extend(reversed(mode_pieces))
-    return Axis.from_modes(pieces)
 
 
 def flatten(mesh: Mesh, dims: Dims = None, name: str | None = None) -> Mesh:

@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import contextlib
-import operator
-
 import attrs
 import torch
 
 from meshplan.errors import PlacementError
+from meshplan.layout._ints import int_or_same
 
 from ._local import Chunk, global_offset, local_chunks, local_shape
 from ._spec import Spec
@@ -40,7 +38,7 @@ class Sharded:
 
     local: torch.Tensor
     spec: Spec
-    rank: int
+    rank: int = attrs.field(converter=int_or_same)  # numpy ints, 0-d int tensors
 
     def __attrs_post_init__(self) -> None:
         if not isinstance(self.spec, Spec):
@@ -51,10 +49,6 @@ class Sharded:
                 value=self.local,
             )
         rank = self.rank
-        if not isinstance(rank, bool | int):
-            with contextlib.suppress(TypeError):
-                rank = operator.index(rank)  # numpy ints, 0-d integer tensors
-                object.__setattr__(self, "rank", rank)
         if isinstance(rank, bool) or not isinstance(rank, int) or not self.spec.mesh.contains(rank):
             raise PlacementError(
                 f"rank {rank!r} is not in mesh {self.spec.mesh} of {self.spec}; pass a rank of "

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from meshplan.errors import MeshError
 from meshplan.layout import Axis, MeshLayout, coalesce, complement, compose
-from meshplan.layout._axis import modes_of
+from meshplan.layout._compose import modes_of
 
 modes_lists = st.lists(st.tuples(st.integers(1, 4), st.integers(0, 12)), max_size=4)
 
