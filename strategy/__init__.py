@@ -14,7 +14,8 @@ Never communicates; the planning part never imports torch (the rule checker
 from meshplan.errors import StrategyError
 from meshplan.layout._lazy import lazy_attributes
 
-from ._expand import Strategy, check_constraint, expand
+from ._constraints import check_constraint
+from ._expand import Strategy, expand
 from ._rule import DimStrategy, Meta, Placeholder, fill, meta_of, replicate_strategy, shard_kinds
 from ._ruleset import OpRule, RuleSet
 from ._select import METHODS, Choice, clear_strategy_cache, select

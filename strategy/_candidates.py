@@ -21,7 +21,7 @@ from meshplan.errors import PlacementError, StrategyError
 from meshplan.placement import Partial, Replicate, Shard, Spec, StridedShard
 
 from ._aten import Call, aten_strategies
-from ._expand import check_constraint
+from ._constraints import check_constraint
 from ._rule import DimStrategy, Placeholder
 
 __all__ = ["ComputeModel", "Option", "options", "local_numel", "is_float", "realize"]

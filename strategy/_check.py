@@ -25,7 +25,8 @@ from meshplan.placement import Partial, Placement, Replicate, Shard, Spec, Strid
 from meshplan.placement._tensor import shard_one, unshard
 
 from ._args import ALL, as_int, is_real
-from ._expand import Problem, Strategy, assemble, build_problem, check_op
+from ._expand import Strategy, assemble
+from ._problem import Problem, build_problem, check_op
 from ._reference import random_inputs, run_local, run_op
 from ._rule import DimStrategy, Meta
 from ._ruleset import OpRule, RuleSet, freeze_args

@@ -11,52 +11,29 @@ tensor dim is sharded by several mesh dims:
   several input dims into one, the mesh dims of inner input dims come first (they
   cut every row of the outer dims, see ``_rules_shape``).
 
-Placeholder constraints (``even``, ``nonempty``, ``aligned``) are checked on the
-specs; strategies breaking them, or mixing ``Partial`` ops a spec cannot hold, are
-left out.
+Placeholder constraints (``even``, ``nonempty``, ``aligned``, see ``_constraints``)
+are checked on the specs; strategies breaking them, or mixing ``Partial`` ops a spec
+cannot hold, are left out.
 """
 
 from __future__ import annotations
 
 import functools
-import inspect
 import itertools
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import attrs
 
 from meshplan.errors import PlacementError, StrategyError
-from meshplan.placement import (
-    Partial,
-    Placement,
-    Shard,
-    Spec,
-    StridedShard,
-    chunk_bounds,
-    format_placements,
-    is_shard_like,
-)
-from meshplan.placement._local import chunk_lengths
+from meshplan.placement import Partial, Placement, Spec, format_placements, is_shard_like
 
-from ._args import as_int
-from ._rule import CONSTRAINTS, DimStrategy, Meta, fill, meta_of, shard_kinds
-from ._ruleset import OpRule, RuleSet, freeze_args
+from ._constraints import chain_ok
+from ._problem import Problem, prepare
+from ._rule import DimStrategy
+from ._ruleset import RuleSet
 
-__all__ = [
-    "Candidate",
-    "candidates",
-    "realize",
-    "Strategy",
-    "Problem",
-    "prepare",
-    "build_problem",
-    "assemble",
-    "expand",
-    "check_constraint",
-    "check_op",
-    "check_inputs",
-]
+__all__ = ["Candidate", "Strategy", "assemble", "candidates", "expand", "realize"]
 
 
 @attrs.frozen(repr=False, cache_hash=True)
@@ -110,217 +87,6 @@ def _specs(value: Any, what: str) -> tuple[Spec, ...]:
         if not isinstance(x, Spec):
             raise StrategyError(f"Strategy {what} holds {x!r:.80}, not a Spec", value=x)
     return items
-
-
-@attrs.frozen(repr=False, cache_hash=True)
-class Problem:
-    """One op call, ready to combine: its inputs, outputs and each mesh dim's candidates."""
-
-    op: str
-    args: tuple[tuple[str, Any], ...]
-    sources: tuple[Spec, ...]
-    outputs: tuple[Meta, ...]
-    dim_rules: tuple[tuple[DimStrategy, ...], ...]
-
-    @property
-    def mesh(self):
-        return self.sources[0].mesh
-
-    def n_states(self) -> int:
-        """How many rule combinations (N-D strategies before checks) there are."""
-        n = 1
-        for rules in self.dim_rules:
-            n *= len(rules)
-        return n
-
-
-def check_op(op: object) -> str:
-    """``op`` if it is an op name (a non-empty string); raise otherwise."""
-    if not isinstance(op, str) or not op:
-        raise StrategyError(
-            f"op must be an op name (a non-empty string such as 'mm'), got {op!r}", value=op
-        )
-    return op
-
-
-def check_inputs(op: str, input_specs: Sequence[Spec]) -> tuple[Spec, ...]:
-    """The input specs as a tuple: at least one, all :class:`Spec` s on one mesh."""
-    if isinstance(input_specs, Spec):
-        return (input_specs,)
-    if isinstance(input_specs, str | bytes | Mapping) or not isinstance(input_specs, Iterable):
-        raise StrategyError(
-            f"{op}: input_specs must be a sequence of Spec values (one per tensor input), got "
-            f"{input_specs!r}",
-            value=input_specs,
-        )
-    specs = tuple(input_specs)
-    if not specs:
-        raise StrategyError(f"{op}: give at least one input spec", value=input_specs)
-    for s in specs:
-        if not isinstance(s, Spec):
-            raise StrategyError(f"{op}: input {s!r} is not a Spec", value=s)
-    mesh = specs[0].mesh
-    for s in specs[1:]:
-        if s.mesh != mesh:
-            raise StrategyError(
-                f"{op}: inputs lie on different meshes ({mesh} and {s.mesh}); redistribute them "
-                "onto one mesh first",
-                value=s,
-            )
-    return specs
-
-
-def prepare(
-    op: str,
-    input_specs: Sequence[Spec],
-    ruleset: RuleSet | None = None,
-    args: Mapping[str, Any] | None = None,
-) -> Problem:
-    """Run the op's rule on the inputs' metadata and fill its placeholders."""
-    op = check_op(op)
-    specs = check_inputs(op, input_specs)
-    if ruleset is not None and not isinstance(ruleset, RuleSet):
-        raise StrategyError(
-            f"{op}: ruleset must be a RuleSet (or None for the built-in rules), got {ruleset!r}",
-            value=ruleset,
-        )
-    if args is not None and not isinstance(args, Mapping):
-        raise StrategyError(f"{op}: args must be a mapping of keyword arguments", value=args)
-    frozen = freeze_args(args or {})
-    return _prepare(op, specs, ruleset or RuleSet.default(), frozen, _types(frozen))
-
-
-def _types(value: Any) -> Any:
-    """The types inside frozen op arguments, for ``_prepare``'s cache key: ``48``,
-    ``48.0`` and ``np.int64(48)`` (or ``1`` and ``True``) compare and hash alike, but the
-    rules take some of them and refuse others."""
-    if isinstance(value, tuple):
-        return tuple(_types(v) for v in value)
-    return type(value)
-
-
-@functools.lru_cache(maxsize=4096)
-def _prepare(
-    op: str, specs: tuple[Spec, ...], ruleset: RuleSet, args: tuple, types: tuple
-) -> Problem:
-    # ``types`` is only part of the cache key (see ``_types``)
-    return build_problem(op, ruleset[op], specs, args, shard_kinds(specs))
-
-
-def _check_keywords(op: str, fn, kwargs: dict) -> None:
-    """Raise :class:`StrategyError` when ``fn`` cannot take ``kwargs`` (a misspelt or
-    unsupported argument of the op), before calling it."""
-    try:
-        problem = _keyword_problem(fn, tuple(kwargs))
-    except TypeError:  # an unhashable callable: read its signature each time
-        problem = _keyword_problem.__wrapped__(fn, tuple(kwargs))
-    if problem is not None:
-        raise StrategyError(
-            f"{op} does not take the arguments {sorted(kwargs)!r} {problem}", value=kwargs
-        )
-
-
-@functools.lru_cache(maxsize=1024)
-def _keyword_problem(fn, names: tuple) -> str | None:
-    """Why ``fn`` cannot be called with the metas and keyword arguments ``names`` (None:
-    it can, or it has no signature to read and the call decides). A property of the
-    function alone, read once."""
-    try:
-        sig = inspect.signature(fn)
-    except (TypeError, ValueError):
-        return None
-    try:
-        sig.bind(None, **dict.fromkeys(names))
-    except TypeError as e:
-        takes = [
-            p.name for p in sig.parameters.values() if p.kind is inspect.Parameter.KEYWORD_ONLY
-        ]
-        return f"({e}); it takes {takes or 'no keyword arguments'}"
-    return None
-
-
-def build_problem(
-    op: str, rule: OpRule, specs: tuple[Spec, ...], args: tuple, kinds: Sequence[int]
-) -> Problem:
-    """A :class:`Problem` from an explicit rule and shard kinds (what ``prepare`` runs)."""
-    metas = tuple(meta_of(s) for s in specs)
-    kwargs = dict(args)
-    for fn in (rule.strategies, rule.outputs):
-        _check_keywords(op, fn, kwargs)
-    # outputs first: it computes the result's dtype, refusing dtypes torch refuses
-    outputs = _sequence(op, "outputs function", rule.outputs(metas, **kwargs))
-    if not outputs:
-        raise StrategyError(f"{op}: the outputs function returned no outputs", value=outputs)
-    for m in outputs:
-        if not isinstance(m, Meta):
-            raise StrategyError(f"{op}: the outputs function returned {m!r}, not a Meta", value=m)
-    raw = _sequence(op, "rule", rule.strategies(metas, **kwargs))
-    filled = fill(raw, kinds, len(outputs), len(specs))
-    tensors = (*outputs, *metas)
-    for s in filled:
-        for pos, p in enumerate(s.entries):
-            if is_shard_like(p) and not p.dim < tensors[pos].ndim:
-                raise StrategyError(
-                    f"{op}: strategy {s} shards dim {p.dim} of a {tensors[pos].ndim}-D tensor; "
-                    "the rule is wrong",
-                    value=s,
-                )
-    mesh = specs[0].mesh
-    dim_rules = tuple(filled if size > 1 else filled[:1] for size in mesh.shape)
-    return Problem(op, args, specs, outputs, dim_rules)
-
-
-def _sequence(op: str, what: str, value: object) -> tuple:
-    if isinstance(value, str | bytes | Mapping) or not isinstance(value, Iterable):
-        raise StrategyError(f"{op}: the {what} returned {value!r}, not a sequence", value=value)
-    return tuple(value)
-
-
-# -- constraints -------------------------------------------------------------------
-
-
-def _stage(length: int, p: Placement, parts: int) -> list[int]:
-    """Lengths each coordinate keeps when ``p`` cuts a piece of ``length`` over ``parts``."""
-    if not isinstance(p, StridedShard):
-        return [b - a for a, b in (chunk_bounds(length, parts, c) for c in range(parts))]
-    pieces = chunk_lengths(length, p.split_factor)  # (length, count): O(1) in split_factor
-    return [sum(k * _part(n, parts, c) for n, k in pieces) for c in range(parts)]
-
-
-def _part(n: int, parts: int, c: int) -> int:
-    a, b = chunk_bounds(n, parts, c)
-    return b - a
-
-
-def check_constraint(spec: Spec, dim: int, name: str) -> bool:
-    """Whether ``spec`` meets a placeholder constraint on tensor ``dim``.
-
-    >>> from meshplan.layout import Mesh
-    >>> spec = Spec(Mesh.create(4), (Shard(0),), (7,))   # chunks of 2, 2, 2, 1
-    >>> check_constraint(spec, 0, "even"), check_constraint(spec, 0, "nonempty")
-    (False, True)
-    >>> check_constraint(Spec(Mesh.create(4), (Shard(0),), (6,)), 0, "nonempty")  # 2, 2, 2, 0
-    False
-    """
-    if not isinstance(spec, Spec):
-        raise StrategyError(f"check_constraint needs a Spec, got {spec!r}", value=spec)
-    d = as_int(dim)
-    nd = len(spec.shape)
-    if d is None or not -nd <= d < nd:
-        raise StrategyError(
-            f"dim {dim!r} is not a tensor dim of {spec} (shape {spec.shape!r}); use an int in "
-            f"[{-nd}, {nd})",
-            value=dim,
-        )
-    if name not in CONSTRAINTS:
-        raise StrategyError(f"unknown constraint {name!r}; use one of {CONSTRAINTS!r}", value=name)
-    dim = d % nd
-    sizes = spec.mesh.shape
-    stages = [(spec.placements[m], sizes[m]) for m in spec.order(dim)]
-    return _chain_ok(spec.shape[dim], stages, name)
-
-
-# -- assembling one combination ----------------------------------------------------
 
 
 def _find(parent: dict, x):
@@ -443,26 +209,6 @@ def _spec(mesh, placements, shape, dtype, order) -> Spec:
     return Spec(mesh, placements, shape, dtype, dict(order))
 
 
-def _chain_ok(length: int, stages: Sequence[tuple[Placement, int]], name: str) -> bool:
-    lengths = {length}
-    for p, parts in stages:
-        new: set[int] = set()
-        for n in lengths:
-            if name == "even" and (
-                n % parts
-                if isinstance(p, Shard)
-                else n % p.split_factor or (n // p.split_factor) % parts
-            ):
-                return False
-            if name == "aligned" and isinstance(p, StridedShard) and n % p.split_factor:
-                return False
-            new.update(_stage(n, p, parts))
-        lengths = new
-    if name == "nonempty":
-        return min(lengths) >= 1
-    return True
-
-
 def _candidate(problem, rules, in_pl, out_pl, orders, link) -> Candidate | None:
     mesh = problem.mesh
     sizes = mesh.shape
@@ -518,7 +264,7 @@ def _candidate(problem, rules, in_pl, out_pl, orders, link) -> Candidate | None:
                 spec = ins[pos - k_out]
                 length = spec.shape[dim]
                 stages = [(spec.placements[m], sizes[m]) for m in spec.order(dim)]
-            if not _chain_ok(length, stages, name):
+            if not chain_ok(length, stages, name):
                 return None
     return Candidate(ins, out_pl, tuple(out_orders), rules)
 

@@ -17,7 +17,7 @@ from meshplan.errors import StrategyError
 from meshplan.placement import Spec, local_shape
 
 from ._args import as_int
-from ._expand import check_op
+from ._problem import check_op
 from ._rule import Meta
 
 __all__ = ["OPS", "run_op", "run_local", "random_inputs"]

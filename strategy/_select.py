@@ -26,7 +26,7 @@ import attrs
 from meshplan.errors import PlacementError, StrategyError
 from meshplan.placement import Partial, Replicate, Shard, Spec, dtype_itemsize
 
-from ._expand import Candidate, Problem, Strategy, candidates, prepare, realize
+from ._expand import Candidate, Strategy, candidates, realize
 from ._price import (
     _dim_steps,
     _share,
@@ -35,6 +35,7 @@ from ._price import (
     redistribute_cost,
     transition_bound,
 )
+from ._problem import Problem, prepare
 from ._ruleset import RuleSet
 
 __all__ = ["Choice", "select", "METHODS", "clear_strategy_cache"]
@@ -343,10 +344,10 @@ def reduction_cost(spec: Spec, model: Any) -> float:
 
 def clear_strategy_cache() -> None:
     """Forget every cached rule evaluation, assembly and price (the planner's plans stay)."""
-    from . import _expand, _price
+    from . import _expand, _price, _problem
 
     for fn in (
-        _expand._prepare,
+        _problem._prepare,
         _expand.candidates,
         _expand._spec,
         _price.redistribute_cost,
