@@ -11,11 +11,13 @@ from meshplan.errors import PlanError
 from meshplan.layout._lazy import lazy_attributes
 
 from . import exchange
-from ._cost import Cost, CostModel, HardwareProfile, Link, cost, step_cost, transition_cost
-from ._explain import explain
+from ._cost import cost
 from ._merge import MergeWarning, merge, reset_merge_warnings
+from ._plan import Plan, explain
 from ._planner import check_plannable, clear_plan_cache, plan
-from ._step import COLLECTIVES, Plan, Step, reduce_op
+from ._profile import CostModel, HardwareProfile, Link
+from ._step_cost import Cost, step_cost, transition_cost
+from ._steps import COLLECTIVES, Step, reduce_op
 
 # simulate touches tensor values: imported only when it is used.
 _LAZY = {

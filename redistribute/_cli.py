@@ -21,10 +21,10 @@ from meshplan.errors import MeshplanError
 from meshplan.layout import Mesh
 from meshplan.placement import Spec, parse_placements
 
-from ._cost import CostModel, HardwareProfile
-from ._explain import explain
 from ._merge import MergeWarning
+from ._plan import explain
 from ._planner import plan
+from ._profile import CostModel, HardwareProfile
 
 __all__ = ["main", "build_parser"]
 

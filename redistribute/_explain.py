@@ -1,4 +1,4 @@
-"""``explain(plan)``: a readable table of a plan's steps, groups, traffic, memory and cost."""
+"""The table ``explain`` prints: per step its process groups, traffic, peak memory and cost."""
 
 from __future__ import annotations
 
@@ -9,12 +9,14 @@ import attrs
 from meshplan.errors import PlanError
 from meshplan.layout._mesh import first_instance
 from meshplan.layout._ranks import short_repr
-from meshplan.placement import dtype_itemsize, format_placements, local_numel
+from meshplan.placement import Spec, dtype_itemsize, local_numel
 
-from ._cost import Cost, CostModel, step_cost
-from ._step import Plan, Step, _orders_for, as_plan
+from ._profile import CostModel
+from ._step_cost import Cost, step_cost
+from ._steps import Step, placement_change
+from .exchange import transfers_to
 
-__all__ = ["explain", "StepReport", "step_report"]
+__all__ = ["explain_steps", "StepReport", "step_report"]
 
 _EXACT_LIMIT = 1024  # ranks: beyond this, peak memory is read off the first group only
 _TRANSFER_LIMIT = 1 << 12  # ranks times group size: beyond this, traffic comes from the model
@@ -46,8 +48,6 @@ def step_report(step: Step, model: CostModel | None = None) -> StepReport:
     """
     if not isinstance(step, Step):
         raise PlanError(f"step_report needs a Step, got {step!r}", value=step)
-    from .exchange import transfers_to
-
     src, dst = step.src, step.dst
     mesh = src.mesh
     item = dtype_itemsize(src.dtype)
@@ -137,32 +137,26 @@ def _fmt_time(seconds: float) -> str:
     return f"{seconds * 1e6:.1f} us"
 
 
-def _placements(step: Step) -> str:
-    dims = step.mesh_dims
-    a = format_placements([step.src.placements[m] for m in dims], _orders_for(step.src, dims))
-    b = format_placements([step.dst.placements[m] for m in dims], _orders_for(step.dst, dims))
-    scale = f" /{step.avg_scale}" if step.avg_scale != 1 else ""
-    return f"{a} -> {b}{scale}"
-
-
-def explain(plan: Plan, model: CostModel | None = None) -> str:
-    """A table of ``plan``'s steps: process groups, bytes per rank, peak local memory, cost.
+def explain_steps(
+    src: Spec, dst: Spec, steps: Sequence[Step], model: CostModel | None = None
+) -> str:
+    """The table of the steps turning ``src`` into ``dst`` (a plan's): process groups, bytes
+    per rank, peak local memory, cost (what ``explain(plan)`` prints).
 
     >>> from meshplan.layout import Mesh
-    >>> from meshplan.placement import Replicate, Shard, Spec
-    >>> from meshplan.redistribute import plan as make_plan
+    >>> from meshplan.placement import Replicate, Shard
     >>> mesh = Mesh.create((2, 4), ("dp", "tp"))
-    >>> p = make_plan(Spec(mesh, [Shard(0), Shard(1)], (8, 8)), Spec(mesh, [Replicate(), Shard(1)], (8, 8)))
-    >>> print(explain(p))  # doctest: +ELLIPSIS
+    >>> a = Spec(mesh, [Shard(0), Shard(1)], (8, 8))
+    >>> b = Spec(mesh, [Replicate(), Shard(1)], (8, 8))
+    >>> print(explain_steps(a, b, [Step("dp", a, b, "all_gather")]))
     Plan f32[8,8](S(0) S(1)) -> f32[8,8](R S(1)) on Mesh((2, 4), names=('dp', 'tp'))
      #  step        placements  group  size  example group  recv/rank  sent/rank  peak/rank  cost
      0  all_gather  S(0) -> R   dp     2     (0, 4)         32 B       32 B       96 B       9.0 us
     total: 1 step (1 collective), recv 32 B/rank, peak 96 B/rank, cost 9.0 us (comm 9.0 us, compute 0.0 us)
     """
-    plan = as_plan(plan, "explain")
-    head = f"Plan {plan.src} -> {plan.dst} on {plan.src.mesh}"
-    if not plan.steps:
-        same = "the specs are equal" if plan.src == plan.dst else "every rank holds its target"
+    head = f"Plan {src} -> {dst} on {src.mesh}"
+    if not steps:
+        same = "the specs are equal" if src == dst else "every rank holds its target"
         return f"{head}: nothing to do ({same})"
     rows = [
         (
@@ -181,7 +175,7 @@ def explain(plan: Plan, model: CostModel | None = None) -> str:
     total = Cost()
     recv = 0
     peak = 0
-    for i, step in enumerate(plan.steps):
+    for i, step in enumerate(steps):
         r = step_report(step, model)
         total = total + r.cost
         recv += r.recv_bytes
@@ -190,7 +184,7 @@ def explain(plan: Plan, model: CostModel | None = None) -> str:
             (
                 str(i),
                 step.collective or "local",
-                _placements(step),
+                placement_change(step),
                 r.group,
                 str(r.group_size),
                 short_repr(r.example_group, limit=16),
@@ -207,9 +201,9 @@ def explain(plan: Plan, model: CostModel | None = None) -> str:
             c.ljust(w) for c, w in zip(row[1:], widths[1:], strict=True)
         ]
         lines.append((" " + "  ".join(cells)).rstrip())
-    n_coll = len(plan.collectives)
+    n_coll = sum(step.collective is not None for step in steps)
     lines.append(
-        f"total: {len(plan.steps)} step{'s' if len(plan.steps) != 1 else ''} "
+        f"total: {len(steps)} step{'s' if len(steps) != 1 else ''} "
         f"({n_coll} collective{'s' if n_coll != 1 else ''}), recv {_fmt_bytes(recv)}/rank, "
         f"peak {_fmt_bytes(peak)}/rank, cost {_fmt_time(total.total)} "
         f"(comm {_fmt_time(total.comm)}, compute {_fmt_time(total.compute)})"

@@ -7,7 +7,7 @@ import torch
 from meshplan.placement import local_shape
 
 from . import exchange as _exchange
-from ._step import Step
+from ._steps import Step
 from .exchange import Segments
 
 __all__ = [

@@ -11,7 +11,8 @@ from meshplan.placement import local_shape
 from meshplan.placement._tensor import reduction_dtype
 
 from ._local_ops import apply_local, empty_target, finish_reduce, pack, unpack_into
-from ._step import Plan, Step, reduce_op
+from ._plan import Plan
+from ._steps import Step, reduce_op
 from .exchange import reduce_blocks, step_group, transfers_to
 
 __all__ = ["simulate", "simulate_step"]

@@ -28,7 +28,7 @@ from meshplan.placement import (
     local_intervals,
 )
 
-from ._step import Step
+from ._steps import Step
 
 __all__ = [
     "Segments",

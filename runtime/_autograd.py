@@ -16,7 +16,7 @@ import torch
 
 from meshplan.errors import RuntimeShellError
 from meshplan.placement import Partial, Replicate, Spec
-from meshplan.redistribute._step import grad_spec
+from meshplan.redistribute._steps import grad_spec
 
 from ._groups import ProcessGroups
 from ._run import _check_local, dtype_of, run

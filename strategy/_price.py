@@ -45,14 +45,14 @@ __all__ = [
 
 def default_model():
     """The cost model used when none is given (the planner's default)."""
-    from meshplan.redistribute._cost import CostModel
+    from meshplan.redistribute._profile import CostModel
 
     return CostModel.default()
 
 
 def check_model(value):
     """``value`` as a cost model: None is the default; anything but a CostModel raises."""
-    from meshplan.redistribute._cost import CostModel, HardwareProfile
+    from meshplan.redistribute._profile import CostModel, HardwareProfile
 
     if value is None:
         return default_model()
@@ -98,7 +98,7 @@ def _step_bound(model, mesh: Mesh, m: int, collective: str | None, nbytes: float
     ``nbytes`` bounds every local size from below; a side of the step where ``m``
     does not shard (Partial or Replicate) holds ``mesh.shape[m]`` times as much.
     """
-    from meshplan.redistribute._cost import coefficients
+    from meshplan.redistribute._step_cost import coefficients
 
     size = mesh.shape[m]
     c = coefficients(model, mesh, (m,), collective, size)

@@ -35,7 +35,7 @@ import attrs
 
 from meshplan.errors import StrategyError
 from meshplan.placement import Replicate, Spec
-from meshplan.redistribute._step import grad_spec
+from meshplan.redistribute._steps import grad_spec
 
 from ._aten import Call
 from ._candidates import ComputeModel, Option, is_float

@@ -27,13 +27,9 @@ from meshplan.redistribute import (
     step_cost,
     transition_cost,
 )
-from meshplan.redistribute._cost import (
-    COLLECTIVES,
-    FLATTENED,
-    chain_extent,
-    group_link,
-    padded_local_bytes,
-)
+from meshplan.redistribute._links import group_link
+from meshplan.redistribute._profile import COLLECTIVES, FLATTENED
+from meshplan.redistribute._sizes import chain_extent, padded_local_bytes
 from meshplan.testing import specs
 
 warnings.simplefilter("ignore", MergeWarning)

@@ -34,7 +34,7 @@ from meshplan.redistribute import (
     cost,
     plan,
 )
-from meshplan.redistribute._cost import padded_local_bytes
+from meshplan.redistribute._sizes import padded_local_bytes
 
 warnings.simplefilter("ignore", MergeWarning)
 

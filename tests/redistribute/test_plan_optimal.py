@@ -45,7 +45,7 @@ from meshplan.placement import (
     unshard,
 )
 from meshplan.redistribute import CostModel, HardwareProfile, Step, cost, plan, simulate
-from meshplan.redistribute._cost import step_cost
+from meshplan.redistribute._step_cost import step_cost
 from meshplan.redistribute.exchange import reduce_blocks, transfers_to
 
 # -- the brute force ------------------------------------------------------------------------

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from meshplan.layout import Mesh
 from meshplan.placement import Partial, Replicate, Shard, Spec
 from meshplan.redistribute import CostModel, HardwareProfile, cost, plan
-from meshplan.redistribute._cost import _spans_nodes
+from meshplan.redistribute._links import _spans_nodes
 
 _PAIRS = [
     ((Shard(0), Replicate()), (Replicate(), Shard(1))),

@@ -1,0 +1,253 @@
+"""Steps, the transforms a plan is made of: the :class:`Step` value, the collectives a step
+runs, and the facts a step's placements decide (its reduction, its avg divisor)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import attrs
+
+from meshplan.errors import PlanError
+from meshplan.placement import Partial, Replicate, Spec, format_placements, is_shard_like
+
+__all__ = ["Step", "COLLECTIVES", "reduce_op", "grad_spec"]
+
+COLLECTIVES = ("all_gather", "all_reduce", "reduce_scatter", "all_to_all", "all_permute")
+
+
+def _dims(value: Sequence[int] | int) -> tuple[int, ...]:
+    if isinstance(value, str) or hasattr(value, "__index__"):
+        return (value,)
+    try:
+        return tuple(value)
+    except TypeError:
+        raise PlanError(
+            f"a step's mesh_dims are a mesh dim (index or name) or a sequence of them, "
+            f"got {value!r}",
+            value=value,
+        ) from None
+
+
+@attrs.frozen(repr=False, cache_hash=True)
+class Step:
+    """One transform: ranks grouped along ``mesh_dims`` turn ``src`` into ``dst``.
+
+    ``collective`` names the communication (``None`` for a local step). A step merged
+    onto a flattened mesh lists several ``mesh_dims`` and names the ``alias`` whose
+    process group it runs on. ``avg_scale`` divides a merged sum+avg reduction by the
+    product of the avg dims' sizes. The data each rank sends and receives follows from
+    ``src``, ``dst`` and the groups alone (see ``meshplan.redistribute.exchange``).
+
+    >>> from meshplan.layout import Mesh
+    >>> from meshplan.placement import Replicate, Shard
+    >>> mesh = Mesh.create(2)
+    >>> s = Step((0,), Spec(mesh, [Shard(0)], (4,)), Spec(mesh, [Replicate()], (4,)), "all_gather")
+    >>> print(s)
+    all_gather[d0]: S(0) -> R
+    """
+
+    mesh_dims: tuple[int, ...] = attrs.field(converter=_dims)
+    src: Spec
+    dst: Spec
+    collective: str | None
+    alias: str | None = None
+    avg_scale: int = attrs.field(init=False, default=1)
+
+    def __attrs_post_init__(self) -> None:
+        if self.collective is not None and self.collective not in COLLECTIVES:
+            raise PlanError(
+                f"unknown collective {self.collective!r}; use one of {COLLECTIVES!r} or None",
+                value=self.collective,
+            )
+        if not self.mesh_dims:
+            raise PlanError("a step needs at least one mesh dim", value=self)
+        src, dst = self.src, self.dst
+        if not isinstance(src, Spec) or not isinstance(dst, Spec):
+            raise PlanError(
+                f"a step goes from a Spec to a Spec, got {src!r} and {dst!r}", value=self
+            )
+        dims = []
+        for m in self.mesh_dims:  # names and negative indices too
+            try:
+                dims.append(src.mesh.dim_index(m))
+            except (ValueError, TypeError):
+                raise PlanError(
+                    f"step mesh dim {m!r} is not a dim of {src.mesh} (names {src.mesh.names!r})",
+                    value=m,
+                ) from None
+        if len(set(dims)) != len(dims):
+            raise PlanError(
+                f"step mesh dims {self.mesh_dims!r} name a mesh dim twice; list each once",
+                value=self.mesh_dims,
+            )
+        object.__setattr__(self, "mesh_dims", tuple(dims))
+        if src.mesh != dst.mesh or src.shape != dst.shape or src.dtype != dst.dtype:
+            raise PlanError(
+                f"step from {src} to {dst}: source and target differ in mesh, shape or dtype",
+                value=self,
+            )
+        for m in self.mesh_dims:
+            if not 0 <= m < src.mesh.ndim:
+                raise PlanError(f"step mesh dim {m} out of range for {src.mesh}", value=self)
+        for i, (a, b) in enumerate(zip(src.placements, dst.placements, strict=True)):
+            if i not in self.mesh_dims and a != b:
+                raise PlanError(
+                    f"step over mesh dims {self.mesh_dims} changes mesh dim {i} ({a} -> {b}); "
+                    "a step may only change the placements of its own mesh dims",
+                    value=self,
+                )
+        _check_kind(self)
+        object.__setattr__(self, "avg_scale", _avg_scale(self))
+        if self.alias is not None and self.alias not in src.mesh.aliases:
+            raise PlanError(
+                f"step names alias {self.alias!r}, which mesh {src.mesh} does not have",
+                value=self,
+            )
+
+    @property
+    def logical_shape(self) -> tuple[int, ...]:
+        return self.src.shape
+
+    @property
+    def group_dims(self) -> tuple[int, ...] | str:
+        """What the step's process group is: the alias name, or the mesh dims."""
+        return self.alias if self.alias is not None else self.mesh_dims
+
+    def __str__(self) -> str:
+        names = self.src.mesh.names
+        where = ",".join(names[m] for m in self.mesh_dims)
+        if self.alias is not None:
+            where = f"{self.alias}={where}"
+        return f"{self.collective or 'local'}[{where}]: {placement_change(self)}"
+
+    def __repr__(self) -> str:
+        return (
+            f"Step(mesh_dims={self.mesh_dims!r}, src={self.src!r}, dst={self.dst!r}, "
+            f"collective={self.collective!r}, alias={self.alias!r})"
+        )
+
+
+def _check_kind(step: Step) -> None:
+    """Raise :class:`PlanError` unless the step's collective can make its placement change.
+
+    Data-moving collectives (gather, all_to_all, permute) copy values, so neither side of
+    their dims may be Partial; a reduction starts Partial on every dim it reduces (with
+    one op, sum and avg counting as one) and ends Replicate (all_reduce) or sharded
+    (reduce_scatter). Whether the group holds the data is checked per rank when the
+    step runs (``exchange``); a local step's change is checked there too.
+    """
+    kind = step.collective
+    if kind is None:
+        return
+    before, after = step.src.placements, step.dst.placements
+    names = step.src.mesh.names
+    if kind in ("all_reduce", "reduce_scatter"):
+        for m in step.mesh_dims:
+            a, b = before[m], after[m]
+            if not isinstance(a, Partial):
+                raise PlanError(
+                    f"{kind} step {step} reduces over mesh dim {names[m]!r}, which is {a} in "
+                    "its source; a reduction starts Partial on every dim it reduces",
+                    value=step,
+                )
+            if kind == "all_reduce" and not isinstance(b, Replicate):
+                raise PlanError(
+                    f"all_reduce step {step} ends {b} on mesh dim {names[m]!r}; an "
+                    "all_reduce ends Replicate (use reduce_scatter to end sharded, a local "
+                    "step to change the Partial op)",
+                    value=step,
+                )
+            if kind == "reduce_scatter" and not is_shard_like(b):
+                raise PlanError(
+                    f"reduce_scatter step {step} ends {b} on mesh dim {names[m]!r}; a "
+                    "reduce_scatter ends sharded on every dim it reduces (use all_reduce "
+                    "to end Replicate)",
+                    value=step,
+                )
+        reduce_op(step)  # one op per step
+        return
+    for m in step.mesh_dims:
+        a, b = before[m], after[m]
+        if isinstance(a, Partial) or isinstance(b, Partial):
+            raise PlanError(
+                f"{kind} step {step} turns {a} into {b} on mesh dim {names[m]!r}; an {kind} "
+                "copies values, so it neither reads nor makes Partial ones (reduce with "
+                "all_reduce or reduce_scatter, make Partial with a local step)",
+                value=step,
+            )
+
+
+def _avg_scale(step: Step) -> int:
+    """Divisor of a sum-reduction that also covers Partial("avg") dims (1 otherwise)."""
+    if step.collective not in ("all_reduce", "reduce_scatter"):
+        return 1
+    scale = 1
+    for m in step.mesh_dims:
+        p = step.src.placements[m]
+        if getattr(p, "op", None) == "avg":
+            scale *= step.src.mesh.shape[m]
+    return scale
+
+
+def reduce_op(step: Step) -> str:
+    """The reduction a reducing step performs: "sum" (then divide by ``avg_scale``), "max", "min"."""
+    if not isinstance(step, Step):
+        raise PlanError(f"reduce_op reads a Step, got {step!r}", value=step)
+    ops = {getattr(step.src.placements[m], "op", None) for m in step.mesh_dims}
+    if None in ops:
+        raise PlanError(
+            f"{step.collective} step {step} reduces over a mesh dim that is not Partial",
+            value=step,
+        )
+    if ops <= {"sum", "avg"}:
+        return "sum"
+    if len(ops) > 1:
+        raise PlanError(f"step {step} mixes Partial ops {sorted(ops)!r}", value=step)
+    return ops.pop()
+
+
+def placement_change(step: Step) -> str:
+    """The placements of the step's own mesh dims before and after (and its avg divisor).
+
+    >>> from meshplan.layout import Mesh
+    >>> from meshplan.placement import Partial, Replicate
+    >>> mesh = Mesh.create((2, 2))
+    >>> a = Spec(mesh, [Partial("avg"), Replicate()], (4,))
+    >>> placement_change(Step(0, a, Spec(mesh, [Replicate(), Replicate()], (4,)), "all_reduce"))
+    'P(avg) -> R /2'
+    """
+    dims = step.mesh_dims
+    a = format_placements([step.src.placements[m] for m in dims], _orders_for(step.src, dims))
+    b = format_placements([step.dst.placements[m] for m in dims], _orders_for(step.dst, dims))
+    scale = f" /{step.avg_scale}" if step.avg_scale != 1 else ""
+    return f"{a} -> {b}{scale}"
+
+
+def _orders_for(spec: Spec, dims: tuple[int, ...]) -> dict[int, tuple[int, ...]]:
+    # Shard orders restricted to the step's dims, renumbered to positions in `dims`.
+    out = {}
+    for d, order in spec.shard_order.items():
+        inside = tuple(dims.index(m) for m in order if m in dims)
+        if len(inside) == len(order):
+            out[d] = inside
+    return out
+
+
+def grad_spec(spec: Spec) -> Spec:
+    """The layout a gradient of a value in ``spec`` takes: Partial dims replicate.
+
+    The gradient of a partial sum (or average, max, min) is the gradient of the reduced
+    value, needed in full by every rank; Shard and Replicate dims keep. The backward of a
+    redistribution and of a whole program both land gradients here.
+
+    >>> from meshplan.layout import Mesh
+    >>> from meshplan.placement import Shard
+    >>> print(grad_spec(Spec(Mesh.create((2, 2)), [Partial(), Shard(0)], (4,))))
+    f32[4](R S(0))
+    """
+    if not isinstance(spec, Spec):
+        raise PlanError(f"grad_spec reads a Spec, got {spec!r}", value=spec)
+    if not spec.is_partial:
+        return spec
+    placements = [Replicate() if isinstance(p, Partial) else p for p in spec.placements]
+    return Spec(spec.mesh, placements, spec.shape, spec.dtype, spec.shard_order)
