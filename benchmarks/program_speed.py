@@ -11,7 +11,9 @@ further dims replicated) on 2-D, 3-D and 4-D meshes:
   a planner without look-ahead does), priced by the same model;
 * torch 2.13's DTensor on the same function and placements (run on a fake process
   group; its gradients moved to their parameters' placements as a user must): every
-  collective it issues, priced by meshplan's cost model as the one-step move it is.
+  collective it issues, priced by meshplan's cost model as the one-step move it is, and
+  the time its sharding propagation takes (``--torch-limit`` seconds at most a mesh; past
+  that it is reported as unfinished).
 
 Prints a table of ratios and writes JSON to ``benchmarks/results/program_speed.json``.
 ``--quick`` runs the 2-D and 3-D meshes only.
@@ -23,6 +25,7 @@ import argparse
 import functools
 import json
 import os
+import signal
 import sys
 import time
 import warnings
@@ -40,7 +43,15 @@ from meshplan.strategy._program import plan_graph  # noqa: E402
 SIZES = {"B": 8, "T": 16, "D": 32, "V": 64}
 
 
-def case(shape: tuple[int, ...]) -> dict:
+class _TooLong(Exception):
+    pass
+
+
+def _alarm(signum, frame):
+    raise _TooLong
+
+
+def case(shape: tuple[int, ...], torch_limit: float) -> dict:
     mesh = Mesh.create(shape)
     tensors, specs = transformer_args(mesh, layers=1, **SIZES)
     fn = functools.partial(transformer, layers=1, fused=False)
@@ -53,16 +64,31 @@ def case(shape: tuple[int, ...]) -> dict:
         plan_graph(prog.graph, specs)
         warm = time.perf_counter() - t0
         greedy = plan_graph(prog.graph, specs, solver="op_by_op")
+        print(
+            f"  meshplan: planned in {cold:.1f} s (warm {warm:.1f} s); torch DTensor ...",
+            flush=True,
+        )
+        old = signal.signal(signal.SIGALRM, _alarm)
+        signal.setitimer(signal.ITIMER_REAL, torch_limit)
+        t0 = time.perf_counter()
         try:
             peer = price(dtensor_collectives(fn, tensors, specs), mesh)
+        except _TooLong:  # torch's sharding propagation did not finish in the time given
+            peer = {"comm": None, "bytes": None, "collectives": None}
+            peer["error"] = f"did not finish in {torch_limit:.0f} s"
         except Exception as exc:  # torch cannot run the program on this mesh
             peer = {"comm": None, "bytes": None, "collectives": None}
             peer["error"] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:120]}"
+        finally:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+            signal.signal(signal.SIGALRM, old)
+        peer_s = time.perf_counter() - t0
     return {
         "mesh": list(shape),
         "ops": len(prog.ops),
         "plan_cold_s": cold,
         "plan_warm_s": warm,
+        "torch_dtensor_s": peer_s,
         "method": prog.method,
         "gap": (prog.cost.total - prog.lower_bound) / prog.cost.total if prog.cost.total else 0.0,
         "meshplan": {
@@ -89,15 +115,21 @@ def case(shape: tuple[int, ...]) -> dict:
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="2-D and 3-D meshes only")
+    ap.add_argument(
+        "--torch-limit",
+        type=float,
+        default=900.0,
+        help="seconds torch DTensor may take for one mesh before it is reported as unfinished",
+    )
     args = ap.parse_args(argv)
     shapes = [(2, 2), (2, 2, 2)] + ([] if args.quick else [(2, 2, 2, 2)])
     rows = []
     for shape in shapes:
         print(f"planning the transformer block on {shape} ...", flush=True)
-        rows.append(case(shape))
+        rows.append(case(shape, args.torch_limit))
     head = (
         f"{'mesh':<10} {'plan cold':>9} {'warm':>7} {'method':<8} "
-        f"{'mp comm':>9} {'mp coll':>7} {'greedy/mp':>9} {'torch/mp comm':>13} "
+        f"{'mp comm':>9} {'mp coll':>7} {'greedy/mp':>9} {'torch time':>10} {'torch/mp comm':>13} "
         f"{'torch coll':>10} {'torch/mp bytes':>14}"
     )
     print(head)
@@ -106,7 +138,7 @@ def main(argv=None) -> None:
         line = (
             f"{'x'.join(map(str, r['mesh'])):<10} {r['plan_cold_s']:>8.2f}s {r['plan_warm_s']:>6.2f}s "
             f"{r['method'][:8]:<8} {mp['comm_s'] * 1e6:>7.1f}us {mp['collectives']:>7} "
-            f"{gr['total_s'] / mp['total_s']:>9.2f} "
+            f"{gr['total_s'] / mp['total_s']:>9.2f} {r['torch_dtensor_s']:>9.1f}s "
         )
         if tc["comm_s"] is None:
             line += f"torch failed: {tc['error']}"
