@@ -69,7 +69,7 @@ import time
 import warnings
 from pathlib import Path
 
-from meshplan.redistribute._cost import padded_local_bytes
+from meshplan.redistribute._sizes import padded_local_bytes
 
 RESULTS = Path(__file__).resolve().parent / "results" / "plan_speed.json"
 MESHES = [(8,), (2, 4), (2, 2, 2), (2, 2, 2, 2)]
@@ -385,33 +385,37 @@ def fresh(make, mesh, a, b, shape):
     return lambda: (make(mesh, a, shape), make(mesh, b, shape))
 
 
-def first_call(build, fn, clear=True) -> float:
+def first_call(build, fn, clear=True, planner=None) -> float:
     """Seconds of one ``fn(*build())``, the arguments built outside the timer (fresh
-    objects: nothing keyed by them is warm); with ``clear``, meshplan's plan cache is
-    cleared first (its tables are kept)."""
+    objects: nothing keyed by them is warm); with ``clear``, the plans ``planner`` (the
+    default planner when None) remembers are forgotten first (its tables are kept)."""
     from meshplan.redistribute import clear_plan_cache
 
     args = build()
     if clear:
-        clear_plan_cache(tables=False)
+        if planner is None:
+            clear_plan_cache(tables=False)
+        else:
+            planner.clear(tables=False)
     return timed(lambda: fn(*args))
 
 
-def table_builds(pairs, model, objective="time") -> list[float]:
-    """Build the plan table of each distinct context of ``pairs`` (none when too big), as
-    ``plan()`` would use it; the seconds each took (garbage collection off, as for every
-    other time here)."""
-    from meshplan.redistribute import _encoding, _search, _table
+def table_builds(planner, pairs, model, objective="time") -> list[float]:
+    """Build the plan table of each distinct context of ``pairs`` on ``planner`` (none
+    when too big), as ``plan()`` would use it; the seconds each took (garbage collection
+    off, as for every other time here)."""
+    from meshplan.redistribute import _encoding, _table
+    from meshplan.redistribute._problem import Problem
 
     seen = {}
     for src, dst in pairs:
         shards, ptargets = _encoding._universe(src, dst, src.ndim)
-        ctx = _search.context(
-            src.mesh, src.shape, src.dtype, model, shards, ptargets, None, objective
+        ctx = planner.context(
+            Problem(src.mesh, src.shape, src.dtype, model, shards, ptargets, None, objective)
         )
         if ctx not in seen and _table.state_count(ctx) <= _table.MAX_STATES:
             with ctx.lock:
-                seen[ctx] = timed(lambda c=ctx: _table.table(c, after=0))
+                seen[ctx] = timed(lambda c=ctx: planner.tables.table(c, after=0))
     return list(seen.values())
 
 
@@ -432,7 +436,7 @@ def run(
     from torch.testing._internal.distributed.fake_pg import FakeStore
 
     from meshplan.layout import Mesh
-    from meshplan.redistribute import CostModel, _table, clear_plan_cache, cost, plan
+    from meshplan.redistribute import CostModel, Planner, clear_plan_cache, cost, plan
 
     world = max(math.prod(m) for m in MESHES)
     dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=world)
@@ -457,8 +461,8 @@ def run(
                 {"src": " ".join(a), "dst": " ".join(b), "shape": list(sh)} for a, b, sh in cases
             ]
 
-            def mp_plan(src, dst, objective="time"):
-                return plan(src, dst, cost_model=model, objective=objective)
+            def mp_plan(src, dst, objective="time", planner=None):
+                return plan(src, dst, cost_model=model, objective=objective, planner=planner)
 
             # meshplan, cold: every table cleared before each plan
             for row, (a, b, sh) in zip(rows, cases, strict=True):
@@ -472,32 +476,38 @@ def run(
                 row["mp_inorder_s"] = first_call(fresh(mp_spec, mesh, a, b, sh), mp_plan)
             # meshplan, uncached, by search: tables of the context warm from other pairs, but
             # no plan table (what a context's first lazy_pairs pairs cost)
-            lazy = _table.LAZY
-            _table.LAZY = 10**9
-            clear_plan_cache()
+            searching = Planner(tables="off")
             for a, b, sh in warm:
-                plan(mp_spec(mesh, a, sh), mp_spec(mesh, b, sh), cost_model=model)
+                mp_plan(mp_spec(mesh, a, sh), mp_spec(mesh, b, sh), planner=searching)
             for row, (a, b, sh) in zip(rows, cases, strict=True):
-                row["mp_search_s"] = first_call(fresh(mp_spec, mesh, a, b, sh), mp_plan)
+                row["mp_search_s"] = first_call(
+                    fresh(mp_spec, mesh, a, b, sh),
+                    lambda s, d: mp_plan(s, d, planner=searching),
+                    planner=searching,
+                )
             # meshplan, uncached, from each context's plan table (built first on new contexts,
             # timed apart: "table build")
-            _table.LAZY = 0
-            clear_plan_cache()
-            builds = table_builds(mp, model)
+            tabled = Planner(tables="eager")
+            builds = table_builds(tabled, mp, model)
             for row, (a, b, sh) in zip(rows, cases, strict=True):
-                row["mp_uncached_s"] = first_call(fresh(mp_spec, mesh, a, b, sh), mp_plan)
+                row["mp_uncached_s"] = first_call(
+                    fresh(mp_spec, mesh, a, b, sh),
+                    lambda s, d: mp_plan(s, d, planner=tabled),
+                    planner=tabled,
+                )
             # meshplan, objective="collectives" (fewest collectives, then least time), tables built
-            table_builds(mp, model, FEWEST)
+            table_builds(tabled, mp, model, FEWEST)
             for row, (a, b, sh), (src, dst) in zip(rows, cases, mp, strict=True):
                 row["mpc_uncached_s"] = first_call(
-                    fresh(mp_spec, mesh, a, b, sh), lambda s, d: mp_plan(s, d, FEWEST)
+                    fresh(mp_spec, mesh, a, b, sh),
+                    lambda s, d: mp_plan(s, d, FEWEST, tabled),
+                    planner=tabled,
                 )
-                p = plan(src, dst, cost_model=model, objective=FEWEST)
+                p = plan(src, dst, cost_model=model, objective=FEWEST, planner=tabled)
                 c = cost(p, model)
                 row.update(
                     mpc_collectives=len(p.collectives), mpc_bytes=c.bytes, mpc_cost_s=c.total
                 )
-            _table.LAZY = lazy
             for row, (src, dst) in zip(rows, mp, strict=True):
                 p = plan(src, dst, cost_model=model)  # cached from here on
                 row["mp_cached_s"] = timed(lambda s=src, d=dst: plan(s, d, cost_model=model), 50)
@@ -847,6 +857,7 @@ def main(argv=None) -> int:
     parser.add_argument(
         "--no-weights", action="store_true", help="only the activations (3-D and 4-D tensors)"
     )
+    parser.add_argument("--out", default=None, help="write the JSON results here instead")
     args = parser.parse_args(argv)
     import logging
 
@@ -879,6 +890,8 @@ def main(argv=None) -> int:
         out = out.with_name("plan_speed_activations.json")
     if args.gpus_per_node != 8:
         out = RESULTS.with_name(f"plan_speed_{args.gpus_per_node}gpn.json")
+    if args.out is not None:
+        out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(report, indent=1))
     print(f"\nwrote {out}")

@@ -14,7 +14,7 @@ from . import exchange
 from ._cost import cost
 from ._merge import MergeWarning, merge, reset_merge_warnings
 from ._plan import Plan, explain
-from ._planner import check_plannable, clear_plan_cache, plan
+from ._planner import Planner, check_plannable, clear_plan_cache, plan
 from ._profile import CostModel, HardwareProfile, Link
 from ._step_cost import Cost, step_cost, transition_cost
 from ._steps import COLLECTIVES, Step, reduce_op
@@ -37,6 +37,7 @@ __all__ = [
     "MergeWarning",
     "Plan",
     "PlanError",
+    "Planner",
     "Step",
     "check_plannable",
     "clear_plan_cache",

@@ -7,13 +7,14 @@ Equal specs encode alike, so states compare and hash as the specs do.
 
 >>> from meshplan.placement import Partial, Shard
 >>> mesh = Mesh.create((2, 2))
->>> _state(Spec(mesh, (Shard(0), Partial("avg")), (4, 4)))
-(((0, 1), 2), ((0,), ()))
+>>> encode(Spec(mesh, (Shard(0), Partial("avg")), (4, 4)))
+State(codes=((0, 1), 2), chains=((0,), ()))
 """
 
 from __future__ import annotations
 
 import functools
+from typing import NamedTuple
 
 from meshplan.errors import PlanError
 from meshplan.layout import FrozenMap, Mesh
@@ -21,9 +22,8 @@ from meshplan.layout._frozen import int_keyed_map
 from meshplan.placement import Partial, Replicate, Shard, Spec, StridedShard
 
 from ._heuristic import R
-from ._step import Plan, Step, _avg_scale
 
-__all__ = ["alias_dims", "MERGEABLE"]
+__all__ = ["State", "encode", "decode", "alias_dims", "MERGEABLE"]
 
 MERGEABLE = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all")
 """The collectives a step merged onto a flattened alias may run."""
@@ -58,32 +58,27 @@ def _placement(code) -> object:
     return Shard(d) if sf == 1 else StridedShard(d, sf)
 
 
-_STATES: dict = {}  # Spec -> its encoded state (Specs are frozen; their hash is cached)
+class State(NamedTuple):
+    """A spec as the search holds it: a placement code per mesh dim, and per tensor dim
+    the mesh dims sharding it in shard order (a tuple: it hashes and compares as one)."""
+
+    codes: tuple
+    chains: tuple
 
 
-def _state(spec: Spec) -> tuple:
-    state = _STATES.get(spec)
-    if state is None:
-        codes = tuple(_code(p) for p in spec.placements)
-        chains = tuple(spec.order(d) for d in range(spec.ndim))
-        if len(_STATES) >= 65536:
-            _STATES.clear()
-        state = _STATES[spec] = (codes, chains)
-    return state
+def encode(spec: Spec) -> State:
+    """The state of ``spec``."""
+    codes = tuple(_code(p) for p in spec.placements)
+    chains = tuple(spec.order(d) for d in range(spec.ndim))
+    return State(codes, chains)
 
 
-def _spec(template: Spec, state: tuple) -> Spec:
-    """A canonical Spec for an encoded state, built without re-validating (states are canonical)."""
+def decode(template: Spec, state: tuple) -> Spec:
+    """The Spec of ``state`` for the tensor and mesh of ``template``."""
     codes, chains = state
-    order = _order_map(chains)
-    spec = object.__new__(Spec)
-    object.__setattr__(spec, "mesh", template.mesh)
-    object.__setattr__(spec, "placements", _placements(codes))
-    object.__setattr__(spec, "shape", template.shape)
-    object.__setattr__(spec, "dtype", template.dtype)
-    object.__setattr__(spec, "shard_order", order)
-    object.__setattr__(spec, "_attrs_cached_hash", None)
-    return spec
+    return Spec(
+        template.mesh, _placements(codes), template.shape, template.dtype, _order_map(chains)
+    )
 
 
 @functools.lru_cache(maxsize=4096)
@@ -95,28 +90,6 @@ def _placements(codes: tuple) -> tuple:
 def _order_map(chains: tuple) -> FrozenMap:
     """The shard-order map of a state's chains (frozen: specs share it)."""
     return int_keyed_map({d: c for d, c in enumerate(chains) if c})
-
-
-def _step(dims: tuple[int, ...], src: Spec, dst: Spec, collective, alias=None) -> Step:
-    step = object.__new__(Step)
-    object.__setattr__(step, "mesh_dims", dims)
-    object.__setattr__(step, "src", src)
-    object.__setattr__(step, "dst", dst)
-    object.__setattr__(step, "collective", collective)
-    object.__setattr__(step, "alias", alias)
-    object.__setattr__(step, "avg_scale", 1)
-    object.__setattr__(step, "_attrs_cached_hash", None)
-    object.__setattr__(step, "avg_scale", _avg_scale(step))
-    return step
-
-
-def _plan_value(src: Spec, dst: Spec, steps: tuple[Step, ...]) -> Plan:
-    p = object.__new__(Plan)
-    object.__setattr__(p, "src", src)
-    object.__setattr__(p, "dst", dst)
-    object.__setattr__(p, "steps", steps)
-    object.__setattr__(p, "_attrs_cached_hash", None)
-    return p
 
 
 @functools.lru_cache(maxsize=1024)
@@ -192,7 +165,7 @@ def _alias_named(mesh: Mesh, dims: tuple[int, ...]) -> str:
 def _universe(src: Spec, dst: Spec, ndim: int) -> tuple[tuple, tuple]:
     """The shard codes (every Shard, the StridedShards of ``src``/``dst``) and Partial op
     codes a plan between them searches."""
-    return _universe_of(_state(src)[0], _state(dst)[0], ndim)
+    return _universe_of(encode(src)[0], encode(dst)[0], ndim)
 
 
 @functools.lru_cache(maxsize=4096)

@@ -29,102 +29,26 @@ from __future__ import annotations
 
 import bisect
 import math
-import threading
 
 from ._exact import even_steps
 from ._price import _tie, permute_price, price_coefficients, step_price
 
-__all__ = ["family_of", "shared", "record", "extremes", "clear_families", "LARGEST", "SIZES_FIRST"]
+__all__ = ["family_of", "Families", "LARGEST", "SIZES_FIRST"]
 
-_FAMILIES: dict = {}  # family -> {(start state, goal state): ((T, ...), (path, ...))}
-_LOCK = threading.Lock()
 _KEPT = 20000  # pairs kept over all families before the store starts over
 _PER_PAIR = 256  # sizes kept per pair (only where its plan changes, and the ends)
-_count = 0
 
 
-def family_of(mesh, shape, model, shards, ptargets, bound, objective, merge):
-    """The family of a search context's arguments, or None when its prices are not all
+def family_of(problem):
+    """The family of a search context's problem, or None when its prices are not all
     linear in the tensor's bytes (see the module doc)."""
-    if objective != "time" or bound is not None:
+    p = problem
+    if p.objective != "time" or p.bound is not None:
         return None
-    for length, step in zip(shape, even_steps(mesh.shape, len(shape), shards), strict=True):
+    for length, step in zip(p.shape, even_steps(p.mesh.shape, len(p.shape), p.shards), strict=True):
         if length <= 0 or length % step:
             return None
-    return (mesh, len(shape), model, shards, ptargets, bool(merge))
-
-
-def shared(fam, t: int, start_state, goal_state):
-    """The cheapest plan from ``start_state`` to ``goal_state`` at size ``t`` (bytes) of
-    family ``fam`` when sizes planned before bracket ``t`` with one plan (else None), as
-    ``[(state, transition, next state)]`` with the search's transitions
-    ``(price, None, mesh_dims, collective, n_send, scaled, touch)``: priced as a search
-    context of that size prices them, without making one (at a size of a family a
-    state's local bytes are ``t / split``)."""
-    # read without the lock: an entry is replaced whole, never changed (``record``)
-    pairs = _FAMILIES.get(fam)
-    if pairs is None:
-        return None
-    entry = pairs.get((start_state, goal_state))
-    if entry is None:
-        return None
-    sizes, paths = entry
-    k = bisect.bisect_left(sizes, t)
-    # this very size, or two sizes around it with one plan
-    if k == len(sizes) or (sizes[k] != t and (k == 0 or paths[k - 1] != paths[k])):
-        return None
-    path = paths[k]
-    mesh, model = fam[0], fam[2]
-    sizes = mesh.shape
-    copy = 1.0 / model.profile.copy_bytes_per_s
-    out = []
-    for a, b, dims, collective, n_send, scaled, touch in path:
-        b_in, b_out = t // _split(a[0], sizes), t // _split(b[0], sizes)
-        c = price_coefficients(model, mesh, dims, collective, n_send)
-        if collective == "all_permute":
-            c = permute_price(c, b_in, b_out, a, b)
-        else:
-            c = step_price(c, b_in, b_out, scaled, copy) * _tie(a, b)
-        out.append((a, (c, None, dims, collective, n_send, scaled, touch), b))
-    return out
-
-
-def _split(codes: tuple, sizes: tuple) -> int:
-    n = 1
-    for c, size in zip(codes, sizes, strict=True):
-        if type(c) is tuple:
-            n *= size
-    return n
-
-
-def record(fam, ctx, start_state, goal_state, found) -> None:
-    """Keep the cheapest plan ``found`` (as the search returns it) on ``ctx``, a context
-    of family ``fam``, for the family's other sizes."""
-    global _count
-    states = ctx.states
-    path = tuple((states[i], states[j]) + tuple(trans[2:7]) for i, trans, j in found[1])
-    t = ctx.total_bytes
-    with _LOCK:
-        if _count >= _KEPT:
-            _FAMILIES.clear()
-            _count = 0
-        pairs = _FAMILIES.setdefault(fam, {})
-        entry = pairs.get((start_state, goal_state))
-        if entry is None:
-            pairs[(start_state, goal_state)] = ((t,), (path,))
-            _count += 1
-            return
-        sizes, paths = list(entry[0]), list(entry[1])
-        k = bisect.bisect_left(sizes, t)
-        if (k < len(sizes) and sizes[k] == t) or len(sizes) >= _PER_PAIR:
-            return
-        sizes.insert(k, t)
-        paths.insert(k, path)
-        # a size between two with its own plan adds nothing: drop it
-        for x in (k + 1, k, k - 1):
-            if 0 < x < len(sizes) - 1 and paths[x - 1] == paths[x] == paths[x + 1]:
-                del sizes[x], paths[x]
-        pairs[(start_state, goal_state)] = (tuple(sizes), tuple(paths))
+    return (p.mesh, len(p.shape), p.model, p.shards, p.ptargets, bool(p.merge))
 
 
 LARGEST = 40
@@ -138,32 +62,109 @@ and largest sizes too (a rent-or-buy rule: a pair planned at two sizes is likely
 planned at more; each extreme costs a search)."""
 
 
-def extremes(fam, ctx, start_state, goal_state) -> list[tuple[int, ...]]:
-    """Shapes of family ``fam`` (its smallest, its largest; ``ctx``: a context of it) at
-    which to plan the pair too, so that sizes planned bracket ``ctx``'s: when the pair was
-    planned at :data:`SIZES_FIRST` sizes already (a program that plans it at many), and
-    ``ctx``'s lies beyond those."""
-    if not ctx.ndim:
-        return []  # a 0-D tensor's sizes are its dtypes': a few, each planned once
-    smallest = even_steps(ctx.sizes, ctx.ndim, ctx.shards)
-    largest = (smallest[0] << LARGEST,) + smallest[1:]
-    with _LOCK:
-        entry = _FAMILIES.get(fam, {}).get((start_state, goal_state))
-        if entry is None or len(entry[0]) < SIZES_FIRST:
-            return []
-        low, high = entry[0][0], entry[0][-1]
-    t = ctx.total_bytes
-    item = ctx.itemsize
-    out = []
-    if t > high and high < item * math.prod(largest):
-        out.append(largest)
-    if t < low and low > item * math.prod(smallest):
-        out.append(smallest)
-    return out
+def _split(codes: tuple, sizes: tuple) -> int:
+    n = 1
+    for c, size in zip(codes, sizes, strict=True):
+        if type(c) is tuple:
+            n *= size
+    return n
 
 
-def clear_families() -> None:
-    global _count
-    with _LOCK:
-        _FAMILIES.clear()
-        _count = 0
+class Families:
+    """A planner's plans shared across the sizes of families: per family and pair of
+    states, the sizes planned so far (sorted) and their plans; ``lock``: the planner's."""
+
+    def __init__(self, lock) -> None:
+        self.lock = lock
+        self._pairs: dict = {}  # family -> {(start state, goal state): ((T, ...), (path, ...))}
+        self._count = 0  # pairs kept, over every family
+
+    def shared(self, fam, t: int, start_state, goal_state):
+        """The cheapest plan from ``start_state`` to ``goal_state`` at size ``t`` (bytes) of
+        family ``fam`` when sizes planned before bracket ``t`` with one plan (else None), as
+        ``[(state, transition, next state)]`` with the search's transitions
+        ``(price, None, mesh_dims, collective, n_send, scaled, touch)``: priced as a search
+        context of that size prices them, without making one (at a size of a family a
+        state's local bytes are ``t / split``)."""
+        # read without the lock: an entry is replaced whole, never changed (``record``)
+        pairs = self._pairs.get(fam)
+        if pairs is None:
+            return None
+        entry = pairs.get((start_state, goal_state))
+        if entry is None:
+            return None
+        sizes, paths = entry
+        k = bisect.bisect_left(sizes, t)
+        # this very size, or two sizes around it with one plan
+        if k == len(sizes) or (sizes[k] != t and (k == 0 or paths[k - 1] != paths[k])):
+            return None
+        path = paths[k]
+        mesh, model = fam[0], fam[2]
+        sizes = mesh.shape
+        copy = 1.0 / model.profile.copy_bytes_per_s
+        out = []
+        for a, b, dims, collective, n_send, scaled, touch in path:
+            b_in, b_out = t // _split(a[0], sizes), t // _split(b[0], sizes)
+            c = price_coefficients(model, mesh, dims, collective, n_send)
+            if collective == "all_permute":
+                c = permute_price(c, b_in, b_out, a, b)
+            else:
+                c = step_price(c, b_in, b_out, scaled, copy) * _tie(a, b)
+            out.append((a, (c, None, dims, collective, n_send, scaled, touch), b))
+        return out
+
+    def record(self, fam, ctx, start_state, goal_state, found) -> None:
+        """Keep the cheapest plan ``found`` (as the search returns it) on ``ctx``, a context
+        of family ``fam``, for the family's other sizes."""
+        states = ctx.states
+        path = tuple((states[i], states[j]) + tuple(trans[2:7]) for i, trans, j in found[1])
+        t = ctx.total_bytes
+        with self.lock:
+            if self._count >= _KEPT:
+                self._pairs.clear()
+                self._count = 0
+            pairs = self._pairs.setdefault(fam, {})
+            entry = pairs.get((start_state, goal_state))
+            if entry is None:
+                pairs[(start_state, goal_state)] = ((t,), (path,))
+                self._count += 1
+                return
+            sizes, paths = list(entry[0]), list(entry[1])
+            k = bisect.bisect_left(sizes, t)
+            if (k < len(sizes) and sizes[k] == t) or len(sizes) >= _PER_PAIR:
+                return
+            sizes.insert(k, t)
+            paths.insert(k, path)
+            # a size between two with its own plan adds nothing: drop it
+            for x in (k + 1, k, k - 1):
+                if 0 < x < len(sizes) - 1 and paths[x - 1] == paths[x] == paths[x + 1]:
+                    del sizes[x], paths[x]
+            pairs[(start_state, goal_state)] = (tuple(sizes), tuple(paths))
+
+    def extremes(self, fam, ctx, start_state, goal_state) -> list[tuple[int, ...]]:
+        """Shapes of family ``fam`` (its smallest, its largest; ``ctx``: a context of it) at
+        which to plan the pair too, so that sizes planned bracket ``ctx``'s: when the pair was
+        planned at :data:`SIZES_FIRST` sizes already (a program that plans it at many), and
+        ``ctx``'s lies beyond those."""
+        if not ctx.ndim:
+            return []  # a 0-D tensor's sizes are its dtypes': a few, each planned once
+        smallest = even_steps(ctx.sizes, ctx.ndim, ctx.shards)
+        largest = (smallest[0] << LARGEST,) + smallest[1:]
+        with self.lock:
+            entry = self._pairs.get(fam, {}).get((start_state, goal_state))
+            if entry is None or len(entry[0]) < SIZES_FIRST:
+                return []
+            low, high = entry[0][0], entry[0][-1]
+        t = ctx.total_bytes
+        item = ctx.itemsize
+        out = []
+        if t > high and high < item * math.prod(largest):
+            out.append(largest)
+        if t < low and low > item * math.prod(smallest):
+            out.append(smallest)
+        return out
+
+    def clear(self) -> None:
+        with self.lock:
+            self._pairs.clear()
+            self._count = 0

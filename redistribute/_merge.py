@@ -18,8 +18,8 @@ Rules (torch 2.13's flattened-mesh optimization, then bettered):
 * A merge that would help but has no alias is reported once per mesh shape with a
   :class:`MergeWarning` naming the ``mesh.flatten(...)`` call that enables it.
 
-The once-per-mesh-shape memory (``_WARNED``) is the only module state;
-:func:`reset_merge_warnings` clears it.
+Which mesh shapes have warned is a planner's memory (``Planner.warned``; the default
+planner's for :func:`merge`); :func:`reset_merge_warnings` clears the default planner's.
 """
 
 from __future__ import annotations
@@ -32,19 +32,18 @@ from meshplan.layout._mesh import first_instance
 from meshplan.placement import Partial, Replicate, is_shard_like
 
 from ._cost import CostModel, as_model, padded_local_bytes, step_cost
-from ._encoding import MERGEABLE, _spec, _state, _universe, alias_dims
-from ._encoding import _step as fast_step
-from ._step import Plan, Step, as_plan
+from ._encoding import MERGEABLE, _universe, alias_dims, decode, encode
+from ._plan import Plan, as_plan
+from ._steps import Step
 
 __all__ = ["merge", "merge_plan", "MergeWarning", "reset_merge_warnings", "MERGEABLE"]
 
 
-_WARNED: set[tuple[int, ...]] = set()
-
-
 def reset_merge_warnings() -> None:
     """Forget which mesh shapes were warned about (so the next missed merge warns again)."""
-    _WARNED.clear()
+    from ._store import default_planner
+
+    default_planner().forget_warnings()
 
 
 def merge(plan: Plan, cost_model: CostModel | None = None) -> Plan:
@@ -62,9 +61,12 @@ def merge(plan: Plan, cost_model: CostModel | None = None) -> Plan:
     >>> print(merge(unmerged).steps[0])
     all_reduce[ac=a,c]: P(sum) P(sum) -> R R
     """
-    merged, missed = merge_plan(as_plan(plan, "merge"), as_model(cost_model))
+    from ._store import default_planner
+
+    planner = default_planner()
+    merged, missed = merge_plan(as_plan(plan, "merge"), as_model(cost_model), planner=planner)
     if missed:
-        warn_missed(merged, missed)
+        warn_missed(merged, missed, planner.warned)
     return merged
 
 
@@ -75,6 +77,7 @@ def merge_plan(
     per_collective: float = 0.0,
     reorder: bool = True,
     bound: int | None = None,
+    planner=None,
 ) -> tuple[Plan, tuple]:
     """``merge`` without the warning: the merged plan and the merges an alias would enable.
 
@@ -83,7 +86,8 @@ def merge_plan(
     ``reorder``: also try commuting steps so like-kind ones meet (the planner's search
     has tried every merge already, so it only asks for the adjacent ones); ``bound``: the
     plan's ``max_local_bytes`` (a merged step must keep to it too: its input and output
-    are the whole run's)."""
+    are the whole run's); ``planner``: whose contexts check reordered steps (the default
+    planner's when None)."""
     kinds = [s.collective for s in plan.steps if s.collective in MERGEABLE]
     if len(kinds) == len(set(kinds)):
         return plan, ()  # no two collectives of one kind: nothing to merge
@@ -95,7 +99,7 @@ def merge_plan(
     missed: list = []
     # beyond torch: let like-kind steps meet by commuting, keep what gets cheaper (with an
     # alias to merge onto; without, only adjacent like-kind steps are reported)
-    reordered = _reorderings(plan) if reorder and plan.src.mesh.aliases else ()
+    reordered = _reorderings(plan, planner) if reorder and plan.src.mesh.aliases else ()
     for candidate in reordered:
         merged, miss = _merge_adjacent(candidate, price, bound)
         c = price.total(merged)
@@ -230,11 +234,11 @@ def _merged_step(seg: list[Step], separate: float, price: _Prices, bound=None):
         if sorted(adims) == list(dims) and (alias is None or adims == dims):
             alias, order = name, adims
     if alias is None:
-        hypothetical = fast_step(dims, src, dst, kind)  # valid: checked above
+        hypothetical = Step(dims, src, dst, kind)  # valid: checked above
         if price(hypothetical) <= separate:
             return None, (mesh.shape, tuple(mesh.names[m] for m in dims), kind, len(seg))
         return None, None
-    return fast_step(order, src, dst, kind, alias), None
+    return Step(order, src, dst, kind, alias), None
 
 
 def _valid_merge(src, dst, dims, kind) -> bool:
@@ -284,7 +288,7 @@ def _exact_valid(src, dst, dims, kind) -> bool:
 # -- commuting steps so that like-kind ones meet --------------------------------------------
 
 
-def _reorderings(plan: Plan):
+def _reorderings(plan: Plan, planner):
     """Plans equal to ``plan`` with one step moved next to a like-kind step it commutes to."""
     steps = plan.steps
     n = len(steps)
@@ -295,18 +299,18 @@ def _reorderings(plan: Plan):
             continue
         if set(steps[i].mesh_dims) & set(steps[j].mesh_dims):
             continue
-        for moved in (_move(steps, j, i + 1), _move(steps, i, j - 1)):
+        for moved in (_move(steps, j, i + 1, planner), _move(steps, i, j - 1, planner)):
             if moved is not None:
                 yield Plan(plan.src, plan.dst, moved)
 
 
-def _move(steps, frm: int, to: int):
+def _move(steps, frm: int, to: int, planner):
     """``steps`` with step ``frm`` commuted to position ``to`` (None if some swap is invalid)."""
     steps = list(steps)
     k = frm
     while k != to:
         a, b = (k - 1, k) if to < k else (k, k + 1)
-        swapped = _swap(steps[a], steps[b])
+        swapped = _swap(steps[a], steps[b], planner)
         if swapped is None:
             return None
         steps[a], steps[b] = swapped
@@ -314,33 +318,31 @@ def _move(steps, frm: int, to: int):
     return tuple(steps)
 
 
-def _swap(x: Step, y: Step):
+def _swap(x: Step, y: Step, planner):
     """Run ``y`` before ``x`` (disjoint single mesh dims): the two new steps, or None."""
     if len(x.mesh_dims) != 1 or len(y.mesh_dims) != 1 or x.mesh_dims == y.mesh_dims:
         return None
 
-    s0 = _state(x.src)
-    s2 = _state(y.dst)
+    s0 = encode(x.src)
+    s2 = encode(y.dst)
     my = y.mesh_dims[0]
-    mid = _apply(s0, my, _state(y.dst)[0][my])
+    mid = _apply(s0, my, s2[0][my])
     if mid is None:
         return None
     mx = x.mesh_dims[0]
-    end = _apply(mid, mx, _state(x.dst)[0][mx])
+    end = _apply(mid, mx, encode(x.dst)[0][mx])
     if end != s2:
         return None
-    mid_spec = _spec(x.src, mid)
+    mid_spec = decode(x.src, mid)
     try:
         y2 = Step(y.mesh_dims, x.src, mid_spec, y.collective)
         x2 = Step(x.mesh_dims, mid_spec, y.dst, x.collective)
     except PlanError:
         return None
     for s in (y2, x2):
-        if not _valid_single(s):
+        if not _valid_single(s, planner):
             return None
-    return fast_step(y2.mesh_dims, y2.src, y2.dst, y2.collective), fast_step(
-        x2.mesh_dims, x2.src, x2.dst, x2.collective
-    )
+    return y2, x2
 
 
 def _apply(state, m, code):
@@ -360,14 +362,18 @@ def _apply(state, m, code):
     return codes, tuple(chains)
 
 
-def _valid_single(step: Step) -> bool:
-    from ._search import context
+def _valid_single(step: Step, planner) -> bool:
+    """Whether ``step`` is one of the search's single-dim moves (on a context of
+    ``planner``'s, the default planner's when None)."""
+    from ._problem import Problem
+    from ._store import default_planner
 
     src, dst = step.src, step.dst
     shards, ptargets = _universe(src, dst, src.ndim)
-    ctx = context(src.mesh, src.shape, src.dtype, CostModel.default(), shards, ptargets, None)
+    problem = Problem(src.mesh, src.shape, src.dtype, CostModel.default(), shards, ptargets, None)
+    ctx = (planner or default_planner()).context(problem)
     with ctx.lock:
-        ids = ctx.intern(_state(src)), ctx.intern(_state(dst))
+        ids = ctx.intern(encode(src)), ctx.intern(encode(dst))
         for trans in ctx.singles(ids[0]):
             nxt, dims, collective = trans[1], trans[2], trans[3]
             if nxt == ids[1] and dims == step.mesh_dims and collective == step.collective:
@@ -378,17 +384,13 @@ def _valid_single(step: Step) -> bool:
 # -- the warning ----------------------------------------------------------------------------
 
 
-def warned(mesh_shape: tuple[int, ...]) -> bool:
-    """Whether a missed merge on a mesh of this shape has warned already."""
-    return mesh_shape in _WARNED
-
-
-def warn_missed(plan: Plan, missed) -> None:
-    """Warn (once per mesh shape) about merges a flattened alias would enable."""
+def warn_missed(plan: Plan, missed, warned: set) -> None:
+    """Warn about merges a flattened alias would enable, once per mesh shape (``warned``:
+    the shapes warned about already, a planner's)."""
     for shape, names, kind, count in missed:
-        if shape in _WARNED:
+        if shape in warned:
             continue
-        _WARNED.add(shape)
+        warned.add(shape)
         quoted = ", ".join(repr(n) for n in names)
         alias = "_".join(names)
         warnings.warn(

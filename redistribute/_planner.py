@@ -43,8 +43,9 @@ a family across tensor sizes (:mod:`._family`): a size between two planned sizes
 one plan takes it without a search (``tests/redistribute/test_family.py``). Then
 :func:`merge` notes like-kind collectives a missing alias kept apart (for the warning).
 ``objective="collectives"`` adds to every collective's price more than any plan's time,
-so the plan has the fewest collectives and, among those, the least time. Plans are
-cached on the frozen arguments.
+so the plan has the fewest collectives and, among those, the least time. Plans, contexts,
+tables and every other memo belong to a :class:`~._store.Planner` (the default one
+unless ``plan`` is given another), keyed by the frozen arguments.
 """
 
 from __future__ import annotations
@@ -52,6 +53,8 @@ from __future__ import annotations
 import functools
 import itertools
 import math
+
+import attrs
 
 from meshplan.errors import PlanError
 from meshplan.layout._ints import as_bool, as_int
@@ -69,24 +72,20 @@ from ._cost import (
     collective_weight,
     padded_local_bytes,
 )
-from ._encoding import (
-    _STATES,
-    _alias_named,
-    _plan_value,
-    _spec,
-    _state,
-    _step,
-    _universe_of,
-    alias_dims,
-)
+from ._encoding import _alias_named, _universe_of, alias_dims, decode
 from ._exact import exact_covers, piece_classes, tiny_dims
-from ._family import clear_families, extremes, family_of, record, shared
-from ._merge import merge_plan, warn_missed, warned
-from ._search import R, class_goal, clear_contexts, context, search, unreduced_goal
-from ._step import Plan
-from ._table import built, clear_tables, table, walk
+from ._family import family_of
+from ._heuristic import sequence_weights
+from ._merge import merge_plan, warn_missed
+from ._price import price_coefficients
+from ._problem import Problem
+from ._search import R, class_goal, search, unreduced_goal
+from ._plan import Plan
+from ._steps import Step
+from ._store import Planner, default_planner
+from ._table import walk
 
-__all__ = ["plan", "check_plannable", "clear_plan_cache"]
+__all__ = ["plan", "check_plannable", "clear_plan_cache", "Planner"]
 
 # -- input checks ---------------------------------------------------------------------------
 
@@ -143,21 +142,27 @@ def check_plannable(src: Spec, dst: Spec) -> None:
 
 
 def _min_cost_plan(
-    src: Spec, dst: Spec, model: CostModel, bound, objective: str = "time", merge: bool = True
+    planner: Planner,
+    src: Spec,
+    dst: Spec,
+    model: CostModel,
+    bound,
+    objective: str = "time",
+    merge: bool = True,
 ) -> tuple[Plan, tuple]:
     """The cheapest plan of single-dim steps, permutes and (with ``merge``) steps merged
     onto the mesh's aliases, to ``dst`` or another spec of its layout (``_goal_class``),
     and its steps' prices."""
-    start_state, goal_state = _state(src), _state(dst)
+    start_state, goal_state = planner.state(src), planner.state(dst)
     if start_state == goal_state or (
         _may_share_layout(start_state[0], goal_state[0], 0 in src.shape) and same_layout(src, dst)
     ):
         # every rank holds its target already (the specs may say so in two ways)
-        return _plan_value(src, dst, ()), ()
+        return Plan(src, dst, ()), ()
     shards, ptargets = _universe_of(start_state[0], goal_state[0], src.ndim)
-    args = (src, model, bound, objective, merge, shards, ptargets)
+    problem = Problem(src.mesh, src.shape, src.dtype, model, shards, ptargets, bound, objective, merge)
     goals = _goal_class(goal_state, src.shape, src.mesh.shape, shards)
-    moves = _moves_to(args, start_state, goals)
+    moves = _moves_to(planner, problem, start_state, goals)
     if moves is None:
         b_start = padded_local_bytes(src)
         b_goal = padded_local_bytes(dst)
@@ -172,17 +177,17 @@ def _min_cost_plan(
     last = len(moves) - 1
     empty = 0 in src.shape
     for k, (_, trans, state) in enumerate(moves):
-        b = dst if state == goal_state else _spec(src, state)
+        b = dst if state == goal_state else decode(src, state)
         dims, kind = trans[2], trans[3]
         alias = _alias_named(src.mesh, dims) if len(dims) > 1 and kind != "all_permute" else None
-        steps.append(_step(dims, a, b, kind, alias))
+        steps.append(Step(dims, a, b, kind, alias))
         if k != last and _may_share_layout(state[0], goal_state[0], empty) and same_layout(b, dst):
             # every rank holds its target already: the rest (a relabel saying the same
             # pieces as the target says them) would move nothing, and costs a launch
             break
         a = b
     prices = tuple(trans[0] for _, trans, _ in moves[: len(steps)])
-    return _plan_value(src, dst, tuple(steps)), prices
+    return Plan(src, dst, tuple(steps)), prices
 
 
 def _may_share_layout(codes_a: tuple, codes_b: tuple, empty: bool) -> bool:
@@ -199,27 +204,25 @@ def _may_share_layout(codes_a: tuple, codes_b: tuple, empty: bool) -> bool:
     return True
 
 
-def _moves_to(args, start_state, goals: tuple):
+def _moves_to(planner: Planner, problem: Problem, start_state, goals: tuple):
     """The cheapest path from ``start_state`` to the nearest of ``goals`` (states of one
     layout) as ``[(state, transition, next state)]`` (None: none within the memory
     bound): shared across the tensor sizes of a family (no context needed), else the
     context's table (once it has planned enough pairs) or a search."""
-    src, model, bound, objective, merge, shards, ptargets = args
     key = goals[0] if len(goals) == 1 else ("layout", goals)  # the pair's key in a family
-    ctx = context(src.mesh, src.shape, src.dtype, model, shards, ptargets, bound, objective, merge)
+    ctx = planner.context(problem)
     fam = ctx.family
     if fam is False:  # (not known yet: once per context)
-        fam = ctx.family = family_of(
-            src.mesh, src.shape, model, shards, ptargets, bound, objective, merge
-        )
+        fam = ctx.family = family_of(problem)
     size = ctx.total_bytes
-    tab = built(ctx)
+    tables, families = planner.tables, planner.families
+    tab = tables.built(ctx)
     if fam is not None and tab is None:
-        moves = shared(fam, size, start_state, key)
+        moves = families.shared(fam, size, start_state, key)
         if moves is not None:
             return moves
-        if _extend(fam, ctx, start_state, goals, key):
-            moves = shared(fam, size, start_state, key)
+        if _extend(planner, fam, ctx, start_state, goals, key):
+            moves = families.shared(fam, size, start_state, key)
             if moves is not None:
                 return moves
     with ctx.lock:
@@ -227,13 +230,13 @@ def _moves_to(args, start_state, goals: tuple):
         start = ctx.intern(start_state)
         goal = _interned(ctx, goals)
         if tab is None:
-            tab = table(ctx)
+            tab = tables.table(ctx)
         if tab is not None:
             found = walk(ctx, tab, start, goal)
         else:
             found = search(ctx, start, goal)
             if found is not None and fam is not None:
-                record(fam, ctx, start_state, key, found)
+                families.record(fam, ctx, start_state, key, found)
         if found is None:
             return None
         states = ctx.states
@@ -310,40 +313,55 @@ def _goal_states(goal_state: tuple, per_dim: list) -> tuple:
     return tuple(out)
 
 
-def _extend(fam, ctx, start_state, goals, key) -> bool:
+def _extend(planner: Planner, fam, ctx, start_state, goals, key) -> bool:
     """Plan the pair (``key``: its key in the family, ``goals``: its goal states) at the
     smallest or largest size of family ``fam`` (``ctx``: a context of it) too, when
-    ``_family.extremes`` asks (each on its own context, under its own lock); whether it
+    ``Families.extremes`` asks (each on its own context, under its own lock); whether it
     asked."""
-    merge = fam[-1]
-    shapes = extremes(fam, ctx, start_state, key)
+    shapes = planner.families.extremes(fam, ctx, start_state, key)
     for shape in shapes:
-        other = context(
-            ctx.mesh, shape, ctx.dtype, ctx.model, ctx.shards, ctx.ptargets, None, "time", merge
-        )
+        other = planner.context(attrs.evolve(ctx.problem, shape=shape))
         if other is ctx:
             continue
         with other.lock:
             other._trim()
             found = search(other, other.intern(start_state), _interned(other, goals))
             if found is not None:
-                record(fam, other, start_state, key, found)
+                planner.families.record(fam, other, start_state, key, found)
     return bool(shapes)
 
 
-@functools.lru_cache(maxsize=4096)
-def _plan_cached(src: Spec, dst: Spec, model: CostModel, merge: bool, bound, objective: str):
-    """The plan and the merges a missing alias kept apart (None: not looked for yet)."""
+def _planned(planner: Planner, src: Spec, dst: Spec, model: CostModel, merge: bool, bound, objective: str):
+    """The plan and the merges a missing alias kept apart (None: not looked for yet),
+    remembered by ``planner``."""
+    key = (src, dst, model, merge, bound, objective)
+    entry = planner.plans.get(key)
+    if entry is not None:
+        return entry
     check_plannable(src, dst)
-    p, prices = _min_cost_plan(src, dst, model, bound, objective, merge)
+    p, prices = _min_cost_plan(planner, src, dst, model, bound, objective, merge)
+    entry = (p, None)
     if merge and len(p.steps) > 1 and src.mesh.aliases:
         # steps merged onto aliases are moves of the search already; this merges what
         # runs one after another onto an alias (a tie) and notes what lacks one
-        p, missed = merge_plan(
-            p, model, prices, _weight(src, model, objective), reorder=False, bound=bound
+        entry = merge_plan(
+            p,
+            model,
+            prices,
+            _weight(src, model, objective),
+            reorder=False,
+            bound=bound,
+            planner=planner,
         )
-        return p, missed
-    return p, None
+    planner.remember(key, entry)
+    return entry
+
+
+def _plan_cached(src: Spec, dst: Spec, model: CostModel, merge: bool, bound, objective: str):
+    """:func:`plan`'s answer on the default planner, and the merges a missing alias kept
+    apart (None: not looked for yet), without the warning (for pricing many candidate
+    redistributions that never run)."""
+    return _planned(default_planner(), src, dst, model, merge, bound, objective)
 
 
 def _weight(src: Spec, model: CostModel, objective: str) -> float:
@@ -352,13 +370,12 @@ def _weight(src: Spec, model: CostModel, objective: str) -> float:
     return collective_weight(model, src.mesh, dtype_itemsize(src.dtype) * math.prod(src.shape))
 
 
-@functools.lru_cache(maxsize=4096)
-def _missed_merges(p: Plan, model: CostModel, objective: str, bound) -> tuple:
+def _missed_merges(p: Plan, model: CostModel, objective: str, bound, planner: Planner) -> tuple:
     """Like-kind steps of ``p`` that an alias the mesh lacks would merge within ``bound``
     (for the warning; on a mesh without aliases nothing merges, so only the first plans of
     a mesh shape, before it has warned, pay for looking)."""
     w = _weight(p.src, model, objective)
-    return merge_plan(p, model, None, w, reorder=False, bound=bound)[1]
+    return merge_plan(p, model, None, w, reorder=False, bound=bound, planner=planner)[1]
 
 
 def _flag(value, name: str) -> bool:
@@ -377,6 +394,7 @@ def plan(
     merge: bool = True,
     max_local_bytes: int | None = None,
     objective: str = "time",
+    planner: Planner | None = None,
 ) -> Plan:
     """The minimum-cost plan turning ``src`` into ``dst`` (same mesh, shape and dtype).
 
@@ -386,7 +404,8 @@ def plan(
     "minimum" means: ``"time"`` (default), the modeled time of the cost model; or
     ``"collectives"``, the fewest collectives, and among plans with that many the least
     time (for when a collective's real price is above the model's: synchronization,
-    overlap with compute, launch jitter). Cached on the arguments.
+    overlap with compute, launch jitter). Remembered by ``planner`` (a :class:`Planner`;
+    the default one when None), keyed by the arguments.
 
     >>> from meshplan.layout import Mesh
     >>> from meshplan.placement import Shard, Replicate
@@ -416,33 +435,37 @@ def plan(
             f"objective must be one of {OBJECTIVES!r}, got {objective!r}", value=objective
         )
     merge = _flag(merge, "merge")
+    if planner is None:
+        planner = default_planner()
+    elif not isinstance(planner, Planner):
+        raise PlanError(f"planner must be a Planner or None, got {planner!r}", value=planner)
     try:
-        p, missed = _plan_cached(src, dst, cost_model, merge, max_local_bytes, objective)
+        p, missed = _planned(planner, src, dst, cost_model, merge, max_local_bytes, objective)
     except TypeError:  # unhashable input: validate to raise a clear error
         check_plannable(src, dst)
         raise
+    warned = planner.warned
     if missed is None:
-        if not merge or len(p.steps) < 2 or warned(src.mesh.shape):
+        if not merge or len(p.steps) < 2 or src.mesh.shape in warned:
             return p
-        missed = _missed_merges(p, cost_model, objective, max_local_bytes)
+        missed = _missed_merges(p, cost_model, objective, max_local_bytes, planner)
+        planner.remember((src, dst, cost_model, merge, max_local_bytes, objective), (p, missed))
     if missed:
-        warn_missed(p, missed)
+        warn_missed(p, missed, warned)
     return p
 
 
 def clear_plan_cache(*, tables: bool = True) -> None:
-    """Forget cached plans, and with ``tables`` the search tables and spec encodings too
-    (for benchmarks).
+    """Forget the default planner's plans, and with ``tables`` every other memo of it
+    (``Planner.clear``) and the memos of pure functions all planners share (for
+    benchmarks: the answers are the same).
 
     >>> clear_plan_cache(tables=False)
     """
-    _plan_cached.cache_clear()
-    _missed_merges.cache_clear()
+    default_planner().clear(tables=tables)
     _plan_cost.cache_clear()
     if tables:
-        _STATES.clear()
-        clear_tables()
-        clear_contexts()
-        clear_families()
         exact_covers.cache_clear()
         _universe_of.cache_clear()
+        price_coefficients.cache_clear()
+        sequence_weights.cache_clear()

@@ -3,7 +3,7 @@
 States are ``(codes, chains)``: one code per mesh dim (``0`` Replicate, ``1..4``
 Partial sum/avg/max/min, ``(tensor_dim, split_factor)`` for Shard (split factor 1) and
 StridedShard) and, per tensor dim, the mesh dims sharding it in application order.
-A :class:`_Context` holds, per (mesh, shape, dtype, cost model, placement universe,
+A :class:`Context` holds, per (mesh, shape, dtype, cost model, placement universe,
 memory bound, objective, merging), the tables every search on it shares: interned
 states (ids), their padded local bytes, their transitions and prices, heuristic values
 per goal.
@@ -23,7 +23,7 @@ carries the tie-breaking factor of :func:`_tie`.
 A state with ``k`` sharding mesh dims may permute into nearly every state with those
 dims sharding (thousands with StridedShards or 3-D tensors on 4-D meshes), and many
 states share those targets. So a permute's way is split in two at a hub, the choice of
-which order prefixes it keeps (``_Context._hubs_of``): the state pays the launch and its
+which order prefixes it keeps (``Context._hubs_of``): the state pays the launch and its
 input into the hub, the hub the output into each target. Every permute passes through
 exactly one hub of its source, the hub's targets are generated once and relaxed once per
 search (not once per source), and a plan table prices each permute as its two halves add
@@ -39,7 +39,6 @@ lazily.
 
 from __future__ import annotations
 
-import functools
 import heapq
 import itertools
 import math
@@ -65,7 +64,8 @@ from ._exact import (
     tiny_dims,
 )
 from ._general import general_bound, general_kept_bound, general_permutes
-from ._heuristic import ANY, SHARD_ANY, SUMAVG, R, _Bounds, sequence_weights
+from ._heuristic import ANY, SHARD_ANY, SUMAVG, R, _Bounds
+from ._problem import Problem
 from ._price import (
     _hub_key,
     _prefix_length,
@@ -78,9 +78,9 @@ from ._price import (
 __all__ = [
     "R",
     "SUMAVG",
+    "Context",
+    "SharedMoves",
     "search",
-    "context",
-    "clear_contexts",
     "mixable",
     "price_coefficients",
     "step_price",
@@ -96,12 +96,17 @@ _SUMAVG = SUMAVG
 # dim leaves the end of one order and joins the end of another); None for other steps.
 
 
-class _Context(_Bounds):
-    """Everything a search needs that depends on the mesh/tensor/model, not on the pair."""
+class Context(_Bounds):
+    """Everything a search needs that depends on the mesh/tensor/model, not on the pair:
+    built from a :class:`~._problem.Problem`; ``moves``: the shape-free moves it shares
+    with the other contexts of its planner (:class:`SharedMoves`)."""
 
-    def __init__(
-        self, mesh, shape, dtype, model, shards, ptargets, bound, objective="time", merge=True
-    ):
+    def __init__(self, problem: Problem, moves: SharedMoves):
+        mesh, shape, dtype, model = problem.mesh, problem.shape, problem.dtype, problem.model
+        shards, ptargets, bound = problem.shards, problem.ptargets, problem.bound
+        objective, merge = problem.objective, problem.merge
+        self.problem = problem
+        self.moves = moves
         self.mesh = mesh
         self.sizes = mesh.shape
         self.active = tuple(m for m, n in enumerate(mesh.shape) if n > 1)
@@ -122,7 +127,7 @@ class _Context(_Bounds):
         # ignores order positions there. A tensor without elements takes every such move
         # (no rank holds or needs an element: ``_exact``)
         self.tiny = tiny_dims(shape, mesh.shape, shards)
-        # keys of the shape-free moves (``_SINGLE_MOVES``, ``_HUBS``, ``_HUB_MEMBERS``)
+        # keys of the shape-free moves (:class:`SharedMoves`)
         # this context shares with others on the mesh: a tiny dim's moves depend on its
         # length, unless every shard order chunks it evenly (-2: a multiple of its
         # ``even_steps``, where every exact check answers alike)
@@ -284,7 +289,7 @@ class _Context(_Bounds):
         )
         self.merge_dims = frozenset(m for _, dims in self.aliases for m in dims)
         self._merges: dict = {}
-        # the shape-free merged moves (``_MERGED_MOVES``) depend on the aliases' dims too
+        # the shape-free merged moves (``SharedMoves.merged``) depend on the aliases' dims too
         self._merges_key = (self._moves_key, tuple(dims for _, dims in self.aliases))
         # the heuristic's allowances for merged steps: one collective may serve ``widest``
         # dims
@@ -413,7 +418,7 @@ class _Context(_Bounds):
         """The single-dim transitions from state ``i``."""
         out = self._succ.get(i)
         if out is None:
-            moves = _moves(_SINGLE_MOVES, self._moves_key, self.states[i], self._successors)
+            moves = self.moves.get(self.moves.singles, self._moves_key, self.states[i], self._successors)
             out = self._succ[i] = self._priced(i, moves)
         return out
 
@@ -430,7 +435,7 @@ class _Context(_Bounds):
         return out
 
     def _hub_list(self, i: int) -> tuple:
-        return _moves(_HUBS, self._permutes_key, self.states[i], self._hubs_of)
+        return self.moves.get(self.moves.hubs, self._permutes_key, self.states[i], self._hubs_of)
 
     def hub_moves(self, i: int):
         """The transitions from state ``i`` into the permute hubs it reaches: the first
@@ -459,7 +464,9 @@ class _Context(_Bounds):
             b_in = node[1] if bound is not None else 0
             ids, intern, nbytes = self._ids, self.intern, self._nbytes
             found = []
-            for t, tie in _moves(_HUB_MEMBERS, self._permutes_key, hub, self._hub_members):
+            for t, tie in self.moves.get(
+                self.moves.hub_members, self._permutes_key, hub, self._hub_members
+            ):
                 j = ids.get(t)
                 if j is None:
                     j = intern(t)
@@ -503,7 +510,7 @@ class _Context(_Bounds):
         b_in = self._nbytes[i]
         bound, ids, intern, nbytes = self.bound, self._ids, self.intern, self._nbytes
         out = []
-        moves = _moves(_MERGED_MOVES, self._merges_key, self.states[i], self._merged)
+        moves = self.moves.get(self.moves.merged, self._merges_key, self.states[i], self._merged)
         for t, dims, kind, n_send, scaled, tie in moves:
             j = ids.get(t)
             if j is None:
@@ -554,7 +561,7 @@ class _Context(_Bounds):
         """Where chains of single-dim ``kind`` collectives out of ``state`` end that move
         each of the alias dims ``dims`` picked by the bit mask ``left`` once, in any order.
 
-        Shape-free and shared (``_CHAIN_ENDS``): the states a chain passes through are the
+        Shape-free and shared (``SharedMoves.chain_ends``): the states a chain passes through are the
         same for many starts (each link changes its mesh dim's placement and no other, so
         a state tells which dims moved), and the ends from there are found once. A start
         with ``k`` dims left has up to ``k!`` chains to each end; each link is followed
@@ -562,7 +569,8 @@ class _Context(_Bounds):
         if not left:
             return (state,)
         key = (self._merges_key, state, dims, left, kind)
-        ends = _CHAIN_ENDS.get(key)
+        memo = self.moves.chain_ends
+        ends = memo.get(key)
         if ends is None:
             found: dict = {}
             for t, (m,), *_ in self._chain_moves(state, dims, kind):
@@ -570,17 +578,20 @@ class _Context(_Bounds):
                 if left & bit:
                     for end in self._chain_ends(t, dims, left & ~bit, kind):
                         found[end] = None
-            if len(_CHAIN_ENDS) >= _MOVES_KEPT:
-                _CHAIN_ENDS.clear()
-            ends = _CHAIN_ENDS[key] = tuple(found)
+            if len(memo) >= _MOVES_KEPT:
+                memo.clear()
+            ends = memo[key] = tuple(found)
         return ends
 
     def _chain_moves(self, state, dims: tuple, kind: str) -> tuple:
         """The single-dim ``kind`` collectives on ``dims`` out of ``state`` (shape-free,
         unbounded): the links of the chains a merged step stands for."""
         only = (dims, kind)
-        return _moves(
-            _CHAIN_MOVES, (self._moves_key, only), state, lambda s: self._successors(s, only)
+        return self.moves.get(
+            self.moves.chain_moves,
+            (self._moves_key, only),
+            state,
+            lambda s: self._successors(s, only),
         )
 
     def _valid_merge(self, a, b, dims: tuple, kind: str) -> bool:
@@ -910,19 +921,47 @@ class _Context(_Bounds):
         return exact_covers(length, src, dst, m)
 
 
-# Shape-free moves out of a state: (next_state, mesh_dims, collective, n_send, scaled, touch,
-# tie factor), shared by the contexts of one mesh and placement universe (tensor shapes,
-# dtypes, cost models, memory bounds); a context prices them on its tensor (``_priced``).
-# Likewise a state's permute hubs (``_Context._hubs_of``), a hub's targets
-# (``_Context._hub_members``) and the steps merged onto the mesh's aliases
-# (``_Context._merged``, keyed by the aliases' dims too).
-_SINGLE_MOVES: dict = {}
-_HUBS: dict = {}
-_HUB_MEMBERS: dict = {}
-_CHAIN_MOVES: dict = {}
-_CHAIN_ENDS: dict = {}
-_MERGED_MOVES: dict = {}
 _MOVES_KEPT = 100000  # entries per memo before it starts over
+
+
+class SharedMoves:
+    """Shape-free moves out of states, shared by the contexts of one mesh and placement
+    universe (tensor shapes, dtypes, cost models, memory bounds): a context prices them
+    on its tensor (``Context._priced``). Each memo is keyed by ``(context key, state)``:
+
+    * ``singles``: single-dim steps, ``(next_state, mesh_dims, collective, n_send, scaled,
+      touch, tie factor)``;
+    * ``hubs``: a state's permute hubs (``Context._hubs_of``), ``hub_members``: a hub's
+      targets (``Context._hub_members``);
+    * ``merged``: the steps merged onto the mesh's aliases (``Context._merged``, keyed by
+      the aliases' dims too), built from ``chain_moves`` (single-dim collectives on an
+      alias's dims) and ``chain_ends`` (where chains of them end).
+    """
+
+    __slots__ = ("singles", "hubs", "hub_members", "chain_moves", "chain_ends", "merged")
+
+    def __init__(self) -> None:
+        self.singles: dict = {}
+        self.hubs: dict = {}
+        self.hub_members: dict = {}
+        self.chain_moves: dict = {}
+        self.chain_ends: dict = {}
+        self.merged: dict = {}
+
+    def get(self, memo: dict, prefix: tuple, state, generate) -> tuple:
+        """The moves out of ``state`` in ``memo`` under the context's key ``prefix``,
+        generated (``generate(state)``) the first time any context asks."""
+        key = (prefix, state)
+        moves = memo.get(key)
+        if moves is None:
+            if len(memo) >= _MOVES_KEPT:
+                memo.clear()
+            moves = memo[key] = generate(state)
+        return moves
+
+    def clear(self) -> None:
+        for name in self.__slots__:
+            getattr(self, name).clear()
 
 
 def _hub_orders(free: list, dims: tuple, prefixes: tuple, nexts: tuple) -> list:
@@ -943,18 +982,6 @@ def _hub_orders(free: list, dims: tuple, prefixes: tuple, nexts: tuple) -> list:
     return per
 
 
-def _moves(memo: dict, prefix: tuple, state, generate) -> tuple:
-    """The shape-free moves out of ``state`` in ``memo`` under the context's key ``prefix``,
-    generated (``generate(state)``) the first time any context asks."""
-    key = (prefix, state)
-    moves = memo.get(key)
-    if moves is None:
-        if len(memo) >= _MOVES_KEPT:
-            memo.clear()
-        moves = memo[key] = generate(state)
-    return moves
-
-
 def _put(t: tuple, i: int, v) -> tuple:
     return t[:i] + (v,) + t[i + 1 :]
 
@@ -966,33 +993,7 @@ def mixable(codes, op) -> bool:
     return True
 
 
-def context(
-    mesh, shape, dtype, model, shards, ptargets, bound, objective="time", merge=True
-) -> _Context:
-    """The search context of these arguments (one per distinct value of them); with
-    ``merge``, steps merged onto the mesh's aliases are moves too."""
-    return _context(mesh, shape, dtype, model, shards, ptargets, bound, objective, bool(merge))
-
-
-@functools.lru_cache(maxsize=256)
-def _context(mesh, shape, dtype, model, shards, ptargets, bound, objective, merge) -> _Context:
-    return _Context(mesh, shape, dtype, model, shards, ptargets, bound, objective, merge)
-
-
-def clear_contexts() -> None:
-    """Forget every search context (and so every memo table), and the shape-free moves."""
-    _context.cache_clear()
-    price_coefficients.cache_clear()
-    sequence_weights.cache_clear()
-    _SINGLE_MOVES.clear()
-    _HUBS.clear()
-    _HUB_MEMBERS.clear()
-    _CHAIN_MOVES.clear()
-    _CHAIN_ENDS.clear()
-    _MERGED_MOVES.clear()
-
-
-def search(ctx: _Context, start: int, goal):
+def search(ctx: Context, start: int, goal):
     """A* from state ``start`` to ``goal`` (ids; or a tuple of them, states of one layout,
     the first to reach ends the search); ``(cost, [(state, transition, next)])``.
 
@@ -1254,7 +1255,7 @@ class _General:
         self.state = state
 
 
-def _commute_filter(ctx: _Context, prev: int, x: tuple, succ: tuple) -> tuple:
+def _commute_filter(ctx: Context, prev: int, x: tuple, succ: tuple) -> tuple:
     """The transitions of ``succ`` (from the state ``x`` led to out of ``prev``) that the
     partial-order reduction keeps: a structural single-dim step ``y`` after ``x`` on another
     mesh dim and other shard orders is dropped when ``y`` then ``x`` is cheaper (on a tie,

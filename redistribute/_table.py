@@ -21,7 +21,6 @@ from __future__ import annotations
 import collections
 import itertools
 import math
-import threading
 from typing import TYPE_CHECKING
 
 from meshplan.errors import PlanError
@@ -31,15 +30,10 @@ from ._search import SUMAVG, R, admits, is_pattern, mixable, state_order
 if TYPE_CHECKING:  # numpy is imported when a table is built, not with the planner
     import numpy as np
 
-__all__ = ["MAX_STATES", "LAZY", "Table", "lazy_pairs", "table", "built", "walk", "clear_tables"]
+__all__ = ["MAX_STATES", "TABLE_MODES", "Table", "Tables", "lazy_pairs", "state_count", "walk"]
 
 MAX_STATES = 640
 """Largest state space given a table; bigger contexts are always planned by A* search."""
-
-LAZY: int | None = None
-"""Pairs a context plans by search before it builds its table; None: :func:`lazy_pairs`
-of its state count."""
-
 
 def lazy_pairs(states: int) -> int:
     """How many pairs a context of ``states`` states plans by search before building its
@@ -156,47 +150,65 @@ def _build(ctx) -> Table:
 
 
 _KEEP = 32  # tables kept (least recently used dropped first; 536 states take 2.3 MB)
-_TABLES: collections.OrderedDict = collections.OrderedDict()
-_LOCK = threading.Lock()
+
+TABLE_MODES = ("lazy", "eager", "off")
+"""When a context builds its table: after :func:`lazy_pairs` pairs planned by search, at
+once, or never (``Planner(tables=...)``)."""
 
 
-def table(ctx, *, after: int | None = None) -> Table | None:
-    """The context's table, or None: while it has planned at most ``after`` pairs
-    (default :data:`LAZY`, or :func:`lazy_pairs` of its state count; a search is cheaper
-    than a table for a few), or when its state space exceeds :data:`MAX_STATES`. Call
-    with ``ctx.lock`` held."""
-    if ctx.tabled is False:
-        return None
-    with _LOCK:
-        tab = _TABLES.get(ctx)
-        if tab is not None:
-            _TABLES.move_to_end(ctx)
-            return tab
-    if ctx.tabled is None:
-        n = state_count(ctx)
-        ctx.tabled = n <= MAX_STATES
+class Tables:
+    """The plan tables of a planner's contexts (the :data:`_KEEP` most recently used),
+    built as ``mode`` (one of :data:`TABLE_MODES`) says; ``lock``: the planner's."""
+
+    def __init__(self, lock, mode: str = "lazy") -> None:
+        self.lock = lock
+        self.mode = mode
+        self._tables: collections.OrderedDict = collections.OrderedDict()
+
+    def __contains__(self, ctx) -> bool:
+        return ctx in self._tables
+
+    def table(self, ctx, *, after: int | None = None) -> Table | None:
+        """The context's table, or None: while it has planned at most ``after`` pairs
+        (default: as the mode says; a search is cheaper than a table for a few), or when
+        its state space exceeds :data:`MAX_STATES`. Call with ``ctx.lock`` held."""
+        if ctx.tabled is False:
+            return None
+        with self.lock:
+            tab = self._tables.get(ctx)
+            if tab is not None:
+                self._tables.move_to_end(ctx)
+                return tab
+        if after is None and self.mode == "off":
+            return None
+        if ctx.tabled is None:
+            n = state_count(ctx)
+            ctx.tabled = n <= MAX_STATES
+            if not ctx.tabled:
+                return None
+            ctx.lazy = lazy_pairs(n)
+        if after is None:
+            after = ctx.lazy if self.mode == "lazy" else 0
+        ctx.planned += 1
+        if ctx.planned <= after:
+            return None
+        tab = _build(ctx)
+        with self.lock:
+            self._tables[ctx] = tab
+            while len(self._tables) > _KEEP:
+                self._tables.popitem(last=False)
+        return tab
+
+    def built(self, ctx) -> Table | None:
+        """The context's table if it has been built (no counting, no building)."""
         if not ctx.tabled:
             return None
-        ctx.lazy = lazy_pairs(n)
-    if after is None:
-        after = ctx.lazy if LAZY is None else LAZY
-    ctx.planned += 1
-    if ctx.planned <= after:
-        return None
-    tab = _build(ctx)
-    with _LOCK:
-        _TABLES[ctx] = tab
-        while len(_TABLES) > _KEEP:
-            _TABLES.popitem(last=False)
-    return tab
+        with self.lock:
+            return self._tables.get(ctx)
 
-
-def built(ctx) -> Table | None:
-    """The context's table if it has been built (no counting, no building)."""
-    if not ctx.tabled:
-        return None
-    with _LOCK:
-        return _TABLES.get(ctx)
+    def clear(self) -> None:
+        with self.lock:
+            self._tables.clear()
 
 
 def _admitted(ctx, tab: Table, goal: int) -> list:
@@ -208,11 +220,6 @@ def _admitted(ctx, tab: Table, goal: int) -> list:
             row for row, i in enumerate(tab.ids) if admits(pattern, ctx.states[i])
         ]
     return found
-
-
-def clear_tables() -> None:
-    with _LOCK:
-        _TABLES.clear()
 
 
 def walk(ctx, tab: Table, start: int, goal):

@@ -12,9 +12,10 @@ from hypothesis import strategies as st
 
 from meshplan.layout import Mesh
 from meshplan.placement import Partial, Spec, gather_index, local_intervals, shard, unshard
-from meshplan.redistribute import CostModel, HardwareProfile, Link, Step, simulate
-from meshplan.redistribute._encoding import _plan_value, _spec, _state, _step, _universe
-from meshplan.redistribute._search import R, context
+from meshplan.redistribute import CostModel, HardwareProfile, Link, Plan, Step, simulate
+from meshplan.redistribute._encoding import R, _universe, decode, encode
+from meshplan.redistribute._problem import Problem
+from meshplan.redistribute._store import default_planner
 from meshplan.testing import mesh_dims, shapes, specs
 
 OPS = ("sum", "avg", "max", "min")
@@ -161,6 +162,16 @@ def delivers(plan, x: torch.Tensor, seed: int = 0) -> bool:
     )
 
 
+def context_of(src: Spec, dst: Spec, model, bound=None, objective="time", merge=True, planner=None):
+    """The search context (of ``planner``, the default one when None) that plans between
+    ``src`` and ``dst``."""
+    shards, ptargets = _universe(src, dst, src.ndim)
+    problem = Problem(
+        src.mesh, src.shape, src.dtype, model, shards, ptargets, bound, objective, merge
+    )
+    return (planner or default_planner()).context(problem)
+
+
 def values(shape) -> torch.Tensor:
     """Distinct small integers as float64 (exact through sums and avg scaling)."""
     n = math.prod(shape)
@@ -201,11 +212,10 @@ def direct_plan(src: Spec, dst: Spec, model, bound):
     """The plan moving each differing mesh dim straight to its target placement (one
     single-dim step each, a Partial changing op reduced first), or None if some move is
     not a valid step; its like-kind collectives then meet, ready to merge on an alias."""
-    start_state, goal_state = _state(src), _state(dst)
+    start_state, goal_state = encode(src), encode(dst)
     if start_state == goal_state:
         return None
-    shards, ptargets = _universe(src, dst, src.ndim)
-    ctx = context(src.mesh, src.shape, src.dtype, model, shards, ptargets, bound)
+    ctx = context_of(src, dst, model, bound)
     goal_codes, goal_chains = goal_state
     src_chains = start_state[1]
     moves = []
@@ -243,7 +253,7 @@ def direct_plan(src: Spec, dst: Spec, model, bound):
     steps = []
     a = src
     for (_, trans), state in zip(moves, states, strict=True):
-        b = dst if trans[1] == goal else _spec(src, state)
-        steps.append(_step(trans[2], a, b, trans[3]))
+        b = dst if trans[1] == goal else decode(src, state)
+        steps.append(Step(trans[2], a, b, trans[3]))
         a = b
-    return _plan_value(src, dst, tuple(steps))
+    return Plan(src, dst, tuple(steps))

@@ -17,6 +17,8 @@ from meshplan.redistribute import _encoding as E
 from meshplan.redistribute import _family as F
 from meshplan.redistribute import _planner as P
 from meshplan.redistribute._exact import even_steps
+from meshplan.redistribute._problem import Problem
+from meshplan.redistribute._store import Planner, default_planner
 
 MODELS = [
     CostModel.default(),
@@ -33,7 +35,7 @@ def _resized(spec: Spec, shape) -> Spec:
 
 def _fresh(src, dst, model):
     # planned by search or table (their plans are equal: test_table.py), never shared
-    F.clear_families()
+    default_planner().families.clear()
     clear_plan_cache(tables=False)
     return plan(src, dst, cost_model=model)
 
@@ -69,31 +71,31 @@ def test_a_plan_shared_across_sizes_is_the_search_plan(pair, model, base, scales
     ]
     pairs = [(_resized(src, s), _resized(dst, s)) for s in sizes]
     hits: list = []
-    lookup = P.shared
+    lookup = F.Families.shared
 
-    def counted(*args):
-        found = lookup(*args)
+    def counted(self, *args):
+        found = lookup(self, *args)
         hits.append(found is not None)
         return found
 
     clear_plan_cache(tables=False)
-    F.clear_families()
-    P.shared = counted
+    default_planner().families.clear()
+    F.Families.shared = counted
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", MergeWarning)
             shared = [plan(a, b, cost_model=model) for a, b in pairs]
-            prices = [P._min_cost_plan(a, b, model, None)[1] for a, b in pairs]
+            prices = [P._min_cost_plan(default_planner(), a, b, model, None)[1] for a, b in pairs]
     finally:
-        P.shared = lookup
+        F.Families.shared = lookup
     has = any(isinstance(p, StridedShard) for p in src.placements + dst.placements)
     event(f"{'StridedShard ' if has else ''}family, a plan shared: {any(hits)}")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", MergeWarning)
         for (a, b), p, price in zip(pairs, shared, prices, strict=True):
             assert p == _fresh(a, b, model)
-            F.clear_families()  # the steps' prices too, to the last bit
-            assert P._min_cost_plan(a, b, model, None)[1] == price
+            default_planner().families.clear()  # the steps' prices too, to the last bit
+            assert P._min_cost_plan(default_planner(), a, b, model, None)[1] == price
 
 
 def _searches(monkeypatch) -> list:
@@ -182,19 +184,17 @@ def test_only_contexts_whose_prices_scale_with_bytes_form_a_family(
     mesh = Mesh.create((2, 2))
     src = Spec(mesh, parse_placements(placements)[0], shape, "float32")
     shards, ptargets = E._universe(src, src, src.ndim)
-    fam = F.family_of(mesh, shape, CostModel.default(), shards, ptargets, bound, objective, True)
+    problem = Problem(mesh, shape, "float32", CostModel.default(), shards, ptargets, bound, objective)
+    fam = F.family_of(problem)
     assert (fam is None) == (why is not None), why
 
 
 def _moves_from(src: Spec, dst: Spec, shape, model, limit: int = 60) -> dict:
     """The transitions (without prices) of the states a context of ``shape`` reaches from
     ``src``'s, breadth first, generated on a clean start (no moves shared)."""
-    from meshplan.redistribute import _search as S
-
-    S.clear_contexts()
     shards, ptargets = E._universe(src, dst, src.ndim)
-    ctx = S.context(src.mesh, shape, src.dtype, model, shards, ptargets, None)
-    start = ctx.intern(E._state(src))
+    ctx = Planner().context(Problem(src.mesh, shape, src.dtype, model, shards, ptargets, None))
+    start = ctx.intern(E.encode(src))
     seen = {start: None}
     queue = [start]
     out = {}

@@ -15,10 +15,12 @@ from hypothesis import strategies as st
 from meshplan.layout import Mesh
 from meshplan.placement import Partial, Replicate, Shard, Spec, StridedShard
 from meshplan.redistribute import CostModel, HardwareProfile
-from meshplan.redistribute._encoding import _state, _universe
+from meshplan.redistribute._encoding import _universe
+from meshplan.redistribute._encoding import encode as _state
 from meshplan.redistribute._general import crossing_floor, most_missing
 from meshplan.redistribute._heuristic import _Bounds, _keeps, _orders, _weight
-from meshplan.redistribute._search import _Context, search
+from meshplan.redistribute._problem import Problem
+from meshplan.redistribute._search import Context, SharedMoves, search
 
 MODELS = [
     CostModel(),
@@ -29,10 +31,11 @@ MODELS = [
 ]
 
 
-def _fresh(src, model, shards, ptargets, objective) -> _Context:
-    # a context of its own (not the planner's cached one), so its memo tables hold only
-    # what this test computes
-    return _Context(src.mesh, src.shape, src.dtype, model, shards, ptargets, None, objective)
+def _fresh(src, model, shards, ptargets, objective) -> Context:
+    # a context of its own (not a planner's), so its memo tables hold only what this
+    # test computes
+    problem = Problem(src.mesh, src.shape, src.dtype, model, shards, ptargets, None, objective)
+    return Context(problem, SharedMoves())
 
 
 def _dijkstra(src, dst, model, objective):

@@ -15,7 +15,7 @@ import collections
 import itertools
 import math
 
-from _plan_cases import spec_pairs
+from _plan_cases import context_of, spec_pairs
 from hypothesis import HealthCheck, assume, event, given, settings
 from hypothesis import strategies as st
 
@@ -29,15 +29,15 @@ from meshplan.redistribute import _merge as M
 from meshplan.redistribute import _price as Pr
 from meshplan.redistribute import _search as S
 from meshplan.redistribute import _table as T
+from meshplan.redistribute._problem import Problem
+from meshplan.redistribute._store import default_planner
 
 MODEL = CostModel.default()
 SLOW = settings(deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
 def _context(src, dst, merge=True):
-    shards, ptargets = N._universe(src, dst, src.ndim)
-    ctx = S.context(src.mesh, src.shape, src.dtype, MODEL, shards, ptargets, None, "time", merge)
-    return ctx
+    return context_of(src, dst, MODEL, merge=merge)
 
 
 def _suffix_mask(a, b) -> int:
@@ -92,7 +92,7 @@ def test_permutes_through_hubs_are_every_permute(pair, data):
     # every permute passes through exactly one of the state's hubs, the one permute_hub names
     through = collections.Counter()
     for hub, dims, _, _ in hubs:
-        for y, _ in S._moves(S._HUB_MEMBERS, ctx._permutes_key, hub, ctx._hub_members):
+        for y, _ in ctx._hub_members(hub):
             through[y] += 1
             assert Pr.permute_hub(x, y) == hub
             assert (y, dims) in want
@@ -124,7 +124,7 @@ def merge_cases(draw):
         label="strided",
     )
     shards = tuple(shards)
-    ctx = S.context(mesh, shape, "float64", MODEL, shards, (), None, "time", True)
+    ctx = default_planner().context(Problem(mesh, shape, "float64", MODEL, shards, (), None))
     dims = tuple(
         sorted(draw(st.sets(st.integers(0, len(sizes) - 1), min_size=2, max_size=2), label="dims"))
     )
@@ -158,7 +158,7 @@ def merge_cases(draw):
 def test_merged_step_exact_check_agrees_with_the_exchange(case):
     ctx, mesh, a, b, dims, kind = case
     template = Spec(mesh, [Replicate()] * mesh.ndim, ctx.shape, "float64")
-    ref = M._valid_merge(N._spec(template, a), N._spec(template, b), dims, kind)
+    ref = M._valid_merge(N.decode(template, a), N.decode(template, b), dims, kind)
     structural = not _suffix_mask(a, b) & ~sum(1 << m for m in dims)
     event(f"{kind} {'valid' if ref else 'invalid'}{'' if structural else ', by the exact check'}")
     assert ctx._valid_moving_merge(a, b, dims, kind) == ref

@@ -12,7 +12,7 @@ import math
 import warnings
 
 import pytest
-from _plan_cases import FLAT, PER_COLLECTIVE, delivers, on_mesh, spec_pairs, values
+from _plan_cases import FLAT, PER_COLLECTIVE, context_of, delivers, on_mesh, spec_pairs, values
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
@@ -30,6 +30,8 @@ from meshplan.redistribute import _encoding as E
 from meshplan.redistribute import _planner as P
 from meshplan.redistribute import _search as S
 from meshplan.redistribute import _table as T
+from meshplan.redistribute._problem import Problem
+from meshplan.redistribute._store import default_planner
 
 MODELS = [
     CostModel.default(),
@@ -43,10 +45,14 @@ MODELS = [
 def _context(src, dst, model, bound=None, objective="time"):
     """A context of the pair, the start's id and the goal's: its id, or the ids of every
     state of its layout when plan() searches to those (``_planner._goal_class``)."""
-    shards, ptargets = E._universe(src, dst, src.ndim)
-    ctx = S.context(src.mesh, src.shape, src.dtype, model, shards, ptargets, bound, objective)
-    goals = P._goal_class(E._state(dst), src.shape, src.mesh.shape, shards)
-    return ctx, ctx.intern(E._state(src)), P._interned(ctx, goals)
+    ctx = context_of(src, dst, model, bound, objective)
+    goals = P._goal_class(E.encode(dst), src.shape, src.mesh.shape, ctx.shards)
+    return ctx, ctx.intern(E.encode(src)), P._interned(ctx, goals)
+
+
+def _table(ctx):
+    """The context's plan table, built now (None when its states are too many)."""
+    return default_planner().tables.table(ctx, after=0)
 
 
 def _moves(found):
@@ -70,7 +76,7 @@ def test_the_table_walk_is_the_search_plan(pair, model, bounded, objective):
     ctx, start, goal = _context(src, dst, model, bound, objective)
     event("one goal" if type(goal) is int else "several goals of one layout")
     with ctx.lock:
-        tab = T.table(ctx, after=0)
+        tab = _table(ctx)
         event("tabled" if tab is not None else "too many states for a table")
         if tab is None:  # the search alone plans it
             assert T.state_count(ctx) > T.MAX_STATES
@@ -106,7 +112,7 @@ def test_the_table_walk_is_the_search_plan_on_every_pair_of_a_context(mesh_shape
     b = Spec(mesh, [Shard(0)] * mesh.ndim, tensor)
     ctx, _, _ = _context(a, b, CostModel.default())
     with ctx.lock:
-        tab = T.table(ctx, after=0)
+        tab = _table(ctx)
         assert tab is not None, T.state_count(ctx)
         ids = tab.ids[:: max(1, len(tab.ids) // 23)]
         for start, goal in itertools.permutations(ids, 2):
@@ -130,7 +136,7 @@ def test_the_table_walk_to_a_big_goal_class_is_the_search_plan(objective):
         ctx, start, goal = _context(src, dst, model, None, objective)
         assert type(goal) is int and S.is_pattern(ctx.states[goal])
         with ctx.lock:
-            tab = T.table(ctx, after=0)
+            tab = _table(ctx)
             assert tab is not None
             by_search = S.search(ctx, start, goal)
             by_table = T.walk(ctx, tab, start, goal)
@@ -153,7 +159,7 @@ def test_state_count_is_the_number_of_states_enumerated():
         assert len(states) == len(set(states)) == T.state_count(ctx)
         # every one is a canonical spec: its Spec round-trips to the same state
         for s in states[:: max(1, len(states) // 40)]:
-            assert E._state(E._spec(a, s)) == s
+            assert E.encode(E.decode(a, s)) == s
 
 
 @pytest.mark.parametrize("sizes", [(8,), (2, 4), (2, 2, 2), (2, 3, 2), (2, 2, 2, 2), (2, 1, 2)])
@@ -165,9 +171,8 @@ def test_state_count_counts_what_the_listing_lists(sizes):
         plain = tuple((d, 1) for d in range(ndim))
         for shards in (plain, plain + ((0, 2),), plain + ((0, 2), (ndim - 1, 3))):
             for ops in ((), (1,), (1, 2), (3,), (1, 3), (1, 2, 3, 4)):
-                ctx = S.context(
-                    mesh, (8,) * ndim, "float32", CostModel.default(), shards, ops, None
-                )
+                problem = Problem(mesh, (8,) * ndim, "float32", CostModel.default(), shards, ops, None)
+                ctx = default_planner().context(problem)
                 listed = sum(
                     math.prod(math.factorial(len(m)) for m in T._members(ctx, codes))
                     for codes in T._codes(ctx)
@@ -195,9 +200,9 @@ def test_a_context_builds_its_table_only_after_planning_some_pairs():
         for k, t in enumerate(targets[:lazy]):
             plan(a, t)
             assert ctx.tabled is True and ctx.planned == k + 1 and ctx.lazy == lazy
-            assert ctx not in T._TABLES
+            assert ctx not in default_planner().tables
         plan(a, targets[lazy])
-    assert ctx in T._TABLES
+    assert ctx in default_planner().tables
     # the plans made by search and those made from the table are the same
     first = [plan(a, t) for t in targets]
     clear_plan_cache()  # tables too: every plan below is searched again
@@ -213,7 +218,7 @@ def test_a_context_too_big_for_a_table_is_searched():
     b = Spec(mesh, *parse_placements("S(0) S(1) S(2) R")[:1], (8, 8, 8), "float64")
     ctx, start, goal = _context(a, b, CostModel.default())
     with ctx.lock:
-        assert T.table(ctx, after=0) is None
+        assert _table(ctx) is None
     assert ctx.tabled is False and T.state_count(ctx) > T.MAX_STATES
     assert delivers(plan(a, b), values(a.shape))
 
@@ -270,11 +275,11 @@ def test_a_merged_step_and_a_permute_at_one_price_resolve_alike():
     src = Spec(mesh, [Replicate(), Shard(0), Shard(0)], (0, 0), "float64")
     dst = Spec(mesh, [Replicate(), Shard(1), Shard(1)], (0, 0), "float64")
     ctx, start, _ = _context(src, dst, CostModel(HardwareProfile.nvlink_ib()))
-    goal = ctx.intern(E._state(dst))
+    goal = ctx.intern(E.encode(dst))
     assert plan(src, dst).steps == ()
     with ctx.lock:
         by_search = S.search(ctx, start, goal)
-        by_table = T.walk(ctx, T.table(ctx, after=0), start, goal)
+        by_table = T.walk(ctx, _table(ctx), start, goal)
     assert _moves(by_table) == _moves(by_search)
     assert [t[3] for _, t, _ in by_search[1]] == ["all_to_all"]
 
@@ -293,6 +298,6 @@ def test_goals_reached_at_one_price_resolve_alike():
     assert type(goal) is tuple
     with ctx.lock:
         by_search = S.search(ctx, start, goal)
-        by_table = T.walk(ctx, T.table(ctx, after=0), start, goal)
+        by_table = T.walk(ctx, _table(ctx), start, goal)
     assert _moves(by_table) == _moves(by_search)
     assert by_table[0] == by_search[0]

@@ -1,0 +1,132 @@
+"""The planner's memory: :class:`Planner`, the one object that owns every memo of ``plan``.
+
+A plan is a pure function of its arguments; what makes planning fast is remembered
+work, and all of it lives in a :class:`Planner`: the plans made, the search contexts
+(one per :class:`~._problem.Problem`) with their interned states and priced moves, the
+shape-free moves the contexts of one mesh share, the all-pairs plan tables, the plans
+shared across the tensor sizes of a family, the specs' encodings, and which mesh shapes
+a missed merge has warned about. ``plan(..., planner=None)`` uses the module's default
+planner; ``plan(..., planner=Planner())`` plans with memos of its own, so nothing
+another planner remembered (or forgot) reaches it. The answers are the same either way.
+
+Thread safety: one lock per planner guards its stores (contexts, tables, families);
+each context has its own lock, held while a search or table walk uses its memo tables
+(a context's lock is taken before the planner's, never the other way round).
+"""
+
+from __future__ import annotations
+
+import threading
+
+from meshplan.errors import PlanError
+
+from ._search import Context, SharedMoves
+from ._encoding import State, encode
+from ._family import Families
+from ._problem import Problem
+from ._table import TABLE_MODES, Tables
+
+__all__ = ["Planner", "default_planner"]
+
+_PLANS_KEPT = 4096  # plans per planner before the oldest are dropped
+_CONTEXTS_KEPT = 256  # search contexts per planner
+_ENCODED_KEPT = 65536  # spec encodings per planner
+
+
+class Planner:
+    """Everything ``plan`` remembers, in one object.
+
+    ``tables`` says when a search context builds its all-pairs plan table: ``"lazy"``
+    (the default: once it has planned a few pairs by search, more for bigger state
+    spaces: ``_table.lazy_pairs``), ``"eager"`` (before its first plan) or ``"off"``
+    (never: every plan is searched). Each gives the very same plans.
+
+    >>> from meshplan.layout import Mesh
+    >>> from meshplan.placement import Replicate, Shard, Spec
+    >>> from meshplan.redistribute import plan
+    >>> mesh = Mesh.create(2)
+    >>> a, b = Spec(mesh, [Shard(0)], (4,)), Spec(mesh, [Replicate()], (4,))
+    >>> mine = Planner(tables="off")
+    >>> plan(a, b, planner=mine) == plan(a, b)
+    True
+    >>> mine.clear()
+    """
+
+    def __init__(self, *, tables: str = "lazy") -> None:
+        if not isinstance(tables, str) or tables not in TABLE_MODES:
+            raise PlanError(
+                f"Planner(tables=...) must be one of {TABLE_MODES!r}, got {tables!r}",
+                value=tables,
+            )
+        self.tables_mode = tables
+        self.lock = threading.Lock()
+        # (src, dst, cost model, merge, bound, objective) -> (plan, merges a missing
+        # alias kept apart, or None while not looked for)
+        self.plans: dict = {}
+        self.encoded: dict = {}  # Spec -> its State (``_encoding.encode``)
+        self.contexts: dict = {}  # Problem -> its search Context
+        self.moves = SharedMoves()  # shape-free moves, shared by the contexts of a mesh
+        self.tables = Tables(self.lock, tables)  # all-pairs plan tables of contexts
+        self.families = Families(self.lock)  # plans shared across tensor sizes
+        self.warned: set = set()  # mesh shapes a missed merge has warned about
+
+    def __repr__(self) -> str:
+        return (
+            f"Planner(tables={self.tables_mode!r}; {len(self.plans)} plans, "
+            f"{len(self.contexts)} contexts)"
+        )
+
+    def state(self, spec) -> State:
+        """The encoded state of ``spec`` (memoized: specs are frozen, their hash cached)."""
+        state = self.encoded.get(spec)
+        if state is None:
+            if len(self.encoded) >= _ENCODED_KEPT:
+                self.encoded.clear()
+            state = self.encoded[spec] = encode(spec)
+        return state
+
+    def context(self, problem: Problem) -> Context:
+        """The search context of ``problem`` (one per distinct problem)."""
+        ctx = self.contexts.get(problem)
+        if ctx is None:
+            with self.lock:
+                ctx = self.contexts.get(problem)
+                if ctx is None:
+                    if len(self.contexts) >= _CONTEXTS_KEPT:
+                        del self.contexts[next(iter(self.contexts))]
+                    ctx = self.contexts[problem] = Context(problem, self.moves)
+        return ctx
+
+    def remember(self, key: tuple, entry: tuple) -> None:
+        """Keep a plan (``entry``) under its arguments (``key``)."""
+        plans = self.plans
+        with self.lock:
+            while len(plans) >= _PLANS_KEPT:
+                del plans[next(iter(plans))]
+            plans[key] = entry
+
+    def clear(self, *, tables: bool = True) -> None:
+        """Forget the plans made, and with ``tables`` every other memo too: contexts, plan
+        tables, shared moves and sizes, spec encodings (which mesh shapes have warned is
+        kept: :meth:`forget_warnings`)."""
+        with self.lock:
+            self.plans.clear()
+            if tables:
+                self.encoded.clear()
+                self.contexts.clear()
+                self.moves.clear()
+        if tables:  # (each takes the lock itself)
+            self.tables.clear()
+            self.families.clear()
+
+    def forget_warnings(self) -> None:
+        """Forget which mesh shapes a missed merge warned about (the next one warns again)."""
+        self.warned.clear()
+
+
+_DEFAULT = Planner()
+
+
+def default_planner() -> Planner:
+    """The planner ``plan`` uses when given none."""
+    return _DEFAULT
