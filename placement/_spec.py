@@ -2,24 +2,33 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import attrs
 
 from meshplan.errors import PlacementError
 from meshplan.layout import FrozenMap, Mesh
-from meshplan.layout._frozen import EMPTY_MAP, identity_first_eq, int_keyed_map
-from meshplan.layout._ints import as_int, int_or_same
+from meshplan.layout._frozen import EMPTY_MAP, identity_first_eq
+from meshplan.layout._ints import as_int
 
+from ._canonical import (
+    canonical_order,
+    canonical_placements,
+    check_partial_ops,
+    check_shape,
+    is_canonical_shape,
+    placement_facts,
+    read_order,
+    read_placements,
+)
 from ._pspec import PartitionSpec, pspec_entries, pspec_of
 from ._text import format_placements
 from ._types import (
+    DTYPES,
     Partial,
     Placement,
     Replicate,
-    Shard,
-    StridedShard,
     dtype_name,
     dtype_short,
     global_shape,
@@ -27,51 +36,9 @@ from ._types import (
 
 __all__ = ["Spec", "format_spec", "from_partition_spec", "partition_spec"]
 
-_MAX_SIZE = 2**63 - 1  # torch sizes are int64
-
-
-def _placements(value: Iterable[Any]) -> tuple[Any, ...]:
-    if isinstance(value, str):
-        raise PlacementError(
-            f"placements {value!r} is a string; parse it with parse_placements first",
-            value=value,
-        )
-    if not isinstance(value, Iterable):
-        raise PlacementError(
-            f"placements {value!r} is not a sequence; give one placement per mesh dim",
-            value=value,
-        )
-    try:
-        return tuple(value)
-    except TypeError:  # a 0-d tensor or array
-        raise PlacementError(
-            f"placements {value!r} is not a sequence; give one placement per mesh dim",
-            value=value,
-        ) from None
-
-
-def _order(value: Any) -> Any:
-    if isinstance(value, FrozenMap):
-        return value
-    if value is None:
-        return {}
-    try:
-        return {
-            int_or_same(d): tuple(int_or_same(m) for m in ms)
-            if isinstance(ms, list | tuple)
-            else ms
-            for d, ms in dict(value).items()
-        }
-    except (TypeError, ValueError):
-        raise PlacementError(
-            f"shard_order {value!r} is not a mapping tensor dim -> mesh dims; write e.g. "
-            "{0: ('tp', 'dp')}",
-            value=value,
-        ) from None
-
 
 @identity_first_eq
-@attrs.frozen(repr=False, cache_hash=True)
+@attrs.frozen(init=False, repr=False)
 class Spec:
     """How a tensor of ``shape`` and ``dtype`` lies on ``mesh``: one placement per mesh dim.
 
@@ -84,6 +51,7 @@ class Spec:
     ``StridedShard(d, 1)`` becomes ``Shard(d)``; ``shard_order`` is stored in full, for
     every sharded tensor dim, with mesh dim indices.
 
+    >>> from meshplan.placement import Shard
     >>> mesh = Mesh.create((2, 2), ("dp", "tp"))
     >>> s = Spec(mesh, (Shard(0), Shard(-2)), (8, 4), shard_order={0: ("tp", "dp")})
     >>> s.placements, dict(s.shard_order)
@@ -95,38 +63,50 @@ class Spec:
     """
 
     mesh: Mesh
-    placements: tuple[Placement, ...] = attrs.field(converter=_placements)
-    shape: tuple[int, ...] = attrs.field(converter=global_shape)
+    placements: tuple[Placement, ...]
+    shape: tuple[int, ...]
     dtype: str = "float32"
-    shard_order: FrozenMap[int, tuple[int, ...]] = attrs.field(default=EMPTY_MAP, converter=_order)
+    shard_order: FrozenMap[int, tuple[int, ...]] = EMPTY_MAP
+    _hash: int = attrs.field(init=False, eq=False, repr=False)
 
-    def __attrs_post_init__(self) -> None:
-        if not isinstance(self.mesh, Mesh):
-            raise PlacementError(f"Spec needs a Mesh, got {self.mesh!r}", value=self.mesh)
-        for s in self.shape:
-            if isinstance(s, bool) or not isinstance(s, int) or s < 0:
-                raise PlacementError(
-                    f"global shape {self.shape!r} has size {s!r}; sizes must be ints >= 0",
-                    value=self.shape,
-                )
-            if s > _MAX_SIZE:
-                raise PlacementError(
-                    f"global shape {self.shape!r} has size {s!r}, beyond int64; torch sizes "
-                    f"are at most {_MAX_SIZE} (2**63 - 1)",
-                    value=self.shape,
-                )
-        if self.numel() > _MAX_SIZE:
-            raise PlacementError(
-                f"global shape {self.shape!r} holds {self.numel()} elements, beyond int64; a "
-                f"torch tensor holds at most {_MAX_SIZE} (2**63 - 1): use smaller sizes",
-                value=self.shape,
-            )
-        object.__setattr__(self, "dtype", dtype_name(self.dtype))
-        placements = _canonical_placements(self.mesh, self.placements, len(self.shape))
-        object.__setattr__(self, "placements", placements)
-        _check_partial_ops(placements, self.dtype)
-        order = _canonical_order(self.mesh, placements, self.shard_order, len(self.shape))
-        object.__setattr__(self, "shard_order", order)
+    @_hash.default
+    def _hash_of_fields(self) -> int:  # every spec is hashed (dict keys, caches): once
+        return hash((self.mesh, self.placements, self.shape, self.dtype, self.shard_order))
+
+    def __init__(
+        self,
+        mesh: Mesh,
+        placements: Sequence[Placement],
+        shape: Sequence[int],
+        dtype: Any = "float32",
+        shard_order: Mapping[Any, Any] | None = EMPTY_MAP,
+    ) -> None:
+        if type(placements) is not tuple:
+            placements = read_placements(placements)
+        checked = is_canonical_shape(shape)
+        if not checked:
+            shape = global_shape(shape)
+        given = read_order(shard_order)
+        if not isinstance(mesh, Mesh):
+            raise PlacementError(f"Spec needs a Mesh, got {mesh!r}", value=mesh)
+        if not checked:
+            check_shape(shape)
+        if type(dtype) is not str or dtype not in DTYPES:
+            dtype = dtype_name(dtype)
+        ndim = len(shape)
+        placements = canonical_placements(mesh, placements, ndim)
+        default, ops = placement_facts(placements)
+        if ops:
+            check_partial_ops(placements, ops, dtype)
+        order = canonical_order(mesh, default, given, ndim)
+        self.__attrs_init__(mesh, placements, shape, dtype, order)
+
+    def __hash__(self) -> int:
+        return self._hash
+
+    def __reduce__(self):
+        # rebuilt through the constructor, so the loading process hashes it afresh
+        return (Spec, (self.mesh, self.placements, self.shape, self.dtype, self.shard_order))
 
     # -- facts ------------------------------------------------------------------------
 
@@ -139,6 +119,7 @@ class Spec:
         """The mesh dims that shard ``tensor_dim`` (negative counts from the end), in the
         order they apply.
 
+        >>> from meshplan.placement import Shard
         >>> s = Spec(Mesh.create((2, 2)), (Shard(1), Shard(1)), (4, 8), shard_order={1: (1, 0)})
         >>> s.order(1), s.order(-1), s.order(0)
         ((1, 0), (1, 0), ())
@@ -226,143 +207,6 @@ class Spec:
         )
 
 
-def _canonical_placements(
-    mesh: Mesh, placements: tuple[Any, ...], ndim: int
-) -> tuple[Placement, ...]:
-    if len(placements) != mesh.ndim:
-        raise PlacementError(
-            f"{len(placements)} placements {tuple(map(str, placements))} for a {mesh.ndim}-D "
-            f"mesh {mesh.names!r}; give one placement per mesh dim",
-            value=placements,
-        )
-    out: list[Placement] = []
-    for i, p in enumerate(placements):
-        match p:
-            case Shard(dim=d) | StridedShard(dim=d):
-                if not -ndim <= d < ndim:
-                    raise PlacementError(
-                        f"{p!r} on mesh dim {mesh.names[i]!r} shards tensor dim {d}, out of "
-                        f"range for a {ndim}-D tensor; use a dim in [{-ndim}, {ndim})",
-                        value=p,
-                    )
-                if mesh.shape[i] == 1:
-                    out.append(_REPLICATE)
-                elif d >= 0 and (
-                    type(p) is Shard or (type(p) is StridedShard and p.split_factor > 1)
-                ):
-                    out.append(p)  # canonical already (a frozen value: shared)
-                elif isinstance(p, StridedShard) and p.split_factor > 1:
-                    d %= ndim
-                    out.append(StridedShard(d, p.split_factor))
-                else:
-                    out.append(Shard(d % ndim))
-            case Replicate():
-                out.append(p)
-            case Partial():
-                out.append(_REPLICATE if mesh.shape[i] == 1 else p)
-            case _:
-                hint = " (convert torch placements with from_torch)" if _from_torch(p) else ""
-                raise PlacementError(
-                    f"{p!r} on mesh dim {mesh.names[i]!r} is not a meshplan placement; use "
-                    f"Shard, StridedShard, Replicate or Partial{hint}",
-                    value=p,
-                )
-    return tuple(out)
-
-
-_REPLICATE = Replicate()
-
-
-def _from_torch(p: object) -> bool:
-    return type(p).__module__.startswith("torch")
-
-
-def _check_partial_ops(placements: tuple[Placement, ...], dtype: str) -> None:
-    ops = {p.op for p in placements if isinstance(p, Partial)}
-    if len(ops) > 1 and ops != {"sum", "avg"}:
-        raise PlacementError(
-            f"placements {tuple(map(str, placements))} mix Partial ops {sorted(ops)!r}; one "
-            "spec may reduce with one op (only sum and avg mix): reduce one of them first",
-            value=placements,
-        )
-    if dtype == "bool" and "avg" in ops:
-        raise PlacementError(
-            f"placements {tuple(map(str, placements))} average bool values, which have no "
-            "average; use Partial('max') (any) or Partial('min') (all), or another dtype",
-            value=placements,
-        )
-    if dtype.startswith("complex") and ops & {"max", "min"}:
-        raise PlacementError(
-            f"placements {tuple(map(str, placements))} reduce {dtype} values with "
-            f"{sorted(ops & {'max', 'min'})!r}, but complex numbers have no order; use "
-            "Partial('sum') or Partial('avg')",
-            value=placements,
-        )
-
-
-def _canonical_order(
-    mesh: Mesh, placements: tuple[Placement, ...], given: Mapping[Any, Any], ndim: int
-) -> FrozenMap[int, tuple[int, ...]]:
-    sharding: dict[int, list[int]] = {}
-    for i, p in enumerate(placements):
-        if isinstance(p, Shard | StridedShard):
-            sharding.setdefault(p.dim, []).append(i)
-    order: dict[int, tuple[int, ...]] = {d: tuple(v) for d, v in sharding.items()}
-    seen: set[int] = set()
-    listed_ones: set[int] = set()
-    for key, dims in dict(given).items():
-        if isinstance(key, bool) or not isinstance(key, int) or not -ndim <= key < ndim:
-            raise PlacementError(
-                f"shard_order key {key!r} is not a tensor dim of a {ndim}-D tensor; use a "
-                f"dim in [{-ndim}, {ndim})",
-                value=given,
-            )
-        d = key % ndim
-        if d in seen:
-            raise PlacementError(
-                f"shard_order {dict(given)!r} gives tensor dim {d} twice (as {key!r} and "
-                "another key); give each dim once",
-                value=given,
-            )
-        seen.add(d)
-        if isinstance(dims, int | str):
-            dims = (dims,)
-        if isinstance(dims, set | frozenset) and len(dims) > 1:
-            raise PlacementError(
-                f"shard_order {dict(given)!r} maps tensor dim {key!r} to the set {dims!r}, "
-                "which has no order; give a tuple, e.g. ('tp', 'dp')",
-                value=given,
-            )
-        if not isinstance(dims, Iterable):
-            raise PlacementError(
-                f"shard_order {dict(given)!r} maps tensor dim {key!r} to {dims!r}; map it to "
-                "a tuple of mesh dims (names or indices)",
-                value=given,
-            )
-        dims = tuple(dims)
-        try:
-            idx = tuple(mesh.dim_index(m) for m in dims)
-        except ValueError as e:
-            raise PlacementError(f"shard_order {dict(given)!r}: {e}", value=given) from None
-        # mesh dims of size 1 carry no sharding: drop them (canonical form), but each
-        # may be listed once, for one tensor dim
-        ones = [m for m in idx if mesh.shape[m] == 1]
-        twice = [m for m in ones if m in listed_ones]
-        listed_ones.update(ones)
-        want = sharding.get(d, [])
-        kept = tuple(m for m in idx if mesh.shape[m] != 1)
-        if len(set(idx)) != len(idx) or twice or sorted(kept) != sorted(want):
-            raise PlacementError(
-                f"shard_order for tensor dim {d} is {tuple(dims)!r}, but the mesh dims "
-                f"sharding it are {tuple(mesh.names[m] for m in want)!r}; the order must list "
-                "each of them exactly once (it may neither omit nor invent a mesh dim)",
-                value=given,
-            )
-        if kept:
-            order[d] = kept
-    return int_keyed_map(dict(sorted(order.items())))
-
-
 def from_partition_spec(
     mesh: Mesh,
     pspec: Any,
@@ -397,6 +241,7 @@ def partition_spec(spec: Spec) -> PartitionSpec:
     Raises :class:`~meshplan.errors.PlacementError` for a ``StridedShard`` (no JAX
     counterpart).
 
+    >>> from meshplan.placement import Shard
     >>> mesh = Mesh.create((2, 2), ("dp", "tp"))
     >>> partition_spec(Spec(mesh, (Shard(1), Partial("avg")), (4, 6)))
     PartitionSpec(None, 'dp', partial={'tp': 'avg'})
@@ -409,6 +254,7 @@ def partition_spec(spec: Spec) -> PartitionSpec:
 def format_spec(spec: Spec) -> str:
     """``f32[8,4](S(0) R P(sum))``: dtype, global shape, placements (with shard order).
 
+    >>> from meshplan.placement import Shard
     >>> print(format_spec(Spec(Mesh.create((2, 2)), (Shard(0), Partial()), (8, 4))))
     f32[8,4](S(0) P(sum))
     """
