@@ -138,10 +138,15 @@ class Axis:
     strides: tuple[int, ...]
     modes: tuple[Mode, ...] = attrs.field(init=False, eq=False, repr=False)
     """The ``(size, stride)`` pairs, slowest first."""
+    _hash: int = attrs.field(init=False, eq=False, repr=False)
 
     @modes.default
     def _modes(self) -> tuple[Mode, ...]:
         return tuple(zip(self.sizes, self.strides, strict=True))
+
+    @_hash.default
+    def _hash_of_fields(self) -> int:
+        return hash((self.sizes, self.strides))
 
     def __init__(self, sizes: Iterable[int] | int, strides: Iterable[int] | int) -> None:
         sizes, strides = int_tuple(sizes), int_tuple(strides)
@@ -160,12 +165,11 @@ class Axis:
         modes = _coalesced(zip(sizes, strides, strict=True))
         self.__attrs_init__(tuple(m[0] for m in modes), tuple(m[1] for m in modes))
 
-    @functools.cached_property
-    def _hash(self) -> int:
-        return hash((self.sizes, self.strides))
-
     def __hash__(self) -> int:
         return self._hash
+
+    def __reduce__(self):
+        return (Axis, (self.sizes, self.strides))
 
     @classmethod
     def of(cls, sizes: Iterable[int] | int, strides: Iterable[int] | int | None = None) -> Axis:
