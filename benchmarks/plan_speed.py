@@ -409,7 +409,7 @@ def table_builds(planner, pairs, model, objective="time") -> list[float]:
 
     seen = {}
     for src, dst in pairs:
-        shards, ptargets = _encoding._universe(src, dst, src.ndim)
+        shards, ptargets = _encoding.universe(src, dst)
         ctx = planner.context(
             Problem(src.mesh, src.shape, src.dtype, model, shards, ptargets, None, objective)
         )
@@ -482,7 +482,7 @@ def run(
             for row, (a, b, sh) in zip(rows, cases, strict=True):
                 row["mp_search_s"] = first_call(
                     fresh(mp_spec, mesh, a, b, sh),
-                    lambda s, d: mp_plan(s, d, planner=searching),
+                    lambda s, d, p=searching: mp_plan(s, d, planner=p),
                     planner=searching,
                 )
             # meshplan, uncached, from each context's plan table (built first on new contexts,
@@ -492,7 +492,7 @@ def run(
             for row, (a, b, sh) in zip(rows, cases, strict=True):
                 row["mp_uncached_s"] = first_call(
                     fresh(mp_spec, mesh, a, b, sh),
-                    lambda s, d: mp_plan(s, d, planner=tabled),
+                    lambda s, d, p=tabled: mp_plan(s, d, planner=p),
                     planner=tabled,
                 )
             # meshplan, objective="collectives" (fewest collectives, then least time), tables built
@@ -500,7 +500,7 @@ def run(
             for row, (a, b, sh), (src, dst) in zip(rows, cases, mp, strict=True):
                 row["mpc_uncached_s"] = first_call(
                     fresh(mp_spec, mesh, a, b, sh),
-                    lambda s, d: mp_plan(s, d, FEWEST, tabled),
+                    lambda s, d, p=tabled: mp_plan(s, d, FEWEST, p),
                     planner=tabled,
                 )
                 p = plan(src, dst, cost_model=model, objective=FEWEST, planner=tabled)

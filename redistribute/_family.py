@@ -29,11 +29,13 @@ from __future__ import annotations
 
 import bisect
 import math
+from typing import NamedTuple
 
+from ._encoding import Edge
 from ._exact import even_steps
-from ._price import _tie, permute_price, price_coefficients, step_price
+from ._price import permute_price, price_coefficients, step_price, tie
 
-__all__ = ["family_of", "Families", "LARGEST", "SIZES_FIRST"]
+__all__ = ["family_of", "Families", "Leg", "LARGEST", "SIZES_FIRST"]
 
 _KEPT = 20000  # pairs kept over all families before the store starts over
 _PER_PAIR = 256  # sizes kept per pair (only where its plan changes, and the ends)
@@ -62,6 +64,18 @@ and largest sizes too (a rent-or-buy rule: a pair planned at two sizes is likely
 planned at more; each extreme costs a search)."""
 
 
+class Leg(NamedTuple):
+    """A step of a plan kept for a family's other sizes: its states and its move."""
+
+    src: tuple
+    dst: tuple
+    dims: tuple[int, ...]
+    collective: str | None
+    n_send: int
+    scaled: bool
+    touch: tuple | None
+
+
 def _split(codes: tuple, sizes: tuple) -> int:
     n = 1
     for c, size in zip(codes, sizes, strict=True):
@@ -82,8 +96,7 @@ class Families:
     def shared(self, fam, t: int, start_state, goal_state):
         """The cheapest plan from ``start_state`` to ``goal_state`` at size ``t`` (bytes) of
         family ``fam`` when sizes planned before bracket ``t`` with one plan (else None), as
-        ``[(state, transition, next state)]`` with the search's transitions
-        ``(price, None, mesh_dims, collective, n_send, scaled, touch)``: priced as a search
+        ``[(state, edge, next state)]`` (the edges' targets None): priced as a search
         context of that size prices them, without making one (at a size of a family a
         state's local bytes are ``t / split``)."""
         # read without the lock: an entry is replaced whole, never changed (``record``)
@@ -109,15 +122,18 @@ class Families:
             if collective == "all_permute":
                 c = permute_price(c, b_in, b_out, a, b)
             else:
-                c = step_price(c, b_in, b_out, scaled, copy) * _tie(a, b)
-            out.append((a, (c, None, dims, collective, n_send, scaled, touch), b))
+                c = step_price(c, b_in, b_out, scaled, copy) * tie(a, b)
+            out.append((a, Edge(c, None, dims, collective, n_send, scaled, touch), b))
         return out
 
     def record(self, fam, ctx, start_state, goal_state, found) -> None:
         """Keep the cheapest plan ``found`` (as the search returns it) on ``ctx``, a context
         of family ``fam``, for the family's other sizes."""
         states = ctx.states
-        path = tuple((states[i], states[j]) + tuple(trans[2:7]) for i, trans, j in found[1])
+        path = tuple(
+            Leg(states[i], states[j], e.dims, e.collective, e.n_send, e.scaled, e.touch)
+            for i, e, j in found[1]
+        )
         t = ctx.total_bytes
         with self.lock:
             if self._count >= _KEPT:

@@ -31,9 +31,12 @@ from meshplan.errors import MergeWarning, PlanError
 from meshplan.layout._mesh import first_instance
 from meshplan.placement import Partial, Replicate, is_shard_like
 
-from ._cost import CostModel, as_model, padded_local_bytes, step_cost
-from ._encoding import MERGEABLE, _universe, alias_dims, decode, encode
+from ._aliases import alias_dims
+from ._encoding import MERGEABLE, decode, encode, universe
 from ._plan import Plan, as_plan
+from ._profile import CostModel, as_model
+from ._sizes import padded_local_bytes
+from ._step_cost import step_cost
 from ._steps import Step
 
 __all__ = ["merge", "merge_plan", "MergeWarning", "reset_merge_warnings", "MERGEABLE"]
@@ -365,18 +368,22 @@ def _apply(state, m, code):
 def _valid_single(step: Step, planner) -> bool:
     """Whether ``step`` is one of the search's single-dim moves (on a context of
     ``planner``'s, the default planner's when None)."""
+    from ._edges import singles
     from ._problem import Problem
     from ._store import default_planner
 
     src, dst = step.src, step.dst
-    shards, ptargets = _universe(src, dst, src.ndim)
+    shards, ptargets = universe(src, dst)
     problem = Problem(src.mesh, src.shape, src.dtype, CostModel.default(), shards, ptargets, None)
     ctx = (planner or default_planner()).context(problem)
     with ctx.lock:
         ids = ctx.intern(encode(src)), ctx.intern(encode(dst))
-        for trans in ctx.singles(ids[0]):
-            nxt, dims, collective = trans[1], trans[2], trans[3]
-            if nxt == ids[1] and dims == step.mesh_dims and collective == step.collective:
+        for edge in singles(ctx, ids[0]):
+            if (
+                edge.target == ids[1]
+                and edge.dims == step.mesh_dims
+                and edge.collective == step.collective
+            ):
                 return True
     return False
 

@@ -26,13 +26,13 @@ The steps a plan may take (each a valid :class:`Step`):
 Searched placements: ``Shard(d)`` for every tensor dim, the StridedShards of
 ``src``/``dst``, Replicate and the Partial ops of ``src``/``dst``. The price of a plan is
 the sum of its steps' prices under the cost model, each times a deterministic
-tie-breaking factor below 1 + 5e-10 (``_search._tie``), so the cheapest plan is unique.
+tie-breaking factor below 1 + 5e-10 (``_price.tie``), so the cheapest plan is unique.
 A context (mesh, shape, dtype, model, placements, memory bound) plans its first pairs by
 A* search (the heuristic is a lower bound, so the result is a minimum over every plan of
 such steps: ``tests/redistribute/test_plan_optimal.py`` checks it against a brute force).
 A plan may end at any spec holding the target's layout (``same_layout``: a StridedShard
 and a shard order that chunk alike, a tiny dim's orders that leave the same pieces): the
-search goes to the nearest of them (``_goal_class``; past ``_CLASS_LIMIT`` of them to a
+search goes to the nearest of them (``_goals.goal_class``; past ``CLASS_LIMIT`` of them to a
 pattern admitting each; on a tensor without elements to a pattern: any placement but
 Partial of the mesh dims that shard only dims of length 0), and a plan stops where every
 rank first holds its target (a relabel to the target's words would move nothing and cost
@@ -46,12 +46,19 @@ one plan takes it without a search (``tests/redistribute/test_family.py``). Then
 so the plan has the fewest collectives and, among those, the least time. Plans, contexts,
 tables and every other memo belong to a :class:`~._store.Planner` (the default one
 unless ``plan`` is given another), keyed by the frozen arguments.
+
+The engine, one concept per module: ``_encoding`` (states, moves and edges),
+``_problem`` and ``_context`` (a search context: interning, bytes, prices), ``_moves``,
+``_permutes``, ``_merged_moves`` and ``_general`` (the moves out of a state, shape-free),
+``_edges`` (those moves priced on a context), ``_goals`` (goal classes and patterns),
+``_bounds`` with ``_dim_bound``, ``_bound_parts``, ``_sequence`` and ``_general_bound``
+(the search's lower bound), ``_search`` (the A* loop), ``_table`` (all-pairs tables),
+``_family`` (plans shared across sizes), ``_price`` (a move's price) and ``_store``
+(the :class:`~._store.Planner` that owns every memo).
 """
 
 from __future__ import annotations
 
-import functools
-import itertools
 import math
 
 import attrs
@@ -64,24 +71,20 @@ from meshplan.placement import (
     same_layout,
 )
 
-from ._cost import (
-    OBJECTIVES,
-    CostModel,
-    _plan_cost,
-    as_model,
-    collective_weight,
-    padded_local_bytes,
-)
-from ._encoding import _alias_named, _universe_of, alias_dims, decode
-from ._exact import exact_covers, piece_classes, tiny_dims
+from ._aliases import alias_dims, alias_named
+from ._cost import OBJECTIVES, _plan_cost, collective_weight
+from ._encoding import R, universe_of
+from ._exact import exact_covers
 from ._family import family_of
-from ._heuristic import sequence_weights
+from ._goals import goal_class
 from ._merge import merge_plan, warn_missed
+from ._plan import Plan
 from ._price import price_coefficients
 from ._problem import Problem
-from ._search import R, class_goal, search, unreduced_goal
-from ._plan import Plan
-from ._steps import Step
+from ._profile import CostModel, as_model
+from ._search import search
+from ._sequence import sequence_weights
+from ._sizes import padded_local_bytes
 from ._store import Planner, default_planner
 from ._table import walk
 
@@ -151,7 +154,7 @@ def _min_cost_plan(
     merge: bool = True,
 ) -> tuple[Plan, tuple]:
     """The cheapest plan of single-dim steps, permutes and (with ``merge``) steps merged
-    onto the mesh's aliases, to ``dst`` or another spec of its layout (``_goal_class``),
+    onto the mesh's aliases, to ``dst`` or another spec of its layout (``_goals.goal_class``),
     and its steps' prices."""
     start_state, goal_state = planner.state(src), planner.state(dst)
     if start_state == goal_state or (
@@ -159,9 +162,11 @@ def _min_cost_plan(
     ):
         # every rank holds its target already (the specs may say so in two ways)
         return Plan(src, dst, ()), ()
-    shards, ptargets = _universe_of(start_state[0], goal_state[0], src.ndim)
-    problem = Problem(src.mesh, src.shape, src.dtype, model, shards, ptargets, bound, objective, merge)
-    goals = _goal_class(goal_state, src.shape, src.mesh.shape, shards)
+    shards, ptargets = universe_of(start_state.codes, goal_state.codes, src.ndim)
+    problem = Problem(
+        src.mesh, src.shape, src.dtype, model, shards, ptargets, bound, objective, merge
+    )
+    goals = goal_class(goal_state, src.shape, src.mesh.shape, shards)
     moves = _moves_to(planner, problem, start_state, goals)
     if moves is None:
         b_start = padded_local_bytes(src)
@@ -176,17 +181,17 @@ def _min_cost_plan(
     a = src
     last = len(moves) - 1
     empty = 0 in src.shape
-    for k, (_, trans, state) in enumerate(moves):
-        b = dst if state == goal_state else decode(src, state)
-        dims, kind = trans[2], trans[3]
-        alias = _alias_named(src.mesh, dims) if len(dims) > 1 and kind != "all_permute" else None
-        steps.append(Step(dims, a, b, kind, alias))
+    for k, (_, edge, state) in enumerate(moves):
+        b = dst if state == goal_state else planner.spec(src, state)
+        dims, kind = edge.dims, edge.collective
+        alias = alias_named(src.mesh, dims) if len(dims) > 1 and kind != "all_permute" else None
+        steps.append(planner.step(dims, a, b, kind, alias))
         if k != last and _may_share_layout(state[0], goal_state[0], empty) and same_layout(b, dst):
             # every rank holds its target already: the rest (a relabel saying the same
             # pieces as the target says them) would move nothing, and costs a launch
             break
         a = b
-    prices = tuple(trans[0] for _, trans, _ in moves[: len(steps)])
+    prices = tuple(edge.price for _, edge, _ in moves[: len(steps)])
     return Plan(src, dst, tuple(steps)), prices
 
 
@@ -206,7 +211,7 @@ def _may_share_layout(codes_a: tuple, codes_b: tuple, empty: bool) -> bool:
 
 def _moves_to(planner: Planner, problem: Problem, start_state, goals: tuple):
     """The cheapest path from ``start_state`` to the nearest of ``goals`` (states of one
-    layout) as ``[(state, transition, next state)]`` (None: none within the memory
+    layout) as ``[(state, edge, next state)]`` (None: none within the memory
     bound): shared across the tensor sizes of a family (no context needed), else the
     context's table (once it has planned enough pairs) or a search."""
     key = goals[0] if len(goals) == 1 else ("layout", goals)  # the pair's key in a family
@@ -226,7 +231,7 @@ def _moves_to(planner: Planner, problem: Problem, start_state, goals: tuple):
             if moves is not None:
                 return moves
     with ctx.lock:
-        ctx._trim()
+        ctx.trim()
         start = ctx.intern(start_state)
         goal = _interned(ctx, goals)
         if tab is None:
@@ -240,7 +245,7 @@ def _moves_to(planner: Planner, problem: Problem, start_state, goals: tuple):
         if found is None:
             return None
         states = ctx.states
-        return [(states[i], trans, states[j]) for i, trans, j in found[1]]
+        return [(states[i], edge, states[j]) for i, edge, j in found[1]]
 
 
 def _interned(ctx, goals: tuple):
@@ -248,69 +253,6 @@ def _interned(ctx, goals: tuple):
     if len(goals) == 1:
         return ctx.intern(goals[0])
     return tuple(ctx.intern(g) for g in goals)
-
-
-_CLASS_LIMIT = 8  # specs of the target's layout a plan is searched to, at most
-
-
-@functools.lru_cache(maxsize=4096)
-def _goal_class(goal_state: tuple, shape: tuple, sizes: tuple, shards: tuple) -> tuple:
-    """The states holding the layout of ``goal_state`` (every rank the same local tensor),
-    ``goal_state`` first: on a tiny tensor dim or one with StridedShards, another shard
-    placement of its mesh dims in another order may chunk it alike (the search's
-    ``_relabels``). The cheapest plan to any of them is the cheapest plan; past
-    ``_CLASS_LIMIT`` of them (a min over each one's heuristic would cost too much) a
-    pattern stands for them all (``_search.class_goal``: a looser bound, the same
-    optimum). On a tensor without elements, along a dim of length 0 every
-    rank holds nothing however mesh dims shard it: each goal is then a pattern standing
-    for every state that differs from it only there (``_search.unreduced_goal``)."""
-    per_dim, count = _class_ways(goal_state, shape, sizes, shards)
-    if count > _CLASS_LIMIT:
-        found = (class_goal(goal_state, {d: ways for d, _, ways in per_dim}),)
-    else:
-        found = _goal_states(goal_state, per_dim)
-    if 0 in shape:
-        return tuple(dict.fromkeys(unreduced_goal(s, shape) for s in found))
-    return found
-
-
-def _class_ways(goal_state: tuple, shape: tuple, sizes: tuple, shards: tuple):
-    """Per tiny tensor dim with more than one, ``(d, its mesh dims sorted, ways)``: the
-    ``(placements, order)`` of its mesh dims that chunk it as ``goal_state`` does; and the
-    size of the goal class (the product of their counts)."""
-    codes, chains = goal_state
-    tiny = tiny_dims(shape, sizes, shards)
-    per_dim = []
-    count = 1
-    for d, chain in enumerate(chains):
-        if not chain or not tiny[d] or shape[d] == 0:
-            continue  # (elsewhere two shard orders never hold the same pieces)
-        dims = tuple(sorted(chain))
-        sig_of, members = piece_classes(
-            shape[d], dims, sizes, tuple(c for c in shards if c[0] == d)
-        )
-        ways = members[sig_of[tuple(codes[x] for x in dims), chain]]
-        ways = [(own, order) for own, orders in ways.items() for order in orders]
-        if len(ways) > 1:
-            count *= len(ways)
-            per_dim.append((d, dims, ways))
-    return per_dim, count
-
-
-def _goal_states(goal_state: tuple, per_dim: list) -> tuple:
-    """Every state of the goal class (:func:`_class_ways`), ``goal_state`` first."""
-    codes, chains = goal_state
-    out = [goal_state]
-    for combo in itertools.product(*(ways for _, _, ways in per_dim)):
-        new_codes, new_chains = list(codes), list(chains)
-        for (d, dims, _), (own, order) in zip(per_dim, combo, strict=True):
-            for x, c in zip(dims, own, strict=True):
-                new_codes[x] = c
-            new_chains[d] = order
-        state = (tuple(new_codes), tuple(new_chains))
-        if state != goal_state:
-            out.append(state)
-    return tuple(out)
 
 
 def _extend(planner: Planner, fam, ctx, start_state, goals, key) -> bool:
@@ -324,14 +266,16 @@ def _extend(planner: Planner, fam, ctx, start_state, goals, key) -> bool:
         if other is ctx:
             continue
         with other.lock:
-            other._trim()
+            other.trim()
             found = search(other, other.intern(start_state), _interned(other, goals))
             if found is not None:
                 planner.families.record(fam, other, start_state, key, found)
     return bool(shapes)
 
 
-def _planned(planner: Planner, src: Spec, dst: Spec, model: CostModel, merge: bool, bound, objective: str):
+def _planned(
+    planner: Planner, src: Spec, dst: Spec, model: CostModel, merge: bool, bound, objective: str
+):
     """The plan and the merges a missing alias kept apart (None: not looked for yet),
     remembered by ``planner``."""
     key = (src, dst, model, merge, bound, objective)
@@ -466,6 +410,6 @@ def clear_plan_cache(*, tables: bool = True) -> None:
     _plan_cost.cache_clear()
     if tables:
         exact_covers.cache_clear()
-        _universe_of.cache_clear()
+        universe_of.cache_clear()
         price_coefficients.cache_clear()
         sequence_weights.cache_clear()

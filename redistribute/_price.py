@@ -5,39 +5,61 @@ formula searches, tables and plans shared across sizes all use, so they agree)."
 from __future__ import annotations
 
 import functools
+from typing import NamedTuple
 
-from ._cost import coefficients
+from ._step_cost import coefficients
 
-__all__ = ["price_coefficients", "step_price", "permute_price", "permute_hub"]
+__all__ = [
+    "Coefficients",
+    "price_coefficients",
+    "step_price",
+    "permute_price",
+    "permute_hub",
+    "hub_key",
+    "prefix_length",
+    "suffix_mask",
+    "tie",
+]
+
+
+class Coefficients(NamedTuple):
+    """A step's price as ``fixed + per_in * b_in + per_out * b_out`` (seconds; bytes in
+    and out per rank)."""
+
+    fixed: float
+    per_in: float
+    per_out: float
 
 
 @functools.lru_cache(maxsize=4096)
 def price_coefficients(
     model, mesh, dims, collective, n_send, per_collective: float = 0.0
-) -> tuple[float, float, float]:
-    """A step's price as ``c0 + c_in * b_in + c_out * b_out`` (communication and compute
-    together, plus ``per_collective`` on a collective: the "collectives" objective)."""
-    c = coefficients(model, mesh, dims, collective, n_send)
-    c0 = c[0] + c[3] + (per_collective if collective is not None else 0.0)
-    return (c0, c[1] + c[4], c[2] + c[5])
+) -> Coefficients:
+    """A step's price coefficients, communication and compute together (plus
+    ``per_collective`` on a collective: the "collectives" objective)."""
+    comm0, comm_in, comm_out, work0, work_in, work_out, _ = coefficients(
+        model, mesh, dims, collective, n_send
+    )
+    fixed = comm0 + work0 + (per_collective if collective is not None else 0.0)
+    return Coefficients(fixed, comm_in + work_in, comm_out + work_out)
 
 
-def step_price(c: tuple, b_in: int, b_out: int, scaled: bool, copy: float) -> float:
+def step_price(c: Coefficients, b_in: int, b_out: int, scaled: bool, copy: float) -> float:
     """The price of a step of coefficients ``c`` (:func:`price_coefficients`) on ``b_in``
     bytes in, ``b_out`` out; ``scaled`` adds writing the output once more (an avg scale)
     at ``copy`` seconds per byte. The one formula every price of the planner comes from
     (searches, tables and plans shared across sizes agree to the last bit).
 
-    >>> step_price((1.0, 2.0, 3.0), 10, 100, False, 0.5)
+    >>> step_price(Coefficients(1.0, 2.0, 3.0), 10, 100, False, 0.5)
     321.0
     """
-    total = c[0] + c[1] * b_in + c[2] * b_out
+    total = c.fixed + c.per_in * b_in + c.per_out * b_out
     if scaled:
         total += b_out * copy
     return total
 
 
-def _prefix_length(codes, chain, new_codes, new_chain) -> int:
+def prefix_length(codes, chain, new_codes, new_chain) -> int:
     """How long a prefix two shard orders of one tensor dim share (the same mesh dims,
     each with the same placement)."""
     k = 0
@@ -47,7 +69,7 @@ def _prefix_length(codes, chain, new_codes, new_chain) -> int:
     return k
 
 
-def _suffix_mask(chains, ks) -> int:
+def suffix_mask(chains, ks) -> int:
     """The mesh dims (a bit mask) after the first ``ks[d]`` of each tensor dim's order."""
     mask = 0
     for chain, k in zip(chains, ks, strict=True):
@@ -56,10 +78,10 @@ def _suffix_mask(chains, ks) -> int:
     return mask
 
 
-def _hub_key(codes, chains, ks, mask: int) -> tuple:
+def hub_key(codes, chains, ks, mask: int) -> tuple:
     """The permute hub of a state (``codes``, ``chains``) keeping the first ``ks[d]`` mesh
-    dims of each tensor dim's order (see ``_Context._hubs_of``); ``mask``: the mesh dims
-    after those prefixes (:func:`_suffix_mask`), which its permutes exchange pieces over."""
+    dims of each tensor dim's order (see ``_permutes.hubs_of``); ``mask``: the mesh dims
+    after those prefixes (:func:`suffix_mask`), which its permutes exchange pieces over."""
     base = tuple(-1 if mask >> m & 1 else c for m, c in enumerate(codes))
     prefixes = tuple(chain[:k] for chain, k in zip(chains, ks, strict=True))
     nexts = tuple(
@@ -70,14 +92,14 @@ def _hub_key(codes, chains, ks, mask: int) -> tuple:
 
 
 def permute_hub(a, b) -> tuple:
-    """The permute hub (``_Context._hubs_of``) an all_permute from state ``a`` to ``b``
+    """The permute hub (``_permutes.hubs_of``) an all_permute from state ``a`` to ``b``
     passes through: the one keeping their common order prefixes."""
     codes, chains = a
     new_codes, new_chains = b
     ks = tuple(
-        _prefix_length(codes, x, new_codes, y) for x, y in zip(chains, new_chains, strict=True)
+        prefix_length(codes, x, new_codes, y) for x, y in zip(chains, new_chains, strict=True)
     )
-    return _hub_key(codes, chains, ks, _suffix_mask(chains, ks))
+    return hub_key(codes, chains, ks, suffix_mask(chains, ks))
 
 
 def permute_price(c: tuple, b_in: int, b_out: int, a, b) -> float:
@@ -85,10 +107,10 @@ def permute_price(c: tuple, b_in: int, b_out: int, a, b) -> float:
     (:func:`price_coefficients`): its halves into and out of its hub, each with its own
     tie-breaking factor, summed as every search, table and shared plan sums them."""
     hub = permute_hub(a, b)
-    return (c[0] + c[1] * b_in) * _tie(a, hub) + c[2] * b_out * _tie(hub, b)
+    return (c.fixed + c.per_in * b_in) * tie(a, hub) + c.per_out * b_out * tie(hub, b)
 
 
-def _tie(a, b) -> float:
+def tie(a, b) -> float:
     """A deterministic factor in [1, 1 + 2**-31) for the transition ``a -> b`` (states).
 
     Every price carries it, so plans that would tie exactly differ, and each pair of specs

@@ -4,8 +4,8 @@ A plan is a pure function of its arguments; what makes planning fast is remember
 work, and all of it lives in a :class:`Planner`: the plans made, the search contexts
 (one per :class:`~._problem.Problem`) with their interned states and priced moves, the
 shape-free moves the contexts of one mesh share, the all-pairs plan tables, the plans
-shared across the tensor sizes of a family, the specs' encodings, and which mesh shapes
-a missed merge has warned about. ``plan(..., planner=None)`` uses the module's default
+shared across the tensor sizes of a family, the specs' encodings (and the specs and
+steps of plans, decoded), and which mesh shapes a missed merge has warned about. ``plan(..., planner=None)`` uses the module's default
 planner; ``plan(..., planner=Planner())`` plans with memos of its own, so nothing
 another planner remembered (or forgot) reaches it. The answers are the same either way.
 
@@ -19,18 +19,20 @@ from __future__ import annotations
 import threading
 
 from meshplan.errors import PlanError
+from meshplan.placement import Spec
 
-from ._search import Context, SharedMoves
-from ._encoding import State, encode
+from ._context import Context, SharedMoves
+from ._encoding import State, decode, encode
 from ._family import Families
 from ._problem import Problem
+from ._steps import Step
 from ._table import TABLE_MODES, Tables
 
 __all__ = ["Planner", "default_planner"]
 
 _PLANS_KEPT = 4096  # plans per planner before the oldest are dropped
 _CONTEXTS_KEPT = 256  # search contexts per planner
-_ENCODED_KEPT = 65536  # spec encodings per planner
+_ENCODED_KEPT = 65536  # spec encodings (and decodings, steps) per planner
 
 
 class Planner:
@@ -64,6 +66,8 @@ class Planner:
         # alias kept apart, or None while not looked for)
         self.plans: dict = {}
         self.encoded: dict = {}  # Spec -> its State (``_encoding.encode``)
+        self.decoded: dict = {}  # (mesh, shape, dtype, state) -> its Spec (``decode``)
+        self.steps: dict = {}  # a Step's fields -> the Step
         self.contexts: dict = {}  # Problem -> its search Context
         self.moves = SharedMoves()  # shape-free moves, shared by the contexts of a mesh
         self.tables = Tables(self.lock, tables)  # all-pairs plan tables of contexts
@@ -84,6 +88,27 @@ class Planner:
                 self.encoded.clear()
             state = self.encoded[spec] = encode(spec)
         return state
+
+    def spec(self, template, state) -> Spec:
+        """The Spec of ``state`` for the tensor and mesh of ``template`` (memoized: plans
+        of one context pass through the same specs)."""
+        key = (template.mesh, template.shape, template.dtype, state)
+        spec = self.decoded.get(key)
+        if spec is None:
+            if len(self.decoded) >= _ENCODED_KEPT:
+                self.decoded.clear()
+            spec = self.decoded[key] = decode(template, state)
+        return spec
+
+    def step(self, dims, src, dst, collective, alias=None) -> Step:
+        """``Step(dims, src, dst, collective, alias)`` (memoized: plans share steps)."""
+        key = (dims, src, dst, collective, alias)
+        step = self.steps.get(key)
+        if step is None:
+            if len(self.steps) >= _ENCODED_KEPT:
+                self.steps.clear()
+            step = self.steps[key] = Step(dims, src, dst, collective, alias)
+        return step
 
     def context(self, problem: Problem) -> Context:
         """The search context of ``problem`` (one per distinct problem)."""
@@ -113,6 +138,8 @@ class Planner:
             self.plans.clear()
             if tables:
                 self.encoded.clear()
+                self.decoded.clear()
+                self.steps.clear()
                 self.contexts.clear()
                 self.moves.clear()
         if tables:  # (each takes the lock itself)

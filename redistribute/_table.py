@@ -8,7 +8,7 @@ tie-broken prices and memory bound); Floyd-Warshall gives the minimum price betw
 two states, and a plan walks from the source, always taking the transition that leads
 on most cheaply.
 
-Prices are tie-broken (``_search._tie``), so each pair has one cheapest plan: the walk
+Prices are tie-broken (``_price.tie``), so each pair has one cheapest plan: the walk
 returns exactly what the A* search returns. That makes the table a pure speed-up, built
 lazily once a context has planned :func:`lazy_pairs` pairs (more for bigger state
 spaces), whatever each process planned before. Building takes 0.1-8 ms on 1-3-D meshes
@@ -25,7 +25,9 @@ from typing import TYPE_CHECKING
 
 from meshplan.errors import PlanError
 
-from ._search import SUMAVG, R, admits, is_pattern, mixable, state_order
+from ._edges import successors
+from ._encoding import SUMAVG, R, mixable, state_order
+from ._goals import admits, is_pattern
 
 if TYPE_CHECKING:  # numpy is imported when a table is built, not with the planner
     import numpy as np
@@ -34,6 +36,7 @@ __all__ = ["MAX_STATES", "TABLE_MODES", "Table", "Tables", "lazy_pairs", "state_
 
 MAX_STATES = 640
 """Largest state space given a table; bigger contexts are always planned by A* search."""
+
 
 def lazy_pairs(states: int) -> int:
     """How many pairs a context of ``states`` states plans by search before building its
@@ -56,7 +59,7 @@ class Table:
     def __init__(self, ids: list, edges: list, dist: np.ndarray, hop: np.ndarray):
         self.ids = ids  # row -> ctx state id
         self.index = {i: row for row, i in enumerate(ids)}  # ctx state id -> row
-        self.edges = edges  # row -> ((price, row of target, transition), ...)
+        self.edges = edges  # row -> ((price, row of target, edge), ...)
         self.dist = dist  # dist[a, b]: minimum price from row a to row b (inf: none)
         self.hop = hop  # hop[a, b]: the edge of row a a cheapest plan to b takes first
         self.admitted: dict = {}  # pattern goal id -> the rows it admits (``walk``)
@@ -128,8 +131,11 @@ def _build(ctx) -> Table:
     ids = [ctx.intern(s) for s in _states(ctx)]
     index = {i: row for row, i in enumerate(ids)}
     n = len(ids)
-    # the search's transitions, with the same tie-broken prices
-    edges = [tuple((t[0], index[t[1]], t) for t in ctx.successors(i) if t[1] != i) for i in ids]
+    # the search's edges, with the same tie-broken prices: (price, target row, edge)
+    edges = [
+        tuple((e.price, index[e.target], e) for e in successors(ctx, i) if e.target != i)
+        for i in ids
+    ]
     dist = np.full((n, n), np.inf)
     np.fill_diagonal(dist, 0.0)
     for a, out in enumerate(edges):
@@ -229,7 +235,7 @@ def walk(ctx, tab: Table, start: int, goal):
     a = tab.index[start]
     goals = (goal,) if type(goal) is int else goal
     if is_pattern(ctx.states[goals[0]]):
-        # patterns (``_search.unreduced_goal``, ``class_goal``): the nearest state one admits
+        # patterns (``_goals.unreduced_goal``, ``class_goal``): the nearest state one admits
         rows = [row for g in goals for row in _admitted(ctx, tab, g)]
     else:
         rows = [tab.index[g] for g in goals]
@@ -249,6 +255,6 @@ def walk(ctx, tab: Table, start: int, goal):
         if here == b:
             return total, moves
         step = edges[here][hop.item(here, b)]
-        moves.append((ids[here], step[2], step[2][1]))
+        moves.append((ids[here], step[2], step[2].target))
         here = step[1]
     raise PlanError(f"the plan table of {ctx.mesh} loops from {ctx.states[start]}", value=start)

@@ -13,7 +13,8 @@ from hypothesis import strategies as st
 from meshplan.layout import Mesh
 from meshplan.placement import Partial, Spec, gather_index, local_intervals, shard, unshard
 from meshplan.redistribute import CostModel, HardwareProfile, Link, Plan, Step, simulate
-from meshplan.redistribute._encoding import R, _universe, decode, encode
+from meshplan.redistribute._edges import singles
+from meshplan.redistribute._encoding import R, decode, encode, universe
 from meshplan.redistribute._problem import Problem
 from meshplan.redistribute._store import default_planner
 from meshplan.testing import mesh_dims, shapes, specs
@@ -165,7 +166,7 @@ def delivers(plan, x: torch.Tensor, seed: int = 0) -> bool:
 def context_of(src: Spec, dst: Spec, model, bound=None, objective="time", merge=True, planner=None):
     """The search context (of ``planner``, the default one when None) that plans between
     ``src`` and ``dst``."""
-    shards, ptargets = _universe(src, dst, src.ndim)
+    shards, ptargets = universe(src, dst)
     problem = Problem(
         src.mesh, src.shape, src.dtype, model, shards, ptargets, bound, objective, merge
     )
@@ -220,19 +221,19 @@ def direct_plan(src: Spec, dst: Spec, model, bound):
     src_chains = start_state[1]
     moves = []
     with ctx.lock:
-        ctx._trim()
+        ctx.trim()
         i, goal = ctx.intern(start_state), ctx.intern(goal_state)
         for _ in range(2 * len(goal_codes) + 1):
             if i == goal:
                 break
             codes, chains = ctx.states[i]
             options = []
-            for trans in ctx.singles(i):
-                m = trans[2][0]
+            for trans in singles(ctx, i):
+                m = trans.dims[0]
                 a, b = codes[m], goal_codes[m]
                 if a == b:
                     continue
-                ncodes, nchains = ctx.states[trans[1]]
+                ncodes, nchains = ctx.states[trans.target]
                 c = ncodes[m]
                 if c != b and not (c == R and type(a) is int and type(b) is int):
                     continue  # not a direct move (a Partial changing op goes through R)
@@ -246,14 +247,14 @@ def direct_plan(src: Spec, dst: Spec, model, bound):
                 return None
             trans = min(options, key=lambda o: o[:2])[2]
             moves.append((i, trans))
-            i = trans[1]
+            i = trans.target
         if i != goal:
             return None
-        states = [ctx.states[t[1]] for _, t in moves]
+        states = [ctx.states[t.target] for _, t in moves]
     steps = []
     a = src
     for (_, trans), state in zip(moves, states, strict=True):
-        b = dst if trans[1] == goal else decode(src, state)
-        steps.append(Step(trans[2], a, b, trans[3]))
+        b = dst if trans.target == goal else decode(src, state)
+        steps.append(Step(trans.dims, a, b, trans.collective))
         a = b
     return Plan(src, dst, tuple(steps))

@@ -16,6 +16,7 @@ from meshplan.redistribute import CostModel, HardwareProfile, MergeWarning, clea
 from meshplan.redistribute import _encoding as E
 from meshplan.redistribute import _family as F
 from meshplan.redistribute import _planner as P
+from meshplan.redistribute._edges import successors
 from meshplan.redistribute._exact import even_steps
 from meshplan.redistribute._problem import Problem
 from meshplan.redistribute._store import Planner, default_planner
@@ -64,7 +65,7 @@ def test_a_plan_shared_across_sizes_is_the_search_plan(pair, model, base, scales
         if src == dst:
             return
     # multiples of the family's steps (with StridedShards: every shard order chunks evenly)
-    shards, _ = E._universe(src, dst, src.ndim)
+    shards, _ = E.universe(src, dst)
     step = even_steps(src.mesh.shape, src.ndim, shards) + (1, 1, 1)
     sizes = [
         (step[0] * base[0] * k, step[1] * base[1], step[2] * base[2])[: src.ndim] for k in scales
@@ -183,8 +184,10 @@ def test_only_contexts_whose_prices_scale_with_bytes_form_a_family(
 ):
     mesh = Mesh.create((2, 2))
     src = Spec(mesh, parse_placements(placements)[0], shape, "float32")
-    shards, ptargets = E._universe(src, src, src.ndim)
-    problem = Problem(mesh, shape, "float32", CostModel.default(), shards, ptargets, bound, objective)
+    shards, ptargets = E.universe(src, src)
+    problem = Problem(
+        mesh, shape, "float32", CostModel.default(), shards, ptargets, bound, objective
+    )
     fam = F.family_of(problem)
     assert (fam is None) == (why is not None), why
 
@@ -192,7 +195,7 @@ def test_only_contexts_whose_prices_scale_with_bytes_form_a_family(
 def _moves_from(src: Spec, dst: Spec, shape, model, limit: int = 60) -> dict:
     """The transitions (without prices) of the states a context of ``shape`` reaches from
     ``src``'s, breadth first, generated on a clean start (no moves shared)."""
-    shards, ptargets = E._universe(src, dst, src.ndim)
+    shards, ptargets = E.universe(src, dst)
     ctx = Planner().context(Problem(src.mesh, shape, src.dtype, model, shards, ptargets, None))
     start = ctx.intern(E.encode(src))
     seen = {start: None}
@@ -201,13 +204,18 @@ def _moves_from(src: Spec, dst: Spec, shape, model, limit: int = 60) -> dict:
     while queue and len(out) < limit:
         i = queue.pop(0)
         moves = sorted(
-            ((ctx.states[t[1]], t[2], t[3]) for t in ctx.successors(i) if t[1] != i), key=repr
+            (
+                (ctx.states[t.target], t.dims, t.collective)
+                for t in successors(ctx, i)
+                if t.target != i
+            ),
+            key=repr,
         )
         out[ctx.states[i]] = moves
-        for t in ctx.successors(i):
-            if t[1] not in seen:
-                seen[t[1]] = None
-                queue.append(t[1])
+        for t in successors(ctx, i):
+            if t.target not in seen:
+                seen[t.target] = None
+                queue.append(t.target)
     return out
 
 
@@ -221,7 +229,7 @@ def test_a_family_has_the_same_moves_at_every_size(pair, k):
     # multiple of the family's steps it must answer alike, or plans could not be shared
     # (and contexts of the family share their moves: generated apart, they agree)
     src, dst = pair
-    shards, _ = E._universe(src, dst, src.ndim)
+    shards, _ = E.universe(src, dst)
     step = even_steps(src.mesh.shape, src.ndim, shards)
     model = CostModel.default()
     small = _moves_from(src, dst, step, model)

@@ -15,12 +15,15 @@ from hypothesis import strategies as st
 from meshplan.layout import Mesh
 from meshplan.placement import Partial, Replicate, Shard, Spec, StridedShard
 from meshplan.redistribute import CostModel, HardwareProfile
-from meshplan.redistribute._encoding import _universe
+from meshplan.redistribute._bound_parts import collective_cover
+from meshplan.redistribute._context import Context, SharedMoves
+from meshplan.redistribute._dim_bound import dim_bound
 from meshplan.redistribute._encoding import encode as _state
-from meshplan.redistribute._general import crossing_floor, most_missing
-from meshplan.redistribute._heuristic import _Bounds, _keeps, _orders, _weight
+from meshplan.redistribute._encoding import universe
+from meshplan.redistribute._general_bound import crossing_floor, most_missing
 from meshplan.redistribute._problem import Problem
-from meshplan.redistribute._search import Context, SharedMoves, search
+from meshplan.redistribute._search import search
+from meshplan.redistribute._sequence import _keeps, _orders, _weight
 
 MODELS = [
     CostModel(),
@@ -38,27 +41,42 @@ def _fresh(src, model, shards, ptargets, objective) -> Context:
     return Context(problem, SharedMoves())
 
 
+class _Zero:
+    """Bounds of nothing: A* with them is a uniform-cost search (Dijkstra)."""
+
+    latency_floor = 0.0
+
+    def __init__(self):
+        self.h: dict = {}
+        self.kept: dict = {}
+
+    def heuristic(self, i, goal) -> float:
+        return 0.0
+
+    def kept_bound(self, i, goal) -> float:
+        return 0.0
+
+
 def _dijkstra(src, dst, model, objective):
     """The cheapest plan by uniform-cost search (the heuristic replaced by zero)."""
-    shards, ptargets = _universe(src, dst, src.ndim)
+    shards, ptargets = universe(src, dst)
     ctx = _fresh(src, model, shards, ptargets, objective)
-    ctx.heuristic = lambda i, goal: 0.0
     start, goal = ctx.intern(_state(src)), ctx.intern(_state(dst))
-    return ctx, start, goal, search(ctx, start, goal)
+    return ctx, start, goal, search(ctx, start, goal, _Zero())
 
 
 def _check_bounds(src, dst, model, objective):
     ctx, start, goal, found = _dijkstra(src, dst, model, objective)
     assert found is not None, (src, dst)
     total, moves = found
-    shards, ptargets = _universe(src, dst, src.ndim)
+    shards, ptargets = universe(src, dst)
     bounds = _fresh(src, model, shards, ptargets, objective)
     goal_b = bounds.intern(ctx.states[goal])
     rest = total
     states = [start] + [t for _, _, t in moves]
     prices = [trans[0] for _, trans, _ in moves] + [0.0]
     for i, price in zip(states, prices, strict=True):
-        h = bounds.heuristic(bounds.intern(ctx.states[i]), goal_b)
+        h = bounds.bounds.heuristic(bounds.intern(ctx.states[i]), goal_b)
         assert h <= rest * (1 + 1e-9) + 1e-15, (src, dst, ctx.states[i], h, rest)
         rest -= price
     # and A* with the heuristic finds a plan as cheap
@@ -89,17 +107,17 @@ def test_aliases_raise_the_collective_count_only_as_far_as_they_reach():
     src = Spec(mesh, [StridedShard(0, 3), Shard(0), Replicate(), Shard(1)], (7, 7))
     dst = Spec(mesh, [Replicate(), StridedShard(1, 2), Partial("avg"), Replicate()], (7, 7))
     model = CostModel()
-    shards, ptargets = _universe(src, dst, src.ndim)
+    shards, ptargets = universe(src, dst)
     ctx = _fresh(src, model, shards, ptargets, "time")
-    assert ctx._cover(0b1001, 0b0010) == 2  # dp, tp to gather; pp to re-shard
-    assert ctx._cover(0b1001, 0b0100) == 1  # cp is in an alias with dp and tp
-    assert ctx._cover(0b1011, 0) == 2  # pp gathers on its own
+    assert collective_cover(ctx.bounds, 0b1001, 0b0010) == 2  # dp, tp to gather; pp to re-shard
+    assert collective_cover(ctx.bounds, 0b1001, 0b0100) == 1  # cp is in an alias with dp and tp
+    assert collective_cover(ctx.bounds, 0b1011, 0) == 2  # pp gathers on its own
     _check_bounds(src, dst, model, "time")
 
 
 def _plain_context(src, dst, shards=None):
-    universe, ptargets = _universe(src, dst, src.ndim)
-    return _fresh(src, CostModel(), shards or universe, ptargets, "time")
+    codes, ptargets = universe(src, dst)
+    return _fresh(src, CostModel(), shards or codes, ptargets, "time")
 
 
 def test_what_the_first_rank_lacks_is_priced_as_the_model_prices_an_all_to_all():
@@ -122,8 +140,8 @@ def test_the_overlap_memo_tells_goals_apart_by_their_split_factors():
     first = Spec(mesh, (StridedShard(0, 3),), (6,))
     ctx = _plain_context(src, first)
     start = ctx.intern(_state(src))
-    ctx.heuristic(start, ctx.intern(_state(first)))
-    assert ctx.heuristic(start, ctx.intern(_state(src))) == 0.0  # already there
+    ctx.bounds.heuristic(start, ctx.intern(_state(first)))
+    assert ctx.bounds.heuristic(start, ctx.intern(_state(src))) == 0.0  # already there
 
 
 @settings(max_examples=max(300, settings.default.max_examples))
@@ -144,15 +162,14 @@ def test_the_heuristic_is_a_lower_bound_on_strided_shards(mesh_shape, length, da
     dst = data.draw(pick.map(lambda p: Spec(mesh, p, (length,))), label="dst")
     _check_bounds(src, dst, CostModel(), "time")
     shards = ((0, 1), (0, 2), (0, 3))
-    universe, ptargets = _universe(src, dst, 1)
+    _, ptargets = universe(src, dst)
     shared = _fresh(src, CostModel(), shards, ptargets, "time")
     other = data.draw(pick.map(lambda p: Spec(mesh, p, (length,))), label="asked first")
     start = shared.intern(_state(src))
-    shared.heuristic(start, shared.intern(_state(other)))
+    shared.bounds.heuristic(start, shared.intern(_state(other)))
     oracle = _fresh(src, CostModel(), shards, ptargets, "time")
-    oracle.heuristic = lambda i, goal: 0.0
-    best = search(oracle, oracle.intern(_state(src)), oracle.intern(_state(dst)))[0]
-    assert shared.heuristic(start, shared.intern(_state(dst))) <= best * (1 + 1e-9) + 1e-15
+    best = search(oracle, oracle.intern(_state(src)), oracle.intern(_state(dst)), _Zero())[0]
+    assert shared.bounds.heuristic(start, shared.intern(_state(dst))) <= best * (1 + 1e-9) + 1e-15
 
 
 @settings(max_examples=max(60, settings.default.max_examples // 2))
@@ -204,7 +221,7 @@ def test_a_partial_dim_kept_partial_may_be_reduce_scattered_for_a_while():
     )
     dst = Spec(mesh, (Replicate(), Replicate(), Partial("max")), (4096, 40, 72), "float64")
     h, total, moves = _bound_at_source(src, dst, PER_COLLECTIVE)
-    assert [trans[3] for _, trans, _ in moves] == ["reduce_scatter", "all_gather", None]
+    assert [trans.collective for _, trans, _ in moves] == ["reduce_scatter", "all_gather", None]
     assert h <= total
 
 
@@ -222,18 +239,19 @@ def test_the_heuristic_is_a_lower_bound_off_the_cheapest_plan(pair, model, objec
     model = on_mesh(model, src.mesh)
     ctx, _, goal, found = _dijkstra(src, dst, model, objective)
     assert found is not None, (src, dst)
-    shards, ptargets = _universe(src, dst, src.ndim)
+    shards, ptargets = universe(src, dst)
     bounds = _fresh(src, model, shards, ptargets, objective)
     goal_b = bounds.intern(ctx.states[goal])
     for k in data.draw(
         st.lists(st.integers(0, len(ctx.states) - 1), min_size=1, max_size=3), label="states"
     ):
         oracle = _fresh(src, model, shards, ptargets, objective)
-        oracle.heuristic = lambda i, g: 0.0
-        rest = search(oracle, oracle.intern(ctx.states[k]), oracle.intern(ctx.states[goal]))
+        rest = search(
+            oracle, oracle.intern(ctx.states[k]), oracle.intern(ctx.states[goal]), _Zero()
+        )
         if rest is None:
             continue  # a state the goal cannot be reached from
-        h = bounds.heuristic(bounds.intern(ctx.states[k]), goal_b)
+        h = bounds.bounds.heuristic(bounds.intern(ctx.states[k]), goal_b)
         assert h <= rest[0] * (1 + 1e-9) + 1e-15, (src, dst, ctx.states[k], h, rest[0])
 
 
@@ -241,13 +259,13 @@ def _bound_at_source(src, dst, model):
     """After checking the bound along a cheapest plan: the bound at the source, the
     cheapest cost and the cheapest plan's moves."""
     _check_bounds(src, dst, model, "time")
-    shards, ptargets = _universe(src, dst, src.ndim)
+    shards, ptargets = universe(src, dst)
     ctx = _fresh(src, model, shards, ptargets, "time")
     start, goal = ctx.intern(_state(src)), ctx.intern(_state(dst))
     total, moves = search(ctx, start, goal)
     # (the per-mesh-dim bound: the search takes the least of it and the bound of plans
-    # through a general permute, ``_general.general_bound``, which is looser)
-    return _Bounds.heuristic(ctx, start, goal), total, moves
+    # through a general permute, ``_general_bound.general_bound``, which is looser)
+    return dim_bound(ctx.bounds, start, goal), total, moves
 
 
 def _two_nodes():
@@ -271,7 +289,7 @@ def test_gather_and_reduce_scatter_orders_tighten_the_bound(src, dst, least):
     mesh, model = _two_nodes()
     a, b = Spec(mesh, src, (4096, 1024)), Spec(mesh, dst, (4096, 1024))
     h, total, moves = _bound_at_source(a, b, model)
-    assert any(trans[3] == "all_permute" for _, trans, _ in moves)
+    assert any(trans.collective == "all_permute" for _, trans, _ in moves)
     assert h >= least * total
 
 
@@ -376,14 +394,14 @@ def test_dims_to_reshard_take_one_collective_over_all_of_them_or_more():
     st.data(),
 )
 def test_the_bytes_across_a_mesh_dim_bound_every_plan(pair, model, objective, data):
-    # ``_general.crossing_floor`` and the neediest rank's missing bytes are floors of every
+    # ``_general_bound.crossing_floor`` and the neediest rank's missing bytes are floors of every
     # plan (with or without general permutes): at the source, along a cheapest plan and
     # at states off it, against the cheapest plan from each
     src, dst = pair
     model = on_mesh(model, src.mesh)
     ctx, start, goal, found = _dijkstra(src, dst, model, objective)
     assert found is not None, (src, dst)
-    shards, ptargets = _universe(src, dst, src.ndim)
+    shards, ptargets = universe(src, dst)
     bounds = _fresh(src, model, shards, ptargets, objective)
     goal_b = bounds.intern(ctx.states[goal])
     picks = [start] + [t for _, _, t in found[1]]
@@ -392,19 +410,21 @@ def test_the_bytes_across_a_mesh_dim_bound_every_plan(pair, model, objective, da
     )
     for k in picks:
         oracle = _fresh(src, model, shards, ptargets, objective)
-        oracle.heuristic = lambda i, g: 0.0
-        rest = search(oracle, oracle.intern(ctx.states[k]), oracle.intern(ctx.states[goal]))
+        rest = search(
+            oracle, oracle.intern(ctx.states[k]), oracle.intern(ctx.states[goal]), _Zero()
+        )
         if rest is None:
             continue
         i = bounds.intern(ctx.states[k])
-        floor = crossing_floor(bounds, i, goal_b)
+        floor = crossing_floor(bounds.bounds, i, goal_b)
         assert floor <= rest[0] * (1 + 1e-9) + 1e-15, (src, dst, ctx.states[k], floor, rest[0])
         codes, goal_codes = ctx.states[k][0], ctx.states[goal][0]
         if not any(type(c) is int and c > 0 for c in goal_codes):
             reduce = any(
                 type(c) is int and c > 0 and c != g for c, g in zip(codes, goal_codes, strict=True)
             )
-            most = most_missing(bounds, i, goal_b, reduce) * bounds.itemsize * bounds.missing_rate
+            most = most_missing(bounds.bounds, i, goal_b, reduce)
+            most *= bounds.itemsize * bounds.bounds.missing_rate
             assert most <= rest[0] * (1 + 1e-9) + 1e-15, (src, dst, ctx.states[k], most, rest[0])
 
 
@@ -413,10 +433,10 @@ def test_a_shard_on_the_slow_dim_is_bounded_by_what_crosses_it():
     mesh, model = _two_nodes()
     src = Spec(mesh, [Shard(0), Replicate(), Replicate(), Replicate()], (64, 64))
     dst = Spec(mesh, [Replicate()] * 4, (64, 64))
-    shards, ptargets = _universe(src, dst, src.ndim)
+    shards, ptargets = universe(src, dst)
     ctx = _fresh(src, model, shards, ptargets, "time")
     start, goal = ctx.intern(_state(src)), ctx.intern(_state(dst))
-    floor = crossing_floor(ctx, start, goal)
+    floor = crossing_floor(ctx.bounds, start, goal)
     total, _ = search(ctx, start, goal)
     assert 0 < floor <= total
     # half of the tensor at half price, on the inter-node link

@@ -27,8 +27,11 @@ from meshplan.redistribute import _encoding as N
 from meshplan.redistribute import _exact as E
 from meshplan.redistribute import _merge as M
 from meshplan.redistribute import _price as Pr
-from meshplan.redistribute import _search as S
 from meshplan.redistribute import _table as T
+from meshplan.redistribute._edges import permutes
+from meshplan.redistribute._encoding import R
+from meshplan.redistribute._merged_moves import valid_moving_merge
+from meshplan.redistribute._permutes import hub_members, hubs_of
 from meshplan.redistribute._problem import Problem
 from meshplan.redistribute._store import default_planner
 
@@ -84,15 +87,15 @@ def test_permutes_through_hubs_are_every_permute(pair, data):
             want.add((y, tuple(m for m in range(len(codes)) if mask >> m & 1)))
     i = ctx.intern(x)
     with ctx.lock:
-        got = [(ctx.states[t[1]], t[2]) for t in ctx.permutes(i)]
-        hubs = ctx._hub_list(i)
+        got = [(ctx.states[t.target], t.dims) for t in permutes(ctx, i)]
+        hubs = hubs_of(ctx, x)
     event(f"{len(want)} permutes" if len(want) < 10 else "10+ permutes")
     assert len(got) == len(set(got))  # each target once
     assert set(got) == want
     # every permute passes through exactly one of the state's hubs, the one permute_hub names
     through = collections.Counter()
     for hub, dims, _, _ in hubs:
-        for y, _ in ctx._hub_members(hub):
+        for y, _ in hub_members(ctx, hub):
             through[y] += 1
             assert Pr.permute_hub(x, y) == hub
             assert (y, dims) in want
@@ -132,7 +135,7 @@ def merge_cases(draw):
     codes = [
         1
         if m in dims and kind == "reduce_scatter"
-        else draw(st.sampled_from(shards if m in dims else shards + (S.R,)), label=f"code of {m}")
+        else draw(st.sampled_from(shards if m in dims else shards + (R,)), label=f"code of {m}")
         for m in range(len(sizes))
     ]
     chains = [[] for _ in shape]
@@ -142,7 +145,7 @@ def merge_cases(draw):
     a = (tuple(codes), tuple(tuple(c) for c in chains))
     for m in dims:
         chains = [[x for x in c if x != m] for c in chains]
-        codes[m] = S.R
+        codes[m] = R
     if kind != "all_gather":
         for m in draw(st.permutations(dims), label="joining order"):
             code = draw(st.sampled_from(shards), label=f"new code of {m}")
@@ -161,7 +164,7 @@ def test_merged_step_exact_check_agrees_with_the_exchange(case):
     ref = M._valid_merge(N.decode(template, a), N.decode(template, b), dims, kind)
     structural = not _suffix_mask(a, b) & ~sum(1 << m for m in dims)
     event(f"{kind} {'valid' if ref else 'invalid'}{'' if structural else ', by the exact check'}")
-    assert ctx._valid_moving_merge(a, b, dims, kind) == ref
+    assert valid_moving_merge(ctx, a, b, dims, kind) == ref
 
 
 @given(

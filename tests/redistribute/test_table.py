@@ -27,6 +27,7 @@ from meshplan.placement import (
 )
 from meshplan.redistribute import CostModel, HardwareProfile, clear_plan_cache, cost, plan
 from meshplan.redistribute import _encoding as E
+from meshplan.redistribute import _goals as G
 from meshplan.redistribute import _planner as P
 from meshplan.redistribute import _search as S
 from meshplan.redistribute import _table as T
@@ -44,9 +45,9 @@ MODELS = [
 
 def _context(src, dst, model, bound=None, objective="time"):
     """A context of the pair, the start's id and the goal's: its id, or the ids of every
-    state of its layout when plan() searches to those (``_planner._goal_class``)."""
+    state of its layout when plan() searches to those (``_goals.goal_class``)."""
     ctx = context_of(src, dst, model, bound, objective)
-    goals = P._goal_class(E.encode(dst), src.shape, src.mesh.shape, ctx.shards)
+    goals = G.goal_class(E.encode(dst), src.shape, src.mesh.shape, ctx.shards)
     return ctx, ctx.intern(E.encode(src)), P._interned(ctx, goals)
 
 
@@ -123,8 +124,8 @@ def test_the_table_walk_is_the_search_plan_on_every_pair_of_a_context(mesh_shape
 
 @pytest.mark.parametrize("objective", ["time", "collectives"])
 def test_the_table_walk_to_a_big_goal_class_is_the_search_plan(objective):
-    """Past ``_planner._CLASS_LIMIT`` specs of the target's layout, the goal is a pattern
-    of them all (``_search.class_goal``): the walk scans the rows it admits."""
+    """Past ``_goals.CLASS_LIMIT`` specs of the target's layout, the goal is a pattern
+    of them all (``_goals.class_goal``): the walk scans the rows it admits."""
     mesh = Mesh.create((2, 2, 2))
     dst = Spec(mesh, *parse_placements("S(0) SS(0,2) R")[:1], (1,), "float64")
     # (each source brings a split factor that makes 16 or more specs of one layout)
@@ -134,7 +135,7 @@ def test_the_table_walk_to_a_big_goal_class_is_the_search_plan(objective):
     for text in sources:
         src = Spec(mesh, *parse_placements(text)[:1], (1,), "float64")
         ctx, start, goal = _context(src, dst, model, None, objective)
-        assert type(goal) is int and S.is_pattern(ctx.states[goal])
+        assert type(goal) is int and G.is_pattern(ctx.states[goal])
         with ctx.lock:
             tab = _table(ctx)
             assert tab is not None
@@ -142,7 +143,7 @@ def test_the_table_walk_to_a_big_goal_class_is_the_search_plan(objective):
             by_table = T.walk(ctx, tab, start, goal)
         assert _moves(by_table) == _moves(by_search), text
         end = ctx.states[by_search[1][-1][2]]
-        assert S.admits(ctx.states[goal], end)
+        assert G.admits(ctx.states[goal], end)
 
 
 def test_state_count_is_the_number_of_states_enumerated():
@@ -171,7 +172,9 @@ def test_state_count_counts_what_the_listing_lists(sizes):
         plain = tuple((d, 1) for d in range(ndim))
         for shards in (plain, plain + ((0, 2),), plain + ((0, 2), (ndim - 1, 3))):
             for ops in ((), (1,), (1, 2), (3,), (1, 3), (1, 2, 3, 4)):
-                problem = Problem(mesh, (8,) * ndim, "float32", CostModel.default(), shards, ops, None)
+                problem = Problem(
+                    mesh, (8,) * ndim, "float32", CostModel.default(), shards, ops, None
+                )
                 ctx = default_planner().context(problem)
                 listed = sum(
                     math.prod(math.factorial(len(m)) for m in T._members(ctx, codes))
@@ -288,7 +291,7 @@ def test_goals_reached_at_one_price_resolve_alike():
     # under the "collectives" objective a collective's weight dwarfs its bytes, and the
     # tie-breaking factors of two permutes into two specs of the target's layout round
     # away: both reach a goal at one price, and the search and the table walk must end
-    # at the same one (``_search.state_order``)
+    # at the same one (``_encoding.state_order``)
     mesh = Mesh.create((2, 2, 2, 2), ("d0", "d1", "d2", "d3"))
     R = Replicate()
     src = Spec(mesh, (Shard(0), R, R, R), (2,), "float64")

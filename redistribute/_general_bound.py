@@ -1,0 +1,371 @@
+"""Lower bounds of plans that take a general all_permute (no torch).
+
+A plan through a general permute (``_general``) may skip the gathers and slices the
+per-mesh-dim bound (``_dim_bound``) counts, so :func:`general_bound` bounds every plan
+taking one: its launch and latency, the reductions and local steps no permute does, and
+the largest of three floors of the bytes received (what the gathers and the permute
+move, what the neediest rank lacks, what must cross one mesh dim). The search takes the
+least of the two bounds (``_bounds.Bounds.heuristic``). Each function reads a
+:class:`~._bounds.Bounds` ``b`` (its constants and memo tables).
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+from ._bound_parts import first_rank_missing
+from ._encoding import SUMAVG, R
+from ._exact import piece
+
+__all__ = [
+    "general_bound",
+    "general_kept_bound",
+    "crossing_floor",
+    "cut_floor",
+    "most_missing",
+    "permute_bytes_floor",
+]
+
+
+def _is_partial(code) -> bool:
+    return type(code) is int and code != R
+
+
+def _needs(b, codes, goal_codes) -> tuple[int, float, int]:
+    """What no permute does on the way from ``codes`` to ``goal_codes``: the mesh dims to
+    reduce, their reductions' latency, and the local steps (a dim made Partial, or its
+    Partial op changed)."""
+    n_red = local = 0
+    lat = 0.0
+    for m in b.active:
+        a, gb = codes[m], goal_codes[m]
+        goal_partial = type(gb) is int and gb > R
+        if _is_partial(a):
+            if goal_partial and gb == a:
+                continue
+            if goal_partial and a in SUMAVG and gb in SUMAVG:
+                local += 1
+                continue
+            n_red += 1
+            lat += b.reduce_alpha[m]
+            if goal_partial:
+                local += 1
+        elif goal_partial:
+            local += 1
+    return n_red, lat, local
+
+
+def _split(b, codes, goal: bool) -> int:
+    """The product of the sizes of the mesh dims sharding or Partial in ``codes`` (of a
+    ``goal``: those where its pattern allows any placement but Partial too)."""
+    n = 1
+    for m in b.active:
+        c = codes[m]
+        if type(c) is tuple or c > R or (goal and c < R):
+            n *= b.sizes[m]
+    return n
+
+
+def _gathers(b, codes, goal_codes) -> tuple[int, float]:
+    """How many gathering collectives a plan from ``codes`` to ``goal_codes`` needs at
+    least, and the seconds their received bytes take at least. Only an all_gather or an
+    all_reduce lowers the product of the sizes of the mesh dims sharding or Partial: by
+    its group's size at most (one dim, or an alias's); permutes, all_to_alls, a shard
+    turned Partial and reduce-scatters keep it, slices raise it. Lowering it from
+    ``split`` to ``goal`` receives at least ``T / goal - T / split`` bytes however the
+    factor is taken (the received bytes telescope: a step's input is at least ``T``
+    over the product before it), at the fastest link at best."""
+    split, goal = _split(b, codes, False), _split(b, goal_codes, True)
+    if split <= goal:
+        return 0, 0.0
+    widest = b.widest_group
+    count = 1
+    reach = widest
+    while reach * goal < split:
+        count += 1
+        reach *= widest
+    return count, (b.total_bytes / goal - b.total_bytes / split) / b.fastest
+
+
+def general_kept_bound(b, state: int, goal: int) -> float:
+    """A lower bound of every plan from ``state`` (id) to ``goal`` that takes a general
+    permute, from its launches and latencies, reductions, gathers and local steps alone
+    (those of any state a permute out of ``state`` leads to as well: a permute keeps
+    Partial dims and the split). An all_reduce may be a reduction and a gather at once."""
+    codes, goal_codes = b.states[state][0], b.states[goal][0]
+    n_red, lat, local = _needs(b, codes, goal_codes)
+    n_gather, _ = _gathers(b, codes, goal_codes)
+    collectives = max(-(-n_red // b.widest), n_gather)
+    hops = 1 + max(0, n_gather - n_red)
+    return (
+        (1 + collectives) * (b.launch + b.per_collective)
+        + hops * b.latency_floor
+        + lat
+        + local * b.local_launch
+    )
+
+
+def general_bound(b, state: int, goal: int) -> float:
+    """:func:`general_kept_bound` plus the largest of three floors of the bytes received:
+    what the gathers receive and the permute itself (:func:`permute_bytes_floor`), what
+    the neediest rank lacks (when the goal has no Partial dim), each at the least price
+    the model charges a received byte, and what must cross one mesh dim
+    (:func:`crossing_floor`)."""
+    h = general_kept_bound(b, state, goal)
+    codes, goal_codes = b.states[state][0], b.states[goal][0]
+    _, bw = _gathers(b, codes, goal_codes)
+    bw += permute_bytes_floor(b)  # (the permute is no gather: its bytes come on top)
+    if not any(type(gb) is int and gb > R for gb in goal_codes):
+        reduce = any(_is_partial(codes[m]) and goal_codes[m] != codes[m] for m in b.active)
+        missing = most_missing(b, state, goal, reduce) * b.itemsize * b.missing_rate
+        if missing > bw:
+            bw = missing
+    across = crossing_floor(b, state, goal)
+    if across > bw:
+        bw = across
+    return h + bw
+
+
+def crossing_floor(b, state: int, goal: int) -> float:
+    """:func:`cut_floor` where it holds: a goal without Partial dims (a reduction due when
+    the state has Partial dims the goal does not keep), or a state without any."""
+    codes, goal_codes = b.states[state][0], b.states[goal][0]
+    if not any(type(gb) is int and gb > R for gb in goal_codes):
+        reduce = any(_is_partial(codes[m]) and goal_codes[m] != codes[m] for m in b.active)
+        return cut_floor(b, state, goal, reduce)
+    if not any(_is_partial(codes[m]) for m in b.active):
+        return cut_floor(b, state, goal, False)
+    return 0.0
+
+
+def permute_bytes_floor(b) -> float:
+    """The least byte part of any general permute's price in the context: every state's
+    local tensor holds at least ``T / n`` bytes (``n`` the ranks of the active dims), in
+    and out, at the least byte coefficients of an all_permute over any group of them."""
+    floor = b.permute_bytes
+    if floor is None:
+        active = b.active
+        sizes = b.sizes
+        least = math.inf
+        for k in range(1, len(active) + 1):
+            for dims in itertools.combinations(active, k):
+                for j in range(len(dims) + 1):
+                    for senders in itertools.combinations(dims, j):
+                        n_send = math.prod(sizes[m] for m in senders)
+                        c = b.coefs(dims, "all_permute", n_send)
+                        least = min(least, c.per_in + c.per_out)
+        n = math.prod(sizes[m] for m in active)
+        floor = b.permute_bytes = least * b.total_bytes / n if least < math.inf else 0.0
+    return floor
+
+
+def cut_floor(b, state: int, goal: int, reduce: bool) -> float:
+    """Seconds a plan from ``state`` to ``goal`` (ids) spends at least on the bytes that
+    must cross one mesh dim: for a dim ``m``, what a rank needs and no rank of its
+    coordinate on ``m`` holds (with a reduction due, all it needs, for each Partial dim
+    to reduce) comes to it only through collectives whose group spans ``m``, each
+    charging a received byte at least ``(k-1)/k`` of one on the fastest link of any
+    group spanning ``m``. The most over the dims and the ranks (of the active dims, up to
+    ``_MAX_RANKS``; past that, none). A bound of every plan.
+
+    A goal with Partial dims (from a state without any) asks the ranks that differ only
+    on them for one sum together: what it lacks comes to them across ``m`` (not one of
+    them), to one of them at least its share."""
+    key = (state, goal, reduce)
+    memo = b.cut_memo
+    out = memo.get(key)
+    if out is not None:
+        return out
+    a, gb = b.states[state], b.states[goal]
+    active = b.active
+    ranks = _ranks(b)
+    if ranks is None or not all(type(c) is tuple for c in a[1] + gb[1]):
+        memo[key] = 0.0
+        return 0.0
+    if any(type(c) is int and c < R for c in a[0] + gb[0]):
+        memo[key] = 0.0  # (a pattern)
+        return 0.0
+    summed = [m for m in active if _is_partial(gb[0][m])]
+    share = math.prod(b.sizes[m] for m in summed)
+    need = _need(b, gb)
+    out = 0.0
+    for m in active:
+        if m in summed:
+            continue
+        if reduce:
+            if not _is_partial(a[0][m]) or a[0][m] == gb[0][m]:
+                continue
+            lack = max(need)
+        else:
+            d = next((d for d, chain in enumerate(a[1]) if m in chain), None)
+            if d is None:
+                continue  # every rank of its coordinate on m together holds the tensor
+            lack_d = _lack(b, d, a, gb, m)
+            need_d = _need_dim(b, d, gb)
+            lack = 0
+            for r, n in enumerate(need):
+                if lack_d[r]:
+                    x = n // need_d[r] * lack_d[r]
+                    if x > lack:
+                        lack = x
+        t = lack / share * b.itemsize * b.missing_rate * b.fastest / _fastest_across(b, m)
+        if t > out:
+            out = t
+    memo[key] = out
+    return out
+
+
+def _ranks(b):
+    """The coordinates of every rank on the active dims (None past ``_MAX_RANKS``)."""
+    rs = b.cut_memo.get("ranks", False)
+    if rs is False:
+        sizes = [b.sizes[m] for m in b.active]
+        rs = None
+        if math.prod(sizes) <= _MAX_RANKS:
+            rs = tuple(itertools.product(*(range(n) for n in sizes)))
+        b.cut_memo["ranks"] = rs
+    return rs
+
+
+def _links(b, codes, chain) -> tuple:
+    return tuple((b.sizes[m], codes[m][1]) for m in chain)
+
+
+def _need_dim(b, d: int, gb) -> tuple:
+    """Per rank, the length of its piece of tensor dim ``d`` in state ``gb``."""
+    chain = gb[1][d]
+    links = _links(b, gb[0], chain)
+    key = ("need", d, chain, links)
+    out = b.cut_memo.get(key)
+    if out is None:
+        where = {m: k for k, m in enumerate(b.active)}
+        n = b.shape[d]
+        out = b.cut_memo[key] = tuple(
+            _length(piece(n, links, tuple(c[where[m]] for m in chain))) for c in _ranks(b)
+        )
+    return out
+
+
+def _need(b, gb) -> tuple:
+    """Per rank, the elements it holds in state ``gb``."""
+    key = ("needall", gb[1], tuple(_links(b, gb[0], c) for c in gb[1]))
+    out = b.cut_memo.get(key)
+    if out is None:
+        per = [_need_dim(b, d, gb) for d in range(len(gb[1]))]
+        out = b.cut_memo[key] = (
+            tuple(math.prod(x) for x in zip(*per, strict=True)) if per else (1,) * len(_ranks(b))
+        )
+    return out
+
+
+def _lack(b, d: int, a, gb, m: int) -> tuple:
+    """Per rank, the indices of tensor dim ``d`` its piece in ``gb`` has and no rank of its
+    coordinate on ``m`` (a mesh dim of ``a``'s order of ``d``) holds in ``a``."""
+    x, y = a[1][d], gb[1][d]
+    lx, ly = _links(b, a[0], x), _links(b, gb[0], y)
+    key = ("lack", d, x, lx, y, ly, m)
+    out = b.cut_memo.get(key)
+    if out is None:
+        where = {q: k for k, q in enumerate(b.active)}
+        n = b.shape[d]
+        k = x.index(m)
+        held = {}  # m's coordinate -> what the ranks with it hold together
+        for v in range(b.sizes[m]):
+            axes = [range(b.sizes[q]) if q != m else (v,) for q in x]
+            held[v] = _union([piece(n, lx, c) for c in itertools.product(*axes)])
+        rows = []
+        for c in _ranks(b):
+            goal_piece = piece(n, ly, tuple(c[where[q]] for q in y))
+            rows.append(_length(goal_piece) - _common(held[c[where[x[k]]]], goal_piece))
+        out = b.cut_memo[key] = tuple(rows)
+    return out
+
+
+def _fastest_across(b, m: int) -> float:
+    """The fastest link (bytes per second) of any collective on any group spanning ``m``."""
+    key = ("fastest", m)
+    out = b.cut_memo.get(key)
+    if out is None:
+        from ._links import group_link
+        from ._profile import COLLECTIVES
+
+        others = [q for q in b.active if q != m]
+        out = 0.0
+        for k in range(len(others) + 1):
+            for rest in itertools.combinations(others, k):
+                dims = tuple(sorted((m, *rest)))
+                for kind in COLLECTIVES:
+                    bw = group_link(b.model, b.mesh, dims, kind).bytes_per_s
+                    if bw > out:
+                        out = bw
+        b.cut_memo[key] = out
+    return out
+
+
+def _length(ivs) -> int:
+    return sum(j - i for i, j in ivs)
+
+
+def _union(pieces) -> tuple:
+    ivs = sorted(iv for p in pieces for iv in p)
+    out: list = []
+    for i, j in ivs:
+        if out and i <= out[-1][1]:
+            if j > out[-1][1]:
+                out[-1] = (out[-1][0], j)
+        else:
+            out.append((i, j))
+    return tuple(out)
+
+
+_MAX_RANKS = 64  # mesh ranks (over the active dims) past which only rank 0's floor is taken
+
+
+def most_missing(b, state: int, goal: int, reduce: bool) -> int:
+    """Elements the neediest rank needs in ``goal`` and lacks in ``state`` (ids): the most
+    over every rank of the active dims (up to ``_MAX_RANKS`` of them; past that, or for a
+    pattern goal, the first rank's, ``_bound_parts.first_rank_missing``). Every plan must bring a rank what
+    it lacks, so the most is a floor of the bytes the busiest rank receives."""
+    key = (state, goal, reduce)
+    memo = b.most_missing_memo
+    out = memo.get(key)
+    if out is not None:
+        return out
+    a, gb = b.states[state], b.states[goal]
+    active = b.active
+    ranks = math.prod(b.sizes[m] for m in active)
+    if ranks > _MAX_RANKS or not all(type(c) is tuple for c in a[1] + gb[1]):
+        out = memo[key] = first_rank_missing(b, state, goal, reduce)
+        return out
+    sizes, shape = b.sizes, b.shape
+    dims = []  # per tensor dim: the chain's links in the state and the goal
+    for d, (x, y) in enumerate(zip(a[1], gb[1], strict=True)):
+        lx = tuple((sizes[m], a[0][m][1]) for m in x)
+        ly = tuple((sizes[m], gb[0][m][1]) for m in y)
+        dims.append((d, x, lx, y, ly))
+    out = 0
+    where = {m: k for k, m in enumerate(active)}
+    for coords in itertools.product(*(range(sizes[m]) for m in active)):
+        need = have = 1
+        for d, x, lx, y, ly in dims:
+            h = piece(shape[d], lx, tuple(coords[where[m]] for m in x))
+            n = piece(shape[d], ly, tuple(coords[where[m]] for m in y))
+            need *= sum(j - i for i, j in n)
+            if not reduce:
+                have *= _common(h, n)
+        lack = need if reduce else need - have
+        if lack > out:
+            out = lack
+    memo[key] = out
+    return out
+
+
+def _common(a, gb) -> int:
+    n = 0
+    for x0, x1 in a:
+        for y0, y1 in gb:
+            lo, hi = max(x0, y0), min(x1, y1)
+            if lo < hi:
+                n += hi - lo
+    return n
