@@ -108,6 +108,10 @@ def derived_grad_spec(dst: Spec) -> Spec | None:
     >>> derived_grad_spec(Spec(mesh, [Replicate(), Shard(0)], (4,))) is None
     True
     """
+    if not isinstance(dst, Spec):
+        raise RuntimeShellError(
+            f"derived_grad_spec takes the Spec of a value, got {dst!r:.80}", value=dst
+        )
     for m, p in enumerate(dst.placements):
         if isinstance(p, Replicate) and dst.mesh.shape[m] > 1:
             return None
