@@ -7,15 +7,9 @@ import math
 
 from meshplan.layout import Mesh
 
-# Plain re-imports, kept for modules that still import them from here (the search
-# engine's _general, _merge, _planner, _price and _search; runtime/_calibrate):
-# group_link (home: _links), FLATTENED, HardwareProfile, Link (_profile), chain_extent,
-# padded_local_bytes (_sizes), link_terms, step_cost (_step_cost).
-from ._links import group_link  # noqa: F401
 from ._plan import as_plan
-from ._profile import COLLECTIVES, FLATTENED, CostModel, HardwareProfile, Link, as_model  # noqa: F401
-from ._sizes import chain_extent, padded_local_bytes  # noqa: F401
-from ._step_cost import Cost, _step_price, coefficients, link_terms, step_cost  # noqa: F401
+from ._profile import COLLECTIVES, CostModel, as_model
+from ._step_cost import Cost, _step_price, coefficients
 
 __all__ = ["cost", "OBJECTIVES", "collective_weight"]
 

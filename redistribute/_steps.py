@@ -8,6 +8,7 @@ from collections.abc import Sequence
 import attrs
 
 from meshplan.errors import PlanError
+from meshplan.layout import Mesh
 from meshplan.placement import Partial, Replicate, Spec, format_placements, is_shard_like
 
 __all__ = ["Step", "COLLECTIVES", "reduce_op", "grad_spec"]
@@ -15,20 +16,46 @@ __all__ = ["Step", "COLLECTIVES", "reduce_op", "grad_spec"]
 COLLECTIVES = ("all_gather", "all_reduce", "reduce_scatter", "all_to_all", "all_permute")
 
 
-def _dims(value: Sequence[int] | int) -> tuple[int, ...]:
-    if isinstance(value, str) or hasattr(value, "__index__"):
-        return (value,)
-    try:
-        return tuple(value)
-    except TypeError:
+def _mesh_dims(value: Sequence[int] | int, mesh: Mesh) -> tuple[int, ...]:
+    """``value`` (a mesh dim, or a sequence of them: names, or indices that may be negative)
+    as the indices of distinct dims of ``mesh``, in the order given."""
+    if type(value) is not tuple:
+        if isinstance(value, str) or hasattr(value, "__index__"):
+            value = (value,)
+        else:
+            try:
+                value = tuple(value)
+            except TypeError:
+                raise PlanError(
+                    f"a step's mesh_dims are a mesh dim (index or name) or a sequence of "
+                    f"them, got {value!r}",
+                    value=value,
+                ) from None
+    if not value:
+        raise PlanError("a step needs at least one mesh dim", value=value)
+    ndim = mesh.ndim
+    dims = value
+    for m in value:
+        if type(m) is not int or not 0 <= m < ndim:  # names and negative indices too
+            dims = tuple(_dim_index(mesh, m) for m in value)
+            break
+    if len(dims) > 1 and len(set(dims)) != len(dims):
         raise PlanError(
-            f"a step's mesh_dims are a mesh dim (index or name) or a sequence of them, "
-            f"got {value!r}",
-            value=value,
+            f"step mesh dims {value!r} name a mesh dim twice; list each once", value=value
+        )
+    return dims
+
+
+def _dim_index(mesh: Mesh, m) -> int:
+    try:
+        return mesh.dim_index(m)
+    except (ValueError, TypeError):
+        raise PlanError(
+            f"step mesh dim {m!r} is not a dim of {mesh} (names {mesh.names!r})", value=m
         ) from None
 
 
-@attrs.frozen(repr=False, cache_hash=True)
+@attrs.frozen(init=False, repr=False)
 class Step:
     """One transform: ranks grouped along ``mesh_dims`` turn ``src`` into ``dst``.
 
@@ -38,71 +65,49 @@ class Step:
     product of the avg dims' sizes. The data each rank sends and receives follows from
     ``src``, ``dst`` and the groups alone (see ``meshplan.redistribute.exchange``).
 
+    Canonical: ``mesh_dims`` given by name or negative index are kept as the dims'
+    indices, so steps naming the same dims either way compare equal.
+
     >>> from meshplan.layout import Mesh
     >>> from meshplan.placement import Replicate, Shard
     >>> mesh = Mesh.create(2)
     >>> s = Step((0,), Spec(mesh, [Shard(0)], (4,)), Spec(mesh, [Replicate()], (4,)), "all_gather")
     >>> print(s)
     all_gather[d0]: S(0) -> R
+    >>> Step(-1, s.src, s.dst, "all_gather") == s
+    True
     """
 
-    mesh_dims: tuple[int, ...] = attrs.field(converter=_dims)
+    mesh_dims: tuple[int, ...]
     src: Spec
     dst: Spec
     collective: str | None
     alias: str | None = None
-    avg_scale: int = attrs.field(init=False, default=1)
+    avg_scale: int = attrs.field(init=False)
 
-    def __attrs_post_init__(self) -> None:
-        if self.collective is not None and self.collective not in COLLECTIVES:
+    @avg_scale.default
+    def _avg_scale_of(self) -> int:
+        return _avg_scale(self)
+
+    def __init__(
+        self,
+        mesh_dims: Sequence[int | str] | int | str,
+        src: Spec,
+        dst: Spec,
+        collective: str | None,
+        alias: str | None = None,
+    ) -> None:
+        if collective is not None and collective not in COLLECTIVES:
             raise PlanError(
-                f"unknown collective {self.collective!r}; use one of {COLLECTIVES!r} or None",
-                value=self.collective,
+                f"unknown collective {collective!r}; use one of {COLLECTIVES!r} or None",
+                value=collective,
             )
-        if not self.mesh_dims:
-            raise PlanError("a step needs at least one mesh dim", value=self)
-        src, dst = self.src, self.dst
         if not isinstance(src, Spec) or not isinstance(dst, Spec):
             raise PlanError(
-                f"a step goes from a Spec to a Spec, got {src!r} and {dst!r}", value=self
+                f"a step goes from a Spec to a Spec, got {src!r} and {dst!r}", value=(src, dst)
             )
-        dims = []
-        for m in self.mesh_dims:  # names and negative indices too
-            try:
-                dims.append(src.mesh.dim_index(m))
-            except (ValueError, TypeError):
-                raise PlanError(
-                    f"step mesh dim {m!r} is not a dim of {src.mesh} (names {src.mesh.names!r})",
-                    value=m,
-                ) from None
-        if len(set(dims)) != len(dims):
-            raise PlanError(
-                f"step mesh dims {self.mesh_dims!r} name a mesh dim twice; list each once",
-                value=self.mesh_dims,
-            )
-        object.__setattr__(self, "mesh_dims", tuple(dims))
-        if src.mesh != dst.mesh or src.shape != dst.shape or src.dtype != dst.dtype:
-            raise PlanError(
-                f"step from {src} to {dst}: source and target differ in mesh, shape or dtype",
-                value=self,
-            )
-        for m in self.mesh_dims:
-            if not 0 <= m < src.mesh.ndim:
-                raise PlanError(f"step mesh dim {m} out of range for {src.mesh}", value=self)
-        for i, (a, b) in enumerate(zip(src.placements, dst.placements, strict=True)):
-            if i not in self.mesh_dims and a != b:
-                raise PlanError(
-                    f"step over mesh dims {self.mesh_dims} changes mesh dim {i} ({a} -> {b}); "
-                    "a step may only change the placements of its own mesh dims",
-                    value=self,
-                )
-        _check_kind(self)
-        object.__setattr__(self, "avg_scale", _avg_scale(self))
-        if self.alias is not None and self.alias not in src.mesh.aliases:
-            raise PlanError(
-                f"step names alias {self.alias!r}, which mesh {src.mesh} does not have",
-                value=self,
-            )
+        self.__attrs_init__(_mesh_dims(mesh_dims, src.mesh), src, dst, collective, alias)
+        _check(self)
 
     @property
     def logical_shape(self) -> tuple[int, ...]:
@@ -124,6 +129,37 @@ class Step:
         return (
             f"Step(mesh_dims={self.mesh_dims!r}, src={self.src!r}, dst={self.dst!r}, "
             f"collective={self.collective!r}, alias={self.alias!r})"
+        )
+
+
+def _check(step: Step) -> None:
+    """Raise :class:`PlanError` unless ``step`` (of canonical mesh dims) is one transform: the
+    same tensor on one mesh before and after, placements changed on its own dims only, by
+    its collective, on an alias of the mesh."""
+    src, dst, dims = step.src, step.dst, step.mesh_dims
+    if (
+        (src.mesh is not dst.mesh and src.mesh != dst.mesh)
+        or src.shape != dst.shape
+        or src.dtype != dst.dtype
+    ):
+        raise PlanError(
+            f"step from {src} to {dst}: source and target differ in mesh, shape or dtype",
+            value=step,
+        )
+    before, after = src.placements, dst.placements
+    if before is not after:  # (one mesh: as many placements on either side)
+        for i, a in enumerate(before):
+            b = after[i]
+            if a is not b and i not in dims and a != b:
+                raise PlanError(
+                    f"step over mesh dims {dims} changes mesh dim {i} ({a} -> {b}); "
+                    "a step may only change the placements of its own mesh dims",
+                    value=step,
+                )
+    _check_kind(step)
+    if step.alias is not None and step.alias not in src.mesh.aliases:
+        raise PlanError(
+            f"step names alias {step.alias!r}, which mesh {src.mesh} does not have", value=step
         )
 
 

@@ -4,7 +4,7 @@
 (all_gather, reduce_scatter, all_reduce, all_to_all; an all_permute, which spans mesh
 dims, over all of them) at five sizes up to ``nbytes`` per rank, each a quarter of the
 next, and local copies and additions. It fits each collective's own link to the cost
-model's price of that collective (:func:`._cost.link_terms`), by least squares on
+model's price of that collective (:func:`._step_cost.link_terms`), by least squares on
 relative errors: e.g. along a dim of ``n`` ranks an all_gather of ``b`` bytes per rank
 is priced ``launch + latency * ceil(log2 n) + (n - 1) * b / bandwidth``, an all_reduce
 ``launch + 2 latency * ceil(log2 n) + 2 (n - 1) / n * b / bandwidth`` plus the
@@ -34,8 +34,9 @@ from typing import Any
 import torch
 
 from meshplan.errors import RuntimeShellError
-from meshplan.redistribute._cost import COLLECTIVES, FLATTENED, HardwareProfile, Link, link_terms
 from meshplan.redistribute._planner import alias_dims
+from meshplan.redistribute._profile import COLLECTIVES, FLATTENED, HardwareProfile, Link
+from meshplan.redistribute._step_cost import link_terms
 
 from . import _collectives as C
 from . import _p2p
@@ -250,7 +251,7 @@ def _fit(
     copy_per_byte: float,
 ) -> tuple[float, float]:
     """``(seconds at no bytes, seconds per byte)`` that make the cost model's price of
-    ``kind`` over ``n`` ranks (:func:`._cost.link_terms`) meet its timings at ``counts``:
+    ``kind`` over ``n`` ranks (:func:`._step_cost.link_terms`) meet its timings at ``counts``:
     least squares on relative errors, after the local compute the model charges (copies,
     reductions); neither below what is physical (nothing below 0, no link faster than a
     local copy)."""

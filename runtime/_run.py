@@ -36,7 +36,8 @@ from meshplan.redistribute._local_ops import (
     traced_as_constant,
     unpack_into,
 )
-from meshplan.redistribute._step import Plan, Step, reduce_op
+from meshplan.redistribute._plan import Plan
+from meshplan.redistribute._steps import Step, reduce_op
 from meshplan.redistribute.exchange import Segments, step_group
 
 from . import _collectives as C
