@@ -31,18 +31,16 @@ import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
 
-import attrs
-
 from meshplan.errors import StrategyError
 from meshplan.placement import Replicate, Spec
 from meshplan.redistribute._steps import grad_spec
 
-from ._aten import Call
 from ._candidates import ComputeModel, Option, is_float
 from ._candidates import options as candidate_options
 from ._graph import Graph, Value
 from ._price import _plan, check_model, input_bound, redistribute_cost
 from ._program_terms import all_pairs, greedy, matrix, order_too_wide, pair_count
+from ._program_value import Program, ProgramCost, ProgramOp, ProgramWarning
 
 __all__ = [
     "ComputeModel",
@@ -54,89 +52,6 @@ __all__ = [
     "plan_program",
     "plan_graph",
 ]
-
-
-class ProgramWarning(UserWarning):
-    """An op of a program has no sharding rule and runs replicated."""
-
-
-@attrs.frozen
-class ProgramCost:
-    """Modeled seconds of a program's step: ``comm`` (redistributions), ``compute``, ``total``;
-    ``bytes`` each rank sends at most, summed over moves; ``collectives`` launched."""
-
-    comm: float
-    compute: float
-    bytes: float
-    collectives: int
-
-    @property
-    def total(self) -> float:
-        return self.comm + self.compute
-
-
-@attrs.frozen
-class ProgramOp:
-    """One aten call of a program with its chosen strategy and the moves feeding it.
-
-    ``moves[i]`` is the plan taking input ``i`` from its producer's spec to
-    ``input_specs[i]`` (None when they are equal).
-    """
-
-    node: int
-    call: Call
-    inputs: tuple[Value, ...]
-    input_specs: tuple[Spec, ...]
-    output_specs: tuple[Spec | None, ...]
-    moves: tuple[Any, ...]
-    phase: str
-    replicated_fallback: bool = False
-
-
-@attrs.frozen(eq=False)
-class Program:
-    """A planned program: per op its strategy and moves, outputs and gradients placed.
-
-    ``out_moves``/``grad_moves`` take the final values to ``out_specs``/``grad_specs``.
-    ``cot_specs`` are the layouts the gradient arriving for each output must have.
-    """
-
-    graph: Graph
-    arg_specs: tuple[Spec, ...]
-    out_specs: tuple[Spec, ...]
-    cot_specs: tuple[Spec, ...]
-    grad_specs: tuple[Spec | None, ...]
-    ops: tuple[ProgramOp, ...]
-    value_specs: Any  # FrozenMap-like tuple of (Value, Spec) pairs
-    out_moves: tuple[Any, ...]
-    grad_moves: tuple[Any, ...]
-    cost: ProgramCost
-    lower_bound: float
-    method: str
-    fallbacks: tuple[str, ...]
-
-    def spec_of(self, v: Value) -> Spec:
-        return dict(self.value_specs)[v]
-
-    @property
-    def forward_ops(self) -> tuple[ProgramOp, ...]:
-        return tuple(op for op in self.ops if op.phase == "forward")
-
-    @property
-    def backward_ops(self) -> tuple[ProgramOp, ...]:
-        return tuple(op for op in self.ops if op.phase == "backward")
-
-    def explain(self) -> str:
-        """A table: each op's strategy and, where communication goes, what it costs."""
-        from ._program_explain import explain_program
-
-        return explain_program(self)
-
-    def __repr__(self) -> str:
-        return (
-            f"Program(<{len(self.ops)} ops>, cost={self.cost.total:.3g}s, "
-            f"comm={self.cost.comm:.3g}s, method={self.method!r})"
-        )
 
 
 # -- planning -------------------------------------------------------------------------------
