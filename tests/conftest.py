@@ -1,9 +1,21 @@
 """Shared test configuration: hypothesis profiles ``dev`` (default), ``ci`` and ``thorough``
-(1,000 examples per property, for a long local run), the
-long-lived gloo worker pools every multi-process test shares (one per world size), and the
-``distributed`` marker on every test that runs processes of a gloo world, so that
-``pytest -m "not distributed"`` runs the pure tier alone."""
+(1,000 examples per property, for a long local run), the long-lived gloo worker pools every
+multi-process test shares (one per world size), and the test tiers.
 
+Tiers (markers registered in ``pyproject.toml``; a plain ``pytest tests`` runs all three):
+
+- quick: ``pytest -m "not distributed and not slow" tests`` -- every pure test that takes
+  well under a second or two: run it often.
+- ``slow``: pure tests that are expensive by design -- brute-force optimality (every spec of
+  a mesh, Dijkstra over all of them), exhaustive comparisons of the search with plan tables
+  and with its heuristic, whole programs planned and simulated (a transformer on a 3-D mesh),
+  sweeps against torch as an oracle (in process on a fake group, or in a subprocess).
+  ``pytest -m "not distributed" tests`` runs them with the quick tier.
+- ``distributed``: every test that runs processes of a gloo world (set here, from what the
+  test asks for: see :func:`_starts_processes`); ``pytest -m distributed tests``.
+"""
+
+import gc
 import os
 import re
 
@@ -85,14 +97,19 @@ _EXAMPLES = os.path.join(os.path.dirname(__file__), "examples")
 
 
 def _starts_processes(item) -> bool:
-    """Whether the test asks for a worker pool, starts one (or other processes) itself, or
-    runs an example script on gloo ranks."""
+    """Whether the test asks for a worker pool (as an argument, or by name through
+    ``request.getfixturevalue``), starts one (or other processes) itself, or runs an example
+    script on gloo ranks."""
     if any(_POOL.fullmatch(name) for name in getattr(item, "fixturenames", ())):
         return True
     if str(item.path).startswith(_EXAMPLES):
         return True
     code = getattr(getattr(item, "function", None), "__code__", None)
     names = set(code.co_names) if code is not None else set()
+    if "getfixturevalue" in names and any(
+        isinstance(c, str) and _POOL.fullmatch(c) for c in code.co_consts
+    ):
+        return True
     return bool(names & {"get_context", "start_processes"}) or {"WorkerPool", "run"} <= names
 
 
@@ -100,3 +117,17 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if _starts_processes(item):
             item.add_marker(pytest.mark.distributed)
+
+
+# -- garbage collection ------------------------------------------------------------------
+# A search or a brute force builds millions of objects that live as long as one example;
+# with the default thresholds each of them is traversed again and again by full
+# collections (a third of the pure tier's time). Everything imported and collected so far
+# is frozen (never traversed again), and young collections run every 50,000 allocations
+# instead of 700: cyclic garbage is still collected, in fewer, larger batches.
+
+
+def pytest_collection_finish(session):
+    gc.collect()
+    gc.freeze()
+    gc.set_threshold(50_000, 20, 20)
