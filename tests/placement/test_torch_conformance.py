@@ -192,6 +192,7 @@ def _random_spec(rng: random.Random) -> Spec:
     return Spec(mesh, placements, shape, "float64", order)
 
 
+@pytest.mark.slow
 def test_conformance_sweep(capsys):
     """A fixed sweep of 240 specs; prints how many fall in each category."""
     rng = random.Random(20240613)
@@ -210,6 +211,7 @@ def test_conformance_sweep(capsys):
     }
 
 
+@pytest.mark.slow
 def test_shard_order_sweep(capsys):
     """Every order of a 1-D tensor over small meshes; prints agreement counts."""
     counts: collections.Counter[str] = collections.Counter()

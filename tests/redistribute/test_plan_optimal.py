@@ -386,6 +386,7 @@ def small_pairs(draw, max_ranks=6, allow_partial=True, alias=False):
     return spec(op), spec(dst_op), on_mesh(draw(st.sampled_from(models)), mesh)
 
 
+@pytest.mark.slow
 @settings(
     max_examples=int(os.environ.get("BF_EXAMPLES", 50)),
     deadline=None,
@@ -425,6 +426,7 @@ def test_documented_cases_are_optimal(src_text, dst_text, mesh_shape, shape):
         assert cost(p, model).total == pytest.approx(brute_force_cost(src, dst, model), rel=1e-9)
 
 
+@pytest.mark.slow
 @settings(
     max_examples=int(os.environ.get("BF_EXAMPLES", 50)) // 2,
     deadline=None,
@@ -455,6 +457,7 @@ def test_fewest_collectives_trades_time_for_a_collective():
         plan(src, dst, objective="bytes")
 
 
+@pytest.mark.slow
 @settings(
     max_examples=int(os.environ.get("BF_EXAMPLES", 50)) // 2,
     deadline=None,
@@ -501,6 +504,7 @@ def _class_size(src: Spec, dst: Spec) -> int:
     return sum(1 for s in _all_specs(src, dst) if same_layout(s, dst))
 
 
+@pytest.mark.slow
 def test_a_big_goal_class_plans_to_its_nearest_spec():
     # on a tensor of one element, 16 specs give every rank the target's piece (more than
     # _planner._CLASS_LIMIT): the search went to the target itself and cut the path where
@@ -551,6 +555,7 @@ def tiny_pairs(draw):
     return spec(False), spec(True), on_mesh(draw(st.sampled_from(MODELS)), mesh)
 
 
+@pytest.mark.slow
 @settings(
     max_examples=max(5, int(os.environ.get("BF_EXAMPLES", 50)) // 5),
     deadline=None,
@@ -571,6 +576,7 @@ def test_plan_to_a_big_goal_class_equals_brute_force_minimum(case, objective):
         assert_planned_optimal(got, src, dst, model, p, fewest=True)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "src_text, dst_text, mesh_shape, alias, shape",
     [

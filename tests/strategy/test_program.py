@@ -67,7 +67,7 @@ def test_random_programs_give_the_single_process_loss_and_gradients(data):
     _check(prog, fn, tensors, specs)
 
 
-@pytest.mark.parametrize("shape", [(2, 2), (2, 2, 2)])
+@pytest.mark.parametrize("shape", [(2, 2), pytest.param((2, 2, 2), marks=pytest.mark.slow)])
 def test_a_two_layer_transformer_gives_the_single_process_loss_and_gradients(shape):
     mesh = Mesh.create(shape)
     tensors, specs = transformer_args(mesh)
@@ -251,6 +251,7 @@ def test_the_whole_program_choice_costs_no_more_than_the_op_by_op_choice(data):
     _check(greedy, fn, tensors, specs)  # the baseline runs right too
 
 
+@pytest.mark.slow
 def test_on_a_3d_mesh_the_bounded_search_never_loses_to_op_by_op():
     from meshplan.strategy._program import plan_graph
 

@@ -20,6 +20,8 @@ import pytest
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
+pytestmark = pytest.mark.slow  # a subprocess each: torch, DTensor on a fake world, planning
+
 SCRIPT = textwrap.dedent(
     """
     import functools, json, sys, warnings

@@ -43,6 +43,7 @@ MODELS = [
 ]
 
 
+@pytest.mark.slow
 @given(call=op_calls(max_side=5), seed=st.integers(0, 2**16), model=st.sampled_from(MODELS))
 def test_search_finds_the_enumerated_minimum_and_the_choice_computes_the_op(call, seed, model):
     search = select(call.op, call.input_specs, cost_model=model, method="search", **call.kwargs)
@@ -187,6 +188,7 @@ def test_pricing_a_redistribution_does_not_warn_about_merges_and_matches_plan():
     reset_merge_warnings()
 
 
+@pytest.mark.slow
 def test_a_partial_output_carries_the_price_of_its_reduction():
     # cat of (R R S(1)) and (S(1) S(1) S(1)) on (2,2,2): a Partial output is cheap now and
     # dear later; priced with its reduction, the choice is torch's (S(1) S(1) S(1)) and
