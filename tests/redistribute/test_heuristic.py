@@ -95,6 +95,7 @@ def test_the_heuristic_never_exceeds_the_cost_of_a_cheapest_plan(pair, model, ob
     _check_bounds(src, dst, model, objective)
 
 
+@pytest.mark.slow
 def test_aliases_raise_the_collective_count_only_as_far_as_they_reach():
     # on a torchtitan-like mesh a merged all_gather over (dp, cp, tp) serves dp and tp,
     # but the re-shard on pp (in no alias) needs a collective of its own: two at least
@@ -144,6 +145,7 @@ def test_the_overlap_memo_tells_goals_apart_by_their_split_factors():
     assert ctx.bounds.heuristic(start, ctx.intern(_state(src))) == 0.0  # already there
 
 
+@pytest.mark.slow
 @settings(max_examples=max(300, settings.default.max_examples))
 @given(
     st.sampled_from([(2,), (3,), (4,), (2, 2), (2, 3)]),
@@ -172,6 +174,7 @@ def test_the_heuristic_is_a_lower_bound_on_strided_shards(mesh_shape, length, da
     assert shared.bounds.heuristic(start, shared.intern(_state(dst))) <= best * (1 + 1e-9) + 1e-15
 
 
+@pytest.mark.slow
 @settings(max_examples=max(60, settings.default.max_examples // 2))
 @given(
     spec_pairs(max_ranks=8, max_dims=3, max_aliases=1, max_side=8),
@@ -189,6 +192,7 @@ def test_the_heuristic_is_a_lower_bound_on_big_tensors(pair, model, scale):
     _check_bounds(src, dst, model, "time")
 
 
+@pytest.mark.slow
 @given(
     st.sampled_from([(2, 2), (4, 2), (2, 4), (2, 2, 2)]),
     st.sampled_from(MODELS),
@@ -225,6 +229,7 @@ def test_a_partial_dim_kept_partial_may_be_reduce_scattered_for_a_while():
     assert h <= total
 
 
+@pytest.mark.slow
 @settings(max_examples=max(60, settings.default.max_examples // 2))
 @given(
     spec_pairs(max_ranks=16, max_dims=4, max_aliases=2, max_side=8),
@@ -342,6 +347,7 @@ def test_orders_equal_the_least_weight_over_every_order(items):
     assert _orders(items) == (min(map(_weight, orders)), min(map(_weight, kept)))
 
 
+@pytest.mark.slow
 def test_a_merged_reduction_is_priced_on_the_input_it_runs_on():
     # a merged all_reduce over an alias moves less than its dims' single all_reduces on
     # one input, but it runs with every dim of the alias Partial: on an input none of them
@@ -362,6 +368,7 @@ def test_a_merged_reduction_is_priced_on_the_input_it_runs_on():
     assert h >= 0.75 * total
 
 
+@pytest.mark.slow
 def test_a_partial_dim_never_sharded_reduces_by_an_all_reduce():
     # a Partial dim that ends replicated reduces either by an all_reduce (twice the
     # latency and bytes of a reduce-scatter) or by a reduce-scatter with its own dim
@@ -386,6 +393,7 @@ def test_dims_to_reshard_take_one_collective_over_all_of_them_or_more():
     assert h >= 0.62 * total
 
 
+@pytest.mark.slow
 @settings(max_examples=max(60, settings.default.max_examples))
 @given(
     spec_pairs(max_ranks=16, max_dims=4, max_aliases=2, max_side=8),

@@ -93,6 +93,7 @@ def test_the_table_walk_is_the_search_plan(pair, model, bounded, objective):
     assert by_table[0] == pytest.approx(by_search[0], rel=1e-12)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "mesh_shape, tensor",
     [
@@ -122,6 +123,7 @@ def test_the_table_walk_is_the_search_plan_on_every_pair_of_a_context(mesh_shape
             assert _moves(walked) == _moves(found), (ctx.states[start], ctx.states[goal])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("objective", ["time", "collectives"])
 def test_the_table_walk_to_a_big_goal_class_is_the_search_plan(objective):
     """Past ``_goals.CLASS_LIMIT`` specs of the target's layout, the goal is a pattern
@@ -226,6 +228,7 @@ def test_a_context_too_big_for_a_table_is_searched():
     assert delivers(plan(a, b), values(a.shape))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "src_text, dst_text, shape, before_us",
     [
@@ -287,6 +290,7 @@ def test_a_merged_step_and_a_permute_at_one_price_resolve_alike():
     assert [t[3] for _, t, _ in by_search[1]] == ["all_to_all"]
 
 
+@pytest.mark.slow
 def test_goals_reached_at_one_price_resolve_alike():
     # under the "collectives" objective a collective's weight dwarfs its bytes, and the
     # tie-breaking factors of two permutes into two specs of the target's layout round
