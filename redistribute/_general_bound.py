@@ -259,6 +259,25 @@ def _need(b, gb) -> tuple:
     return out
 
 
+def _held_dim(b, d: int, a, gb) -> tuple:
+    """Per rank, the indices of tensor dim ``d`` its piece holds in both ``a`` and ``gb``."""
+    x, y = a[1][d], gb[1][d]
+    lx, ly = _links(b, a[0], x), _links(b, gb[0], y)
+    key = ("held", d, x, lx, y, ly)
+    out = b.cut_memo.get(key)
+    if out is None:
+        where = {m: k for k, m in enumerate(b.active)}
+        n = b.shape[d]
+        out = b.cut_memo[key] = tuple(
+            _common(
+                piece(n, lx, tuple(c[where[m]] for m in x)),
+                piece(n, ly, tuple(c[where[m]] for m in y)),
+            )
+            for c in _ranks(b)
+        )
+    return out
+
+
 def _lack(b, d: int, a, gb, m: int) -> tuple:
     """Per rank, the indices of tensor dim ``d`` its piece in ``gb`` has and no rank of its
     coordinate on ``m`` (a mesh dim of ``a``'s order of ``d``) holds in ``a``."""
@@ -338,25 +357,15 @@ def most_missing(b, state: int, goal: int, reduce: bool) -> int:
     if ranks > _MAX_RANKS or not all(type(c) is tuple for c in a[1] + gb[1]):
         out = memo[key] = first_rank_missing(b, state, goal, reduce)
         return out
-    sizes, shape = b.sizes, b.shape
-    dims = []  # per tensor dim: the chain's links in the state and the goal
-    for d, (x, y) in enumerate(zip(a[1], gb[1], strict=True)):
-        lx = tuple((sizes[m], a[0][m][1]) for m in x)
-        ly = tuple((sizes[m], gb[0][m][1]) for m in y)
-        dims.append((d, x, lx, y, ly))
-    out = 0
-    where = {m: k for k, m in enumerate(active)}
-    for coords in itertools.product(*(range(sizes[m]) for m in active)):
-        need = have = 1
-        for d, x, lx, y, ly in dims:
-            h = piece(shape[d], lx, tuple(coords[where[m]] for m in x))
-            n = piece(shape[d], ly, tuple(coords[where[m]] for m in y))
-            need *= sum(j - i for i, j in n)
-            if not reduce:
-                have *= _common(h, n)
-        lack = need if reduce else need - have
-        if lack > out:
-            out = lack
+    need = _need(b, gb)
+    if reduce:
+        out = max(need)
+    else:
+        have = [1] * len(need)
+        for d in range(len(a[1])):
+            for r, k in enumerate(_held_dim(b, d, a, gb)):
+                have[r] *= k
+        out = max(n - h for n, h in zip(need, have, strict=True))
     memo[key] = out
     return out
 
