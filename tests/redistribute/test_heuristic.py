@@ -84,6 +84,7 @@ def _check_bounds(src, dst, model, objective):
     assert math.isclose(astar[0], total, rel_tol=1e-9), (src, dst, astar[0], total)
 
 
+@pytest.mark.slow
 @given(
     spec_pairs(max_ranks=16, max_dims=4, max_aliases=3, max_side=8),
     st.sampled_from(MODELS),
