@@ -24,7 +24,11 @@ __all__ = [
     "MissingTensorError",
     "RuntimeShellError",
     "WorkerError",
+    "WorkerDied",
+    "TaskTimeout",
+    "RemoteError",
     "MergeWarning",
+    "ProgramWarning",
 ]
 
 
@@ -83,5 +87,21 @@ class WorkerError(RuntimeShellError):
         self.results = dict(results)
 
 
+class WorkerDied(RuntimeShellError):
+    """The worker process of a rank exited while running a task."""
+
+
+class TaskTimeout(RuntimeShellError):
+    """A rank did not finish its task within the task timeout."""
+
+
+class RemoteError(RuntimeShellError):
+    """Stands for a worker-side exception that could not travel back by pickle."""
+
+
 class MergeWarning(UserWarning):
     """Like-kind collectives run one after another because the mesh lacks a flattened alias."""
+
+
+class ProgramWarning(UserWarning):
+    """An op of a program has no sharding rule and runs replicated."""

@@ -33,7 +33,7 @@ import weakref
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from meshplan.errors import RuntimeShellError, WorkerError
+from meshplan.errors import RemoteError, RuntimeShellError, TaskTimeout, WorkerDied, WorkerError
 
 from ._worker import worker_main
 
@@ -52,10 +52,6 @@ _PRELOAD = (
 )
 
 
-class RemoteError(RuntimeShellError):
-    """Stands for a worker-side exception that could not travel back by pickle."""
-
-
 class _RemoteTraceback(Exception):
     def __init__(self, rank: int, text: str) -> None:
         super().__init__(text)
@@ -63,14 +59,6 @@ class _RemoteTraceback(Exception):
 
     def __str__(self) -> str:
         return f"\n--- traceback on rank {self.rank} ---\n{self.text}"
-
-
-class WorkerDied(RuntimeShellError):
-    """The worker process of a rank exited while running a task."""
-
-
-class TaskTimeout(RuntimeShellError):
-    """A rank did not finish its task within the task timeout."""
 
 
 class WorkerPool:

@@ -6,16 +6,13 @@ from typing import Any
 
 import attrs
 
+from meshplan.errors import ProgramWarning
 from meshplan.placement import Spec
 
 from ._aten import Call
 from ._graph import Graph, Value
 
 __all__ = ["Program", "ProgramCost", "ProgramOp", "ProgramWarning"]
-
-
-class ProgramWarning(UserWarning):
-    """An op of a program has no sharding rule and runs replicated."""
 
 
 @attrs.frozen

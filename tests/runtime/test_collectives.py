@@ -11,13 +11,13 @@ from hypothesis import given
 from hypothesis import strategies as st
 from torch.testing import assert_close
 
-from meshplan.errors import RuntimeShellError
+from meshplan.errors import RuntimeShellError, WorkerDied
 from meshplan.layout import Mesh
 from meshplan.runtime import _collectives as C
 from meshplan.runtime import _p2p as P
 from meshplan.runtime._group import Group
 from meshplan.runtime._groups import ProcessGroups
-from meshplan.runtime._pool import WorkerDied, WorkerPool
+from meshplan.runtime._pool import WorkerPool
 from meshplan.testing import mesh_dims
 
 DTYPES = ["float32", "float64", "int64", "bfloat16"]

@@ -12,12 +12,11 @@ import torch
 import torch.distributed as dist
 from _shell_cases import groups_for
 
-from meshplan.errors import RuntimeShellError
+from meshplan.errors import RuntimeShellError, WorkerDied, WorkerError
 from meshplan.layout import Mesh
 from meshplan.placement import Partial, Replicate, Shard, Spec, shard
 from meshplan.redistribute import plan
 from meshplan.runtime._autograd import redistribute
-from meshplan.runtime._pool import WorkerDied, WorkerError
 from meshplan.runtime._run import prepare_groups, run, run_step
 
 TIMEOUT = 2.5  # seconds; no other test uses groups with this timeout

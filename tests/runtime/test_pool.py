@@ -7,8 +7,8 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from meshplan.errors import RuntimeShellError
-from meshplan.runtime._pool import TaskTimeout, WorkerDied, WorkerError, WorkerPool
+from meshplan.errors import RuntimeShellError, TaskTimeout, WorkerDied, WorkerError
+from meshplan.runtime._pool import WorkerPool
 
 # -- tasks (run on every rank) ------------------------------------------------------------
 
