@@ -27,6 +27,8 @@ from meshplan.strategy._candidates import realize
 from meshplan.strategy._program import ProgramOp
 from meshplan.strategy._trace import trace
 
+pytestmark = pytest.mark.slow  # exhaustive: every strategy of every traced aten rule
+
 
 def _norm_model(x, w):
     h = F.rms_norm(x @ w, (x.shape[-1],))

@@ -72,7 +72,7 @@ MESHES = [
 ]
 
 
-@settings(max_examples=200)
+@settings(max_examples=2 * settings.default.max_examples)  # 200 in CI
 @given(data=st.data(), mesh=st.sampled_from(MESHES))
 def test_dim_bounds_add_up_to_at_most_the_input_bound_and_it_to_the_planned_cost(data, mesh):
     src = data.draw(specs(mesh=mesh, min_dims=1, max_dims=3, min_side=1, max_side=9))
