@@ -20,7 +20,7 @@ from hypothesis import Phase, given, settings
 from hypothesis import strategies as st
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "strategy"))
-from _program_cases import arg_specs, build, meshes, programs, transformer, transformer_args  # noqa: E402
+from _program_cases import arg_specs, build, meshes, planned_transformer, programs, transformer  # noqa: E402
 
 from meshplan.placement import shard, unshard  # noqa: E402
 from meshplan.runtime import run_program  # noqa: E402
@@ -94,12 +94,6 @@ def test_random_programs_on_gloo_give_the_single_process_loss_and_gradients(pool
 
 @pytest.mark.parametrize("world,shape", [(4, (2, 2)), (8, (2, 2, 2))])
 def test_a_two_layer_transformer_on_gloo_matches_single_process_autograd(world, shape, request):
-    from meshplan.layout import Mesh
-
     pool = request.getfixturevalue(f"pool{world}")
-    mesh = Mesh.create(shape)
-    tensors, specs = transformer_args(mesh)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        prog = plan_program(transformer, *specs, compute=ComputeModel.cpu())
+    tensors, specs, prog = planned_transformer(shape)  # (planned once: test_program's too)
     _compare(pool, [(prog, functools.partial(transformer), tensors)])

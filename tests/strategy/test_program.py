@@ -10,7 +10,15 @@ import warnings
 
 import pytest
 import torch
-from _program_cases import arg_specs, build, meshes, programs, transformer, transformer_args
+from _program_cases import (
+    arg_specs,
+    build,
+    meshes,
+    planned_transformer,
+    programs,
+    transformer,
+    transformer_args,
+)
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -69,9 +77,7 @@ def test_random_programs_give_the_single_process_loss_and_gradients(data):
 
 @pytest.mark.parametrize("shape", [(2, 2), pytest.param((2, 2, 2), marks=pytest.mark.slow)])
 def test_a_two_layer_transformer_gives_the_single_process_loss_and_gradients(shape):
-    mesh = Mesh.create(shape)
-    tensors, specs = transformer_args(mesh)
-    prog = plan_program(transformer, *specs, compute=ComputeModel.cpu())
+    tensors, specs, prog = planned_transformer(shape)  # (the gloo test checks this plan too)
     assert not prog.fallbacks
     _check(prog, transformer, tensors, specs)
 
