@@ -122,10 +122,10 @@ def pytest_collection_modifyitems(config, items):
 
 # -- garbage collection ------------------------------------------------------------------
 # A search or a brute force builds millions of objects that live as long as one example;
-# with the default thresholds each of them is traversed again and again by full
-# collections (a third of the pure tier's time). Everything imported and collected so far
-# is frozen (never traversed again), and young collections run every 50,000 allocations
-# instead of 700: cyclic garbage is still collected, in fewer, larger batches.
+# with the default thresholds each of them is traversed again and again by collections
+# (about 30% of the pure tier's time). Everything imported and collected so far is frozen
+# (never traversed again), and young collections run every 50,000 allocations instead of
+# 700: cyclic garbage is still collected, in fewer, larger batches.
 
 
 def pytest_collection_finish(session):
