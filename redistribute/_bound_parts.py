@@ -303,7 +303,7 @@ def first_rank_missing(b, state: int, goal: int, reduce: bool) -> int:
         v = overlap.get((x, y))
         if v is None:
             ivs, goal_ivs = b.piece_list[x], b.piece_list[y]
-            v = overlap[(x, y)] = (_length(goal_ivs), _common(ivs, goal_ivs))
+            v = overlap[(x, y)] = (interval_length(goal_ivs), interval_overlap(ivs, goal_ivs))
         need *= v[0]
         have *= v[1]
     return need if reduce else need - have
@@ -342,11 +342,13 @@ def _piece0(b, d, chain, own):
     return piece(b.shape[d], links, (0,) * len(chain))
 
 
-def _length(ivs) -> int:
+def interval_length(ivs) -> int:
+    """Indices covered by disjoint half-open intervals ``ivs``."""
     return sum(b - a for a, b in ivs)
 
 
-def _common(a, b) -> int:
+def interval_overlap(a, b) -> int:
+    """Indices two sets of disjoint half-open intervals share."""
     n = 0
     for x0, x1 in a:
         for y0, y1 in b:

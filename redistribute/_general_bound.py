@@ -14,7 +14,7 @@ from __future__ import annotations
 import itertools
 import math
 
-from ._bound_parts import first_rank_missing
+from ._bound_parts import first_rank_missing, interval_length, interval_overlap
 from ._encoding import SUMAVG, R
 from ._exact import piece
 
@@ -242,7 +242,7 @@ def _need_dim(b, d: int, gb) -> tuple:
         where = {m: k for k, m in enumerate(b.active)}
         n = b.shape[d]
         out = b.cut_memo[key] = tuple(
-            _length(piece(n, links, tuple(c[where[m]] for m in chain))) for c in _ranks(b)
+            interval_length(piece(n, links, tuple(c[where[m]] for m in chain))) for c in _ranks(b)
         )
     return out
 
@@ -269,7 +269,7 @@ def _held_dim(b, d: int, a, gb) -> tuple:
         where = {m: k for k, m in enumerate(b.active)}
         n = b.shape[d]
         out = b.cut_memo[key] = tuple(
-            _common(
+            interval_overlap(
                 piece(n, lx, tuple(c[where[m]] for m in x)),
                 piece(n, ly, tuple(c[where[m]] for m in y)),
             )
@@ -296,7 +296,9 @@ def _lack(b, d: int, a, gb, m: int) -> tuple:
         rows = []
         for c in _ranks(b):
             goal_piece = piece(n, ly, tuple(c[where[q]] for q in y))
-            rows.append(_length(goal_piece) - _common(held[c[where[x[k]]]], goal_piece))
+            rows.append(
+                interval_length(goal_piece) - interval_overlap(held[c[where[x[k]]]], goal_piece)
+            )
         out = b.cut_memo[key] = tuple(rows)
     return out
 
@@ -320,10 +322,6 @@ def _fastest_across(b, m: int) -> float:
                         out = bw
         b.cut_memo[key] = out
     return out
-
-
-def _length(ivs) -> int:
-    return sum(j - i for i, j in ivs)
 
 
 def _union(pieces) -> tuple:
@@ -368,13 +366,3 @@ def most_missing(b, state: int, goal: int, reduce: bool) -> int:
         out = max(n - h for n, h in zip(need, have, strict=True))
     memo[key] = out
     return out
-
-
-def _common(a, gb) -> int:
-    n = 0
-    for x0, x1 in a:
-        for y0, y1 in gb:
-            lo, hi = max(x0, y0), min(x1, y1)
-            if lo < hi:
-                n += hi - lo
-    return n
