@@ -46,6 +46,7 @@ __all__ = [
     "commit_lock",
     "is_live",
     "new_save_id",
+    "safetensors_code",
     "shard_name",
     "sweep_locked",
     "write_safetensors",
@@ -262,6 +263,11 @@ _DTYPES = {
 for _name, _code in (("float8_e4m3fnuz", "F8_E4M3FNUZ"), ("float8_e5m2fnuz", "F8_E5M2FNUZ")):
     if hasattr(torch, _name):
         _DTYPES[getattr(torch, _name)] = _code
+
+
+def safetensors_code(dtype: torch.dtype) -> str | None:
+    """safetensors' name of ``dtype`` (``"F32"``), or None when it cannot hold it."""
+    return _DTYPES.get(dtype)
 
 
 def write_safetensors(

@@ -9,6 +9,7 @@ name are not part of the checkpoint.
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Callable, Iterable
 
@@ -222,8 +223,9 @@ class Metadata:
 def check_tiles(meta: TensorMeta, where: str = "") -> None:
     """Raise unless ``meta``'s chunks lie inside the tensor and cover it exactly once.
 
-    Checked by volume and disjointness (on the grid of the chunks' own boundaries, or
-    pairwise for irregular ones), so a chunk missing, doubled or out of bounds is caught
+    Checked by volume, then by counting the chunks' corners (linear in the number of
+    chunks; the overlapping pair is then looked for on the grid of the chunks' own
+    boundaries, or pairwise), so a chunk missing, doubled or out of bounds is caught
     before any data is read, however many chunks there are.
 
     >>> check_tiles(TensorMeta("w", (4,), "int64", [ChunkRecord((0,), (3,), "f", "w#0", "")]))
@@ -259,16 +261,54 @@ def check_tiles(meta: TensorMeta, where: str = "") -> None:
         )
     boxes = [c for c in meta.chunks if c.numel()]
     # volumes agree, so the chunks tile the tensor exactly when no two overlap
+    if _tiles_by_corners(boxes, meta.shape):
+        return
     pair = _overlap_on_grid(boxes, meta.ndim)
     if pair is None:
         pair = _overlap_by_sweep(boxes, meta.ndim)
     if pair:
         a, b = pair
-        raise CheckpointError(
-            f"tensor {meta.key!r}{where}: chunks {a.name!r} ({a.file!r}) and "
-            f"{b.name!r} ({b.file!r}) overlap; the index is damaged",
-            value=meta.key,
-        )
+        what = f"chunks {a.name!r} ({a.file!r}) and {b.name!r} ({b.file!r}) overlap"
+    else:  # too many chunks to name two of them in bounded time
+        what = f"two of its {len(boxes)} chunks overlap"
+    raise CheckpointError(
+        f"tensor {meta.key!r}{where}: {what}; the index is damaged", value=meta.key
+    )
+
+
+def _tiles_by_corners(boxes: list, shape: tuple[int, ...]) -> bool:
+    """Whether ``boxes`` cover the box ``shape`` exactly once, in O(boxes * 2**dims).
+
+    A box's indicator function is the signed sum of the orthants at its corners (sign
+    ``(-1)**k`` for a corner taking the upper bound in ``k`` dims), and a function has one
+    such expansion: the boxes tile ``shape`` exactly when their corners' signed counts
+    equal those of ``shape`` itself. Dims every box spans whole are left out (they
+    multiply both sides alike).
+    """
+    if not boxes:
+        return True  # the volumes agree: an empty tensor
+    dims = [
+        d for d in range(len(shape)) if any(c.offsets[d] or c.sizes[d] != shape[d] for c in boxes)
+    ]
+    if len(dims) > _CORNER_DIMS:
+        return False  # the grid or the sweep decides
+
+    def add(counts: dict, lows: list[int], highs: list[int]) -> None:
+        for corner in itertools.product(*(((lo, 1), (hi, -1)) for lo, hi in zip(lows, highs))):
+            key = tuple(v for v, _ in corner)
+            sign = math.prod(s for _, s in corner)
+            counts[key] = counts.get(key, 0) + sign
+
+    counts: dict[tuple[int, ...], int] = {}
+    for c in boxes:
+        add(counts, [c.offsets[d] for d in dims], [c.offsets[d] + c.sizes[d] for d in dims])
+    whole: dict[tuple[int, ...], int] = {}
+    add(whole, [0] * len(dims), [shape[d] for d in dims])
+    return {k: v for k, v in counts.items() if v} == {k: v for k, v in whole.items() if v}
+
+
+_CORNER_DIMS = 12
+_SWEEP_PAIRS = 1 << 21
 
 
 _GRID_CELLS = 1 << 22
@@ -304,12 +344,20 @@ def _overlap_on_grid(boxes: list, ndim: int):
 
 
 def _overlap_by_sweep(boxes: list, ndim: int):
-    """Two overlapping boxes or ``()``: pairwise, along the first dim in order."""
-    boxes = sorted(boxes, key=lambda c: c.offsets)
+    """Two overlapping boxes, or ``()`` when none is found within ``_SWEEP_PAIRS`` pair
+    checks: pairwise along the dim with the most distinct offsets, in order."""
+    if not ndim:
+        return ()
+    axis = max(range(ndim), key=lambda d: len({c.offsets[d] for c in boxes}))
+    boxes = sorted(boxes, key=lambda c: c.offsets[axis])
+    budget = _SWEEP_PAIRS
     for i, a in enumerate(boxes):
         for b in boxes[i + 1 :]:
-            if ndim and b.offsets[0] >= a.offsets[0] + a.sizes[0]:
+            if b.offsets[axis] >= a.offsets[axis] + a.sizes[axis]:
                 break
+            budget -= 1
+            if budget < 0:
+                return ()
             if all(
                 max(ao, bo) < min(ao + az, bo + bz)
                 for ao, az, bo, bz in zip(a.offsets, a.sizes, b.offsets, b.sizes, strict=True)

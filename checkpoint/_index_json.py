@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 from collections.abc import Iterable
 
 from meshplan.errors import CheckpointError
@@ -30,13 +31,17 @@ from ._spec_json import spec_from_doc, spec_to_doc
 
 __all__ = [
     "FORMAT",
+    "MAX_INDEX_BYTES",
     "checkpoint_path",
     "metadata_from_json",
     "metadata_to_json",
     "read_metadata",
+    "read_small_file",
 ]
 
 FORMAT = "meshplan.checkpoint"
+# The largest index read: about a million chunk records (a save writes one per box).
+MAX_INDEX_BYTES = 256 << 20
 
 
 def metadata_to_json(meta: Metadata) -> str:
@@ -221,8 +226,7 @@ def read_metadata(path: str | os.PathLike[str]) -> Metadata:
     directory = checkpoint_path(path)
     index = os.path.join(directory, INDEX_NAME)
     try:
-        with open(index, "rb") as f:
-            text = f.read()
+        text = read_small_file(index, MAX_INDEX_BYTES, "the index")
     except FileNotFoundError:
         raise CheckpointError(
             f"no checkpoint at {directory!r}: {INDEX_NAME} is missing (the checkpoint was "
@@ -234,3 +238,46 @@ def read_metadata(path: str | os.PathLike[str]) -> Metadata:
             f"cannot read {index!r}: {e}; pass the checkpoint's directory", value=index
         ) from None
     return metadata_from_json(text, index)
+
+
+def read_small_file(path: str, limit: int, what: str) -> bytes:
+    """The bytes of the regular file ``path``, refusing at once (``CheckpointError``) a
+    FIFO, a device, a directory or a file of more than ``limit`` bytes.
+
+    Opened without blocking (a FIFO with no writer would block ``open`` forever) and
+    checked on the open descriptor, so a symlink to ``/dev/zero`` is refused too.
+    """
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_BINARY", 0))
+    with os.fdopen(fd, "rb") as f:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise CheckpointError(
+                f"{path!r} ({what}) is not a regular file ({_kind(info.st_mode)}); a "
+                "checkpoint holds regular files only: replace it with the file it should be",
+                value=path,
+            )
+        if info.st_size > limit:
+            raise CheckpointError(
+                f"{path!r} ({what}) is larger than {limit} bytes ({info.st_size}); no "
+                "meshplan checkpoint writes one that large, so the file is damaged",
+                value=path,
+            )
+        data = f.read(limit + 1)
+    if len(data) > limit:  # it grew while being read
+        raise CheckpointError(
+            f"{path!r} ({what}) is larger than {limit} bytes; the file is damaged", value=path
+        )
+    return data
+
+
+def _kind(mode: int) -> str:
+    for test, name in (
+        (stat.S_ISFIFO, "a FIFO"),
+        (stat.S_ISCHR, "a character device"),
+        (stat.S_ISBLK, "a block device"),
+        (stat.S_ISDIR, "a directory"),
+        (stat.S_ISSOCK, "a socket"),
+    ):
+        if test(mode):
+            return name
+    return "not a regular file"

@@ -22,6 +22,7 @@ from meshplan.placement import Sharded, Spec, local_shape
 from meshplan.placement._tensor import partial_keeps
 
 from ._encoding import REAL_VIEW, recorded_checksum, restored
+from ._header import Header, read_header
 from ._index import ChunkRecord, Metadata, TensorMeta, missing_tensor
 from ._index_json import checkpoint_path, read_metadata
 from ._plan import check_target, plan_reads
@@ -39,10 +40,20 @@ class _Reader:
         self.stack = contextlib.ExitStack()
         self.handles: dict[str, Any] = {}
         self.cache: dict[tuple[str, str], torch.Tensor] = {}
+        self.headers: dict[str, Header] = {}
 
     def close(self) -> None:
         self.cache.clear()
+        self.headers.clear()
         self.stack.close()
+
+    def check(self, meta: TensorMeta, rec: ChunkRecord) -> None:
+        """Raise unless ``rec``'s shard file header holds its box whole (before any
+        allocation or read: see :mod:`._header`)."""
+        header = self.headers.get(rec.file)
+        if header is None:
+            header = self.headers[rec.file] = read_header(self.directory, meta, rec)
+        header.check(meta, rec)
 
     def _open(self, meta: TensorMeta, rec: ChunkRecord) -> Any:
         from safetensors import safe_open
@@ -50,12 +61,7 @@ class _Reader:
         handle = self.handles.get(rec.file)
         if handle is None:
             full = os.path.join(self.directory, rec.file)
-            if not os.path.exists(full):
-                raise CheckpointError(
-                    f"shard file {rec.file!r} of tensor {meta.key!r} is missing from "
-                    f"{self.directory!r}; the checkpoint is incomplete",
-                    value=rec.file,
-                )
+            self.check(meta, rec)  # a regular file, holding this entry whole
             try:
                 handle = self.stack.enter_context(safe_open(full, framework="pt", device="cpu"))
             except Exception as e:  # safetensors raises its own error types
@@ -130,10 +136,13 @@ class _Reader:
 def _load_one(reader: _Reader, meta: TensorMeta, spec: Spec, rank: int) -> Sharded:
     dtype = getattr(torch, spec.dtype)
     shape = local_shape(spec, rank)
+    reads = plan_reads(meta, spec, rank)
+    for read in reads:  # the files hold what the index says: the sizes below are real
+        reader.check(meta, meta.chunks[read.chunk])
     if spec.is_partial and not partial_keeps(spec, spec.mesh.coordinate(rank)):
         return Sharded(torch.zeros(shape, dtype=dtype), spec, rank)
     local = torch.empty(shape, dtype=dtype)
-    for read in plan_reads(meta, spec, rank):
+    for read in reads:
         rec = meta.chunks[read.chunk]
         src = reader.piece(meta, rec, read.source.offsets, read.source.sizes)
         if src.dtype != dtype or tuple(src.shape) != read.source.sizes:
