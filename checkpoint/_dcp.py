@@ -11,6 +11,11 @@ DCP's own loader cannot place). :func:`load_dcp` reads those slices for one rank
 DCP's reader (no collective, no process group needed); :func:`load_dcp_all` does it for
 every rank in one process. :func:`convert_to_dcp` writes a meshplan checkpoint as a DCP
 directory, so a torch program can load it with ``dcp.load``.
+
+Reading a DCP directory never runs its pickle unrestricted: ``.metadata`` is unpickled
+with an allow-list (DCP's metadata classes, ``torch.Size``, dtypes, layouts, memory
+formats, paths), so an untrusted checkpoint cannot run code before it is checked; the
+tensor data is read by DCP's reader (``torch.load(weights_only=True)``).
 """
 
 from __future__ import annotations
@@ -29,7 +34,7 @@ from meshplan.placement import Replicate, Sharded, Spec, local_shape
 from meshplan.placement._tensor import partial_keeps
 
 from ._index import ChunkRecord, Metadata, TensorMeta, missing_tensor
-from ._index_json import checkpoint_path, read_metadata
+from ._index_json import MAX_INDEX_BYTES, _file, checkpoint_path, read_metadata, read_small_file
 from ._load import load_all
 from ._plan import check_target, plan_reads
 from ._ranks import resolve_rank
@@ -46,18 +51,37 @@ def _dcp_reader(directory: str) -> Any:
 
 
 def _dcp_metadata(directory: str, reader: Any) -> Any:
-    if not os.path.isfile(os.path.join(directory, ".metadata")):
+    """The DCP ``Metadata`` of ``directory``, unpickled with an allow-list of classes
+    (:func:`._dcp_pickle.load_metadata`): a hostile ``.metadata`` runs no code."""
+    from ._dcp_pickle import load_metadata
+
+    path = os.path.join(directory, ".metadata")
+    if not os.path.lexists(path):
         raise CheckpointError(
             f"{directory!r} is not a torch DCP checkpoint (no .metadata file); a meshplan "
             "checkpoint loads with meshplan.checkpoint.load",
             value=directory,
         )
     try:
-        return reader.read_metadata()
-    except Exception as e:
+        data = read_small_file(path, MAX_INDEX_BYTES, "DCP metadata")
+    except OSError as e:
         raise CheckpointError(
             f"the DCP metadata of {directory!r} cannot be read: {e}", value=directory
         ) from None
+    meta = load_metadata(data, directory)
+    for info in (getattr(meta, "storage_data", None) or {}).values():
+        name = getattr(info, "relative_path", None)
+        try:
+            _file(name)
+        except ValueError:
+            raise CheckpointError(
+                f"the DCP metadata of {directory!r} places data in {name!r:.80}, outside the "
+                "checkpoint directory; the checkpoint is damaged or hostile",
+                value=name,
+            ) from None
+    if getattr(meta, "storage_meta", None) is not None:
+        meta.storage_meta.load_id = getattr(reader, "load_id", None)
+    return meta
 
 
 def _as_metadata(dcp_meta: Any, directory: str) -> Metadata:

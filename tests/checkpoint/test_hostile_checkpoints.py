@@ -243,6 +243,28 @@ def test_a_dcp_metadata_of_another_type_is_refused(tmp_path):
         read_dcp_metadata(tmp_path)
 
 
+def test_a_dcp_metadata_pointing_outside_its_directory_is_refused(tmp_path):
+    import warnings
+
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.filesystem import _StorageInfo
+
+    from meshplan.checkpoint import load_dcp
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        dcp.save({"w": torch.arange(4)}, storage_writer=dcp.FileSystemWriter(tmp_path),
+                 no_dist=True)
+    with open(tmp_path / ".metadata", "rb") as f:
+        meta = pickle.load(f)
+    for k, info in meta.storage_data.items():
+        meta.storage_data[k] = _StorageInfo("../../secret", info.offset, info.length)
+    with open(tmp_path / ".metadata", "wb") as f:
+        pickle.dump(meta, f)
+    with pytest.raises(CheckpointError, match="outside the checkpoint"):
+        load_dcp(tmp_path, {"w": Spec(Mesh.create(1), (Replicate(),), (4,), "int64")})
+
+
 # -- 7. shapes the shard files do not hold are refused before allocating --------------------
 
 
