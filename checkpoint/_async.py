@@ -182,7 +182,8 @@ def save_async(
     >>> handle.wait()["w"].spec == spec
     True
     """
-    directory = checkpoint_path(path)
+    # resolved now: the caller may change directory while the save runs
+    directory = os.path.abspath(checkpoint_path(path))
     side = None
     if groups is not None:
         check_groups(groups)

@@ -12,6 +12,8 @@ save still running. Three mechanisms make that so:
   locks to time out.
 * Committing (replacing ``index.json``) and sweeping happen under one directory lock,
   ``.meshplan/commit.lock``, so a sweep always reads the index that is current.
+* A load claims the saves its index names (:func:`reading`) until it has read them, so
+  a reader gets the checkpoint committed when it started, whole, while others save.
 * A sweep removes what is neither named by the current index nor owned by a live save:
   shard files of superseded or crashed saves, their temp files, dead claims.
 
@@ -31,21 +33,24 @@ import struct
 import sys
 import time
 import uuid
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 
 import torch
 
 from meshplan.errors import CheckpointError
 
-from ._index import INDEX_NAME
+from ._index import INDEX_NAME, Metadata
 from ._index_json import read_metadata
 
 __all__ = [
     "STATE_DIR",
     "Claim",
     "commit_lock",
+    "discard_save",
     "is_live",
     "new_save_id",
+    "reading",
+    "save_id_of",
     "safetensors_code",
     "shard_name",
     "sweep_locked",
@@ -188,6 +193,72 @@ def wait_until_done(directory: str, save_id: str, tag: str, timeout: float) -> b
             return False
         time.sleep(0.05)
     return True
+
+
+# -- readers ------------------------------------------------------------------------------
+
+
+def save_id_of(file: str) -> str | None:
+    """The save id in a shard file's name, or None for a name meshplan does not own."""
+    m = _SHARD.match(file)
+    return m.group(2) if m else None
+
+
+@contextlib.contextmanager
+def reading(directory: str) -> Iterator[Metadata]:
+    """Read the committed index and keep its files while the block runs.
+
+    The reader claims every save the index names (``.meshplan/<id>.r<random>.claim``),
+    then reads the index again: if it is unchanged, no sweep can have removed its files
+    (a sweep follows the commit that replaces an index, and respects claims), and none
+    will until the block ends, so the reader gets that checkpoint whole however many
+    saves commit meanwhile. If the index changed, it claims the new one. In a directory
+    it cannot write to (where no save can run either), it reads without claims.
+    """
+    meta = read_metadata(directory)
+    for _ in range(_READ_ATTEMPTS):
+        ids = sorted({i for i in map(save_id_of, meta.files) if i is not None})
+        with contextlib.ExitStack() as held:
+            try:
+                tag = f"r{uuid.uuid4().hex[:12]}"
+                for save_id in ids:
+                    held.enter_context(Claim(directory, save_id, tag))
+            except OSError:  # a read-only directory: no save runs in it either
+                held.close()
+                yield meta
+                return
+            again = read_metadata(directory)
+            if again.files == meta.files:
+                yield again
+                return
+        meta = again
+    raise CheckpointError(
+        f"the checkpoint at {directory!r} was replaced {_READ_ATTEMPTS} times while it was "
+        "being opened; load again once the saves into it slow down",
+        value=directory,
+    )
+
+
+_READ_ATTEMPTS = 100
+
+
+def discard_save(directory: str, save_id: str, ranks: Iterable[int]) -> None:
+    """Remove the files save ``save_id`` wrote for ``ranks`` (shard files, temp files, its
+    index temp) unless the committed index names them: the cleanup of a failed save."""
+    try:
+        committed = any(save_id_of(f) == save_id for f in read_metadata(directory).files)
+    except CheckpointError:
+        committed = False
+    if committed:
+        return
+    staging = state_dir(directory)
+    paths = [os.path.join(staging, f"{save_id}.index.tmp")]
+    for rank in ranks:
+        paths.append(os.path.join(directory, shard_name(rank, save_id)))
+        paths.append(os.path.join(staging, f"{save_id}-{rank}.tmp"))
+    for path in paths:
+        with contextlib.suppress(OSError):
+            os.remove(path)
 
 
 # -- sweeping -----------------------------------------------------------------------------

@@ -24,7 +24,8 @@ from meshplan.placement._tensor import partial_keeps
 from ._encoding import REAL_VIEW, recorded_checksum, restored
 from ._header import Header, read_header
 from ._index import ChunkRecord, Metadata, TensorMeta, missing_tensor
-from ._index_json import checkpoint_path, read_metadata
+from ._files import reading
+from ._index_json import checkpoint_path
 from ._plan import check_target, plan_reads
 from ._ranks import resolve_rank
 
@@ -221,7 +222,13 @@ def load(
     """
     verify = _verify_flag(verify)
     directory = checkpoint_path(path)
-    meta = read_metadata(directory)
+    with reading(directory) as meta:  # its files stay while others save (see _files)
+        return _load_rank(directory, meta, targets, groups, rank, verify, device)
+
+
+def _load_rank(
+    directory: str, meta: Metadata, targets: Any, groups: Any, rank: Any, verify: bool, device: Any
+) -> dict[str, Sharded]:
     _check_targets(targets, meta, directory)
     rank = resolve_rank(targets, groups, rank)
     reader = _Reader(directory, verify)
@@ -266,8 +273,14 @@ def load_all(
     """
     verify = _verify_flag(verify)
     directory = checkpoint_path(path)
-    meta = read_metadata(directory)
-    _check_targets(targets, meta, directory)
+    with reading(directory) as meta:  # its files stay while others save (see _files)
+        _check_targets(targets, meta, directory)
+        return _load_ranks(directory, meta, targets, verify, device)
+
+
+def _load_ranks(
+    directory: str, meta: Metadata, targets: Mapping[str, Spec], verify: bool, device: Any
+) -> dict[int, dict[str, Sharded]]:
     reader = _Reader(directory, verify)
     out: dict[int, dict[str, Sharded]] = {}
     try:

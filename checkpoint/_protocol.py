@@ -4,7 +4,8 @@ A save writes, per writing rank, one new shard file (:mod:`._write`), gathers ev
 rank's chunk records, checks that they tile each tensor exactly once, and only then
 replaces ``index.json`` in one atomic rename; files the new index does not name are
 removed afterwards, under the directory's commit lock. A crash anywhere before that
-rename leaves the previous checkpoint exactly as it was.
+rename leaves the previous checkpoint exactly as it was, and a save that raises removes
+the files it wrote (unless the index it committed names them).
 
 In one process (:func:`save_local`) the caller writes every rank's file itself; across
 processes (:func:`save_distributed`) each rank writes its own, the records travel to
@@ -23,7 +24,14 @@ from typing import Any
 from meshplan.errors import CheckpointError
 from meshplan.placement import Sharded, Spec
 
-from ._files import STATE_DIR, commit_lock, new_save_id, sweep_locked, wait_until_done
+from ._files import (
+    STATE_DIR,
+    commit_lock,
+    discard_save,
+    new_save_id,
+    sweep_locked,
+    wait_until_done,
+)
 from ._index import INDEX_NAME, ChunkRecord, Metadata, TensorMeta, check_tiles
 from ._index_json import metadata_to_json, read_metadata
 from ._ranks import check_whole_mesh
@@ -41,12 +49,16 @@ def save_local(
     make_dir(directory)
     save_id = new_save_id()
     with claim(directory, save_id, "local"):
-        written = [
-            (rank, write_rank(state, rank, directory, save_id, sole))
-            for rank, state in sorted(by_rank.items())
-        ]
-        meta = _assemble(written + _empty_keys(by_rank))
-        _commit(directory, meta, save_id)
+        try:
+            written = [
+                (rank, write_rank(state, rank, directory, save_id, sole))
+                for rank, state in sorted(by_rank.items())
+            ]
+            meta = _assemble(written + _empty_keys(by_rank))
+            _commit(directory, meta, save_id)
+        except BaseException:
+            discard_save(directory, save_id, by_rank)  # a failed save removes its files
+            raise
     return meta
 
 
@@ -138,11 +150,16 @@ def _commit(directory: str, meta: Metadata, save_id: str) -> None:
     tmp = os.path.join(directory, STATE_DIR, f"{save_id}.index.tmp")
     try:
         with commit_lock(directory):
-            with open(tmp, "w", encoding="utf-8") as f:
-                f.write(metadata_to_json(meta))
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, final)
+            try:
+                with open(tmp, "w", encoding="utf-8") as f:
+                    f.write(metadata_to_json(meta))
+                    f.flush()
+                    os.fsync(f.fileno())
+                os.replace(tmp, final)
+            except BaseException:
+                with contextlib.suppress(OSError):
+                    os.remove(tmp)
+                raise
             _fsync_dir(directory)
             sweep_locked(directory, frozenset(meta.files))
     except OSError as e:
@@ -201,6 +218,7 @@ def save_distributed(state: Mapping[str, Sharded], directory: str, groups: Any) 
             raise _resolve(directory, save_id, rank, coordinator, groups, e) from None
         failures = [(r, o[1]) for r, o in gathered if o[0] == "error"]
         if failures:
+            discard_save(directory, save_id, [rank])
             if own_error is not None:
                 raise own_error
             r, msg = min(failures)
@@ -223,6 +241,8 @@ def save_distributed(state: Mapping[str, Sharded], directory: str, groups: Any) 
             dist.broadcast_object_list(result, src=coordinator, group=group.pg)
         except RuntimeError as e:
             raise _resolve(directory, save_id, rank, coordinator, groups, e) from None
+        if own_error is not None or result[0] != "ok":
+            discard_save(directory, save_id, [rank])  # unless the index names it
     if own_error is not None:
         raise own_error
     if result[0] != "ok":
@@ -270,4 +290,6 @@ def _resolve(
     except CheckpointError:
         on_disk = ()
     committed = any(save_id in name for name in on_disk)
+    if not committed:
+        discard_save(directory, save_id, [rank])  # the coordinator is done: it never will
     return _lost_peer(directory, rank, exc, committed, "while saving")

@@ -145,7 +145,11 @@ def write_rank(
     try:
         write_safetensors(tensors, tmp, {"format": "pt", "rank": str(rank)})
         os.replace(tmp, final)
-    except OSError as e:
+    except BaseException as e:
+        with contextlib.suppress(OSError):  # a failed save leaves no partial file behind
+            os.remove(tmp)
+        if not isinstance(e, OSError):
+            raise
         raise CheckpointError(f"cannot write shard file {final!r}: {e}", value=final) from None
     return out
 
