@@ -65,6 +65,7 @@ import attrs
 
 from meshplan.errors import PlanError
 from meshplan.layout._ints import as_bool, as_int
+from meshplan.layout._ranks import short_repr
 from meshplan.placement import (
     Spec,
     dtype_itemsize,
@@ -113,8 +114,8 @@ def check_plannable(src: Spec, dst: Spec) -> None:
             what = f"mesh shape {a.shape} vs {b.shape}"
         elif a.names != b.names:
             what = f"mesh dim names {a.names!r} vs {b.names!r}"
-        elif tuple(a.ranks) != tuple(b.ranks):
-            what = "rank maps"
+        elif a.ranks != b.ranks:  # canonical maps: a range never equals a RankTuple
+            what = f"rank maps {short_repr(a.ranks)} vs {short_repr(b.ranks)}"
         elif a.aliases != b.aliases:
             what = f"aliases {tuple(a.aliases)!r} vs {tuple(b.aliases)!r}"
         elif a.device_type != b.device_type:

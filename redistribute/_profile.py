@@ -20,6 +20,8 @@ from meshplan.errors import PlanError
 from meshplan.layout import FrozenMap
 
 __all__ = [
+    "MAX_SECONDS",
+    "MIN_BYTES_PER_S",
     "Link",
     "HardwareProfile",
     "COLLECTIVES",
@@ -43,10 +45,27 @@ def _number(value):
     return out
 
 
-def _positive(instance, attribute, value) -> None:
+MAX_SECONDS = 1e6
+"""The longest latency or launch time a profile accepts (11.6 days): with longer ones the
+sum of a plan's step prices can overflow to inf, and every plan would cost the same."""
+
+MIN_BYTES_PER_S = 1.0
+"""The lowest throughput (bytes/s) a profile accepts: a lower one makes a byte's price (its
+inverse) overflow, and every plan would cost the same."""
+
+
+def _rate(instance, attribute, value) -> None:
+    """A throughput in bytes/s: at least :data:`MIN_BYTES_PER_S`."""
     if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
         raise PlanError(
             f"{type(instance).__name__}.{attribute.name} must be a number > 0, got {value!r}",
+            value=value,
+        )
+    if value < MIN_BYTES_PER_S:
+        raise PlanError(
+            f"{type(instance).__name__}.{attribute.name} is {value!r} bytes/s, below the "
+            f"{MIN_BYTES_PER_S:g} a profile accepts (prices of bytes at that rate overflow to "
+            "inf and plans could no longer be ranked); give the throughput in bytes per second",
             value=value,
         )
 
@@ -59,10 +78,18 @@ def _boolean(instance, attribute, value) -> None:
         )
 
 
-def _non_negative(instance, attribute, value) -> None:
+def _seconds(instance, attribute, value) -> None:
+    """A time in seconds: from 0 to :data:`MAX_SECONDS`."""
     if isinstance(value, bool) or not isinstance(value, int | float) or not value >= 0:
         raise PlanError(
             f"{type(instance).__name__}.{attribute.name} must be a number >= 0, got {value!r}",
+            value=value,
+        )
+    if value > MAX_SECONDS:
+        raise PlanError(
+            f"{type(instance).__name__}.{attribute.name} is {value!r} s, above the "
+            f"{MAX_SECONDS:g} s a profile accepts (sums of such prices overflow to inf and "
+            "plans could no longer be ranked); give the time in seconds",
             value=value,
         )
 
@@ -75,8 +102,8 @@ class Link:
     0.010002
     """
 
-    latency_s: float = attrs.field(validator=_non_negative, converter=_number)
-    bytes_per_s: float = attrs.field(validator=_positive, converter=_number)
+    latency_s: float = attrs.field(validator=_seconds, converter=_number)
+    bytes_per_s: float = attrs.field(validator=_rate, converter=_number)
 
     def seconds(self, nbytes: float) -> float:
         """Time to send ``nbytes`` over one hop."""
@@ -133,7 +160,10 @@ def _link_of(value, name: str) -> Link:
             f"{value!r}",
             value=value,
         )
-    return Link(*value)
+    try:
+        return Link(*value)
+    except PlanError as e:
+        raise PlanError(f"hardware profile field {name}: {e}", value=value) from None
 
 
 COLLECTIVES = ("all_gather", "reduce_scatter", "all_reduce", "all_to_all", "all_permute")
@@ -267,10 +297,10 @@ class HardwareProfile:
     )
     ranks_per_node: int | None = None
     dims: tuple[Link, ...] | None = attrs.field(default=None, converter=_links)
-    launch_s: float = attrs.field(default=8e-6, validator=_non_negative, converter=_number)
-    local_launch_s: float = attrs.field(default=2e-6, validator=_non_negative, converter=_number)
-    copy_bytes_per_s: float = attrs.field(default=1e12, validator=_positive, converter=_number)
-    reduce_bytes_per_s: float = attrs.field(default=5e11, validator=_positive, converter=_number)
+    launch_s: float = attrs.field(default=8e-6, validator=_seconds, converter=_number)
+    local_launch_s: float = attrs.field(default=2e-6, validator=_seconds, converter=_number)
+    copy_bytes_per_s: float = attrs.field(default=1e12, validator=_rate, converter=_number)
+    reduce_bytes_per_s: float = attrs.field(default=5e11, validator=_rate, converter=_number)
     reduce_scatter_via_all_reduce: bool = attrs.field(default=False, validator=_boolean)
     per_collective: FrozenMap = attrs.field(factory=FrozenMap, converter=_per_collective)
     flattened: FrozenMap = attrs.field(factory=FrozenMap, converter=_flattened)

@@ -17,6 +17,9 @@ task that outlives its timeout ends ``run`` with a :class:`WorkerError` naming e
 fate (the remote traceback included). Such a failure leaves the distributed state of the
 survivors unknown (a rank that skipped a collective desynchronizes every later one), so
 the pool is marked broken and restarts on the next ``run``.
+
+Tasks run one at a time: ``run`` called from several threads serves the callers one after
+another, and each gets its own task's replies.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ import multiprocessing
 import multiprocessing.connection
 import pickle
 import sys
+import threading
 import time
 import weakref
 from collections.abc import Callable, Mapping, Sequence
@@ -72,7 +76,9 @@ class WorkerPool:
     ``death_grace`` how long the survivors of a dead worker get to report. ``preload``
     names modules the fork server imports once (torch and meshplan's shell always), so
     that tasks importing them start instantly; ``env`` is set in every worker;
-    ``threads`` is each worker's torch thread count.
+    ``threads`` is each worker's torch thread count. Tasks run one at a time: ``run``
+    from several threads serves the callers one after another, each with its own
+    task's replies (a task is every rank's collective work, so two cannot interleave).
 
     Workers are started with ``forkserver`` (or ``spawn``): they import the module that
     defines each task by name, so a script that makes a pool must keep its top-level
@@ -160,6 +166,9 @@ class WorkerPool:
         self._store: Any = None
         self._broken = False
         self._tasks = 0
+        # one caller at a time drives the pipes (start, run, shutdown); reentrant since
+        # run starts the pool
+        self._lock = threading.RLock()
         atexit.register(_shutdown_ref, weakref.ref(self))
 
     # -- lifecycle --------------------------------------------------------------------
@@ -188,6 +197,10 @@ class WorkerPool:
 
     def start(self) -> None:
         """Spawn the workers and wait until every rank has joined the world."""
+        with self._lock:
+            self._start()
+
+    def _start(self) -> None:
         if self.alive:
             return
         if self._procs:
@@ -239,11 +252,17 @@ class WorkerPool:
 
     def restart(self) -> None:
         """Stop the workers (forcibly) and start fresh ones."""
-        self._kill()
-        self.start()
+        with self._lock:
+            self._kill()
+            self._start()
 
     def shutdown(self, timeout: float = 10.0) -> None:
-        """Ask the workers to leave the world and exit; kill any that do not."""
+        """Ask the workers to leave the world and exit; kill any that do not (after the
+        task that is running, if any)."""
+        with self._lock:
+            self._shutdown(timeout)
+
+    def _shutdown(self, timeout: float) -> None:
         if not self._procs:
             return
         if not self._broken:
@@ -295,9 +314,13 @@ class WorkerPool:
                 value=fn,
             ) from exc
         limit = self.timeout if timeout is None else _seconds("timeout", timeout)
+        with self._lock:
+            return self._run(fn, payload, limit, return_exceptions)
+
+    def _run(self, fn: Any, payload: bytes, limit: float, return_exceptions: bool) -> list[Any]:
         self._check_workers()
         if not self.alive:
-            self.start()
+            self._start()
         self._tasks += 1
         task = ("task", (self._tasks, list(sys.path), payload))
         message = pickle.dumps(task)

@@ -8,6 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from meshplan.errors import PlanError
 from meshplan.layout import Mesh
 from meshplan.placement import Partial, Replicate, Shard, Spec
 from meshplan.redistribute import CostModel, HardwareProfile, cost, plan
@@ -65,3 +66,34 @@ def test_spans_nodes_by_residues_agrees_with_listing_every_group(shape, start, s
     assert _spans_nodes(mesh, dims, rpn) == listed
     sliced = mesh[dims]  # a family of submeshes: every instance counts
     assert _spans_nodes(sliced, tuple(range(len(dims))), rpn) == listed
+
+
+# -- plan() between two different meshes of one shape: the error costs what planning does --
+
+
+@pytest.mark.parametrize(
+    "other",
+    [
+        {"ranks": range(1, 2**24 + 1)},  # another progression
+        {"ranks": range(2**24 - 1, -1, -1)},  # reversed
+        {"names": ("x", "y"), "device_type": "cuda"},
+    ],
+    ids=["shifted", "reversed", "device"],
+)
+def test_plan_between_two_meshes_of_one_shape_fails_in_milliseconds(other):
+    shape = (4096, 4096)
+    a = Mesh.create(shape, ("x", "y"))
+    other = dict(other)
+    b = Mesh.create(shape, other.pop("names", ("x", "y")), **other)
+    src = Spec(a, (Shard(0), Replicate()), (8192, 8))
+    dst = Spec(b, (Replicate(), Replicate()), (8192, 8))
+    tracemalloc.start()
+    try:
+        with pytest.raises(PlanError, match="different meshes") as info:
+            plan(src, dst)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    # listing the 2**24 ranks (the old wording) took 1.3 GB and 80 s
+    assert peak < 1 << 20, f"{peak / 2**20:.1f} MiB"
+    assert len(str(info.value)) < 400, str(info.value)

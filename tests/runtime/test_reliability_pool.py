@@ -65,3 +65,35 @@ def test_a_bad_task_timeout_is_refused_before_anything_runs():
     with pytest.raises(RuntimeShellError, match="timeout"):
         pool.run(_pid, timeout=-1)
     assert pool.starts == 0
+
+
+def _tagged(tag):
+    import torch.distributed as dist
+
+    return (tag, dist.get_rank())
+
+
+def test_run_from_two_threads_gives_each_caller_its_own_replies(pool2):
+    import threading
+
+    pool2.run(_pid)  # started before the threads race
+    starts = pool2.starts
+    got: dict[int, list] = {0: [], 1: []}
+    errors: list[BaseException] = []
+
+    def caller(tag):
+        try:
+            for i in range(40):
+                got[tag].append(pool2.run(_tagged, (tag, i), timeout=30))
+        except BaseException as e:  # reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=caller, args=(t,)) for t in (0, 1)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert not errors, errors
+    for tag in (0, 1):
+        assert got[tag] == [[((tag, i), 0), ((tag, i), 1)] for i in range(40)]
+    assert pool2.starts == starts  # no failure, so no restart
