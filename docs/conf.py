@@ -33,8 +33,16 @@ def _materialize_lazy_attributes() -> None:
     autodoc lists a module's members from its namespace, so load them all first."""
     import importlib
 
-    for pkg in ("layout", "placement", "redistribute", "strategy", "runtime", "checkpoint",
-                "testing", "errors"):
+    for pkg in (
+        "layout",
+        "placement",
+        "redistribute",
+        "strategy",
+        "runtime",
+        "checkpoint",
+        "testing",
+        "errors",
+    ):
         module = importlib.import_module(f"meshplan.{pkg}")
         for name in getattr(module, "__all__", ()):
             setattr(module, name, getattr(module, name))

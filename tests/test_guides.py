@@ -174,7 +174,7 @@ _PURE = sorted(g for g in _ALL if g not in WORLDS and any(b.kind != "console" fo
 def test_every_guide_has_code_and_every_block_says_what_it_is():
     for name in GUIDES[1:]:  # (index.rst: how to build the pages)
         assert any(b.kind in ("python", "doctest") for b in _ALL[name]), name
-    assert [] == [bad for blocks in _ALL.values() for bad in bad_kinds(blocks)]
+    assert [bad for blocks in _ALL.values() for bad in bad_kinds(blocks)] == []
 
 
 @pytest.mark.parametrize("guide", _PURE)
@@ -215,8 +215,9 @@ A doctest::
     failures = run_blocks(blocks)
     assert any("Expected:" in f for f in failures)
     assert any("NameError" in f for f in failures)
-    assert bad_kinds(blocks) == [f"t.rst:{blocks[2].where.split(':')[1]}: a 'text' block "
-                                 f"{blocks[2].text[:60]!r}"]
+    assert bad_kinds(blocks) == [
+        f"t.rst:{blocks[2].where.split(':')[1]}: a 'text' block {blocks[2].text[:60]!r}"
+    ]
     sections = readme_blocks("# A\n\n```python\nx = 1\n```\n\n    rm -rf x\n")
     assert [b.kind for b in sections["A"]] == ["python", "console"]
     assert bad_kinds(sections["A"]) == ["README.md:7: command 'rm -rf x'"]

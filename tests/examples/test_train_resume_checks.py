@@ -39,9 +39,7 @@ def step4(tmp_path_factory):
             Spec(one, [Replicate()], (64, 32), "float64"),
             0,
         ),
-        "state.counters": Sharded(
-            torch.tensor([4, 4]), Spec(one, [Replicate()], (2,), "int64"), 0
-        ),
+        "state.counters": Sharded(torch.tensor([4, 4]), Spec(one, [Replicate()], (2,), "int64"), 0),
     }
     save(state, folder / "step-4")
     return folder
