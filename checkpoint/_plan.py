@@ -193,7 +193,9 @@ def check_target(meta: TensorMeta, spec: Spec, where: str) -> None:
     if spec.dtype != meta.dtype:
         raise CheckpointError(
             f"tensor {meta.key!r} in {where} has dtype {meta.dtype}, but the target {spec} "
-            f"has dtype {spec.dtype}; load with dtype={meta.dtype!r} and convert afterwards",
+            f"has dtype {spec.dtype}; load into a spec of the saved dtype "
+            f"(attrs.evolve(spec, dtype={meta.dtype!r})) and convert the loaded local tensor "
+            f"afterwards (.local.to(torch.{spec.dtype}))",
             value=spec,
         )
 

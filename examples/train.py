@@ -45,7 +45,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from meshplan.checkpoint import INDEX_NAME, load, save
+from meshplan.checkpoint import INDEX_NAME, load, read_metadata, save
 from meshplan.layout import Mesh
 from meshplan.placement import Replicate, Shard, Sharded, Spec
 from meshplan.runtime import ProcessGroups, WorkerPool, run_program
@@ -373,6 +373,31 @@ def committed(pending, leader: bool) -> None:
             )
 
 
+def check_resume(opts: argparse.Namespace) -> bool:
+    """Before any planning or process start: the checkpoint to resume from exists, holds
+    this run's dtype, and stops short of ``--steps``. Sets ``opts.resume`` to the step's
+    directory; returns False when training is already done (said on the console)."""
+    path = resolve_resume(opts.resume)
+    meta = read_metadata(path)
+    saved = meta.tensors[f"param.{param_names()[0]}"].dtype
+    if saved != opts.dtype:
+        raise SystemExit(
+            f"--resume {path!r}: its parameters are {saved} and this run's are {opts.dtype}; "
+            f"resume with --dtype {saved}"
+        )
+    one = Spec(Mesh.create(1), [Replicate()], (2,), "int64")  # read by this process alone
+    step = int(load(path, {"state.counters": one}, rank=0)["state.counters"].local[0])
+    opts.resume = path
+    if step >= opts.steps:
+        print(
+            f"--resume {path!r}: the checkpoint is of step {step} and --steps is {opts.steps}: "
+            f"training is already done (give --steps above {step} to go on)",
+            flush=True,
+        )
+        return False
+    return True
+
+
 def resolve_resume(path: str) -> str:
     """A step's checkpoint directory, or the latest ``step-<k>`` under ``path``."""
     if os.path.exists(os.path.join(path, INDEX_NAME)):
@@ -543,6 +568,8 @@ if __name__ == "__main__":
     options = parse()
     if options.save_every < 1:
         raise SystemExit(f"--save-every {options.save_every}: give a step count >= 1")
+    if options.resume and not check_resume(options):
+        sys.exit(0)
     if "RANK" in os.environ:  # launched by torchrun: this process is one rank
         main_torchrun(options)
     else:

@@ -302,6 +302,13 @@ def local_shape(spec: Spec, rank: int) -> tuple[int, ...]:
 
 
 def local_numel(spec: Spec, rank: int) -> int:
+    """How many elements rank ``rank`` holds: the product of its :func:`local_shape`.
+
+    >>> from meshplan.layout import Mesh
+    >>> spec = Spec(Mesh.create(4), (Shard(0),), (5, 3))
+    >>> [local_numel(spec, r) for r in range(4)]
+    [6, 6, 3, 0]
+    """
     return math.prod(local_shape(spec, rank))
 
 

@@ -25,11 +25,13 @@ import torch
 
 from meshplan.errors import MeshError, PlacementError, RuntimeShellError
 from meshplan.layout import Mesh, MeshLayout
-from meshplan.placement import Sharded, Spec
+from meshplan.placement import Partial, Replicate, Shard, Sharded, Spec, StridedShard
 from meshplan.placement._torch_compat import from_torch, to_torch
 
 from ._device_mesh import mesh_from_device_mesh
 from ._groups import ProcessGroups
+
+_MESHPLAN_PLACEMENTS = (Shard, StridedShard, Replicate, Partial)
 
 __all__ = [
     "from_dtensor",
@@ -264,6 +266,24 @@ class _RedistributeDTensor(torch.autograd.Function):
         return out, None, None, None
 
 
+def _torch_placement(p: Any, placements: Sequence[Any]) -> Any:
+    """``p`` as a torch placement: meshplan's own are converted, others must be torch's."""
+    from torch.distributed.tensor.placement_types import Placement as TorchPlacement
+
+    if isinstance(p, _MESHPLAN_PLACEMENTS):
+        return to_torch((p,))[0]
+    if not isinstance(p, TorchPlacement):
+        kind = type(p)
+        raise PlacementError(
+            f"placements {tuple(placements)!r}: {p!r} is a {kind.__module__}.{kind.__qualname__}, "
+            "neither a torch placement (torch.distributed.tensor.Shard, Replicate, Partial, "
+            "_StridedShard) nor a meshplan one (meshplan.placement.Shard, StridedShard, "
+            "Replicate, Partial); give one of those per mesh dim",
+            value=p,
+        )
+    return p
+
+
 def redistribute_dtensor(
     dtensor: Any,
     placements: Sequence[Any],
@@ -276,7 +296,8 @@ def redistribute_dtensor(
     """``dtensor.redistribute(placements=...)``, planned and run by meshplan; differentiable.
 
     ``placements`` are torch placements (``Shard``, ``_StridedShard``, ``Replicate``,
-    ``Partial``). The plan is meshplan's (:func:`meshplan.redistribute.plan`: uneven
+    ``Partial``) or meshplan's own (:class:`~meshplan.placement.Shard`, ...), which are
+    converted with :func:`~meshplan.placement.to_torch`. The plan is meshplan's (:func:`meshplan.redistribute.plan`: uneven
     merged gathers, all_to_all on gloo, Partial to Partial); the groups are the DTensor's
     mesh's own (:meth:`ProcessGroups.from_device_mesh`) unless ``groups`` is given. The
     backward pass moves the gradient to the source placements (a Partial source dim gets
@@ -302,6 +323,7 @@ def redistribute_dtensor(
             f"{dtensor.device_mesh.ndim}-dim device mesh; give one per mesh dim",
             value=placements,
         )
+    placements = tuple(_torch_placement(p, placements) for p in placements)
     if groups is None:  # (pass groups= to reuse one, warmed up once on NCCL)
         groups = ProcessGroups.from_device_mesh(dtensor.device_mesh, warm_up=False)
     options = {"cost_model": cost_model, "merge": merge, "max_local_bytes": max_local_bytes}

@@ -11,6 +11,15 @@ shrink towards small, readable ones; they never touch torch.distributed.
 >>> test_groups_cover_the_mesh()
 """
 
+try:
+    import hypothesis  # noqa: F401
+except ImportError as exc:  # hypothesis is an optional dependency of meshplan
+    raise ImportError(
+        "meshplan.testing provides hypothesis strategies and needs hypothesis, which is not "
+        "installed; install it with: pip install 'meshplan[testing]' (or pip install hypothesis)",
+        name=exc.name,
+    ) from exc
+
 from ._mesh import mesh_dims, meshes
 from ._placement import placements, shapes, specs
 from ._strategy import BUILTIN_OPS, OpCall, op_calls

@@ -93,6 +93,7 @@ def pool(request):
 
 # -- tiers: ``distributed`` marks every test that runs a gloo world -----------------------
 
+GLOO_GROUP = "gloo"
 _POOL = re.compile(r"(.*_)?pool\d*")
 _EXAMPLES = os.path.join(os.path.dirname(__file__), "examples")
 
@@ -114,10 +115,21 @@ def _starts_processes(item) -> bool:
     return bool(names & {"get_context", "start_processes"}) or {"WorkerPool", "run"} <= names
 
 
+def pytest_configure(config):
+    # ``-n N`` alone distributes test by test (``--dist load``): each worker would start its
+    # own gloo pools; group them instead (see below)
+    if getattr(config.option, "numprocesses", None) and config.option.dist == "load":
+        config.option.dist = "loadgroup"
+
+
 def pytest_collection_modifyitems(config, items):
     for item in items:
         if _starts_processes(item):
             item.add_marker(pytest.mark.distributed)
+            # under pytest-xdist (``-n 2 --dist loadgroup``, as CI runs) every gloo test goes
+            # to one worker, so that each pool starts once, while the other worker takes the
+            # pure tests
+            item.add_marker(pytest.mark.xdist_group(GLOO_GROUP))
 
 
 # -- garbage collection ------------------------------------------------------------------

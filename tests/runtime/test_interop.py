@@ -285,6 +285,30 @@ def _bad_inputs():
     return errors
 
 
+def _meshplan_placements():
+    """redistribute_dtensor given meshplan's own placements, and given neither kind."""
+    import meshplan.placement as mp
+
+    dm = _device_mesh()
+    x = torch.arange(20.0).reshape(4, 5)
+    dt = distribute_tensor(x, dm, [Shard(0), Shard(0)])
+    ours = redistribute_dtensor(dt, [mp.Replicate(), mp.Shard(1)])
+    theirs = dt.redistribute(dm, [Replicate(), Shard(1)])
+    mixed = redistribute_dtensor(dt, [Replicate(), mp.Partial("sum")])
+    try:
+        redistribute_dtensor(dt, ["R", mp.Shard(1)])
+        message = None
+    except PlacementError as exc:
+        message = str(exc)
+    return (
+        tuple(ours.placements),
+        torch.equal(ours.to_local(), theirs.to_local()),
+        tuple(mixed.placements),
+        torch.equal(mixed.full_tensor(), x),
+        message,
+    )
+
+
 # -- tests ----------------------------------------------------------------------------------
 
 
@@ -344,3 +368,10 @@ def test_redistribute_dtensor_merges_an_uneven_gather_onto_the_flattened_dim(poo
     for ok, aliases in pool4.run(_flattened_uneven):
         assert ok
         assert aliases == ["dp_tp"]
+
+
+def test_redistribute_dtensor_accepts_meshplan_placements(pool4):
+    for placements, same, mixed, mixed_ok, message in pool4.run(_meshplan_placements):
+        assert placements == (Replicate(), Shard(1)) and same
+        assert mixed == (Replicate(), Partial("sum")) and mixed_ok
+        assert message is not None and "'R' is a builtins.str" in message
