@@ -24,6 +24,7 @@ Each model takes token ids and targets and returns the mean cross-entropy loss.
 
 from __future__ import annotations
 
+import fnmatch
 import math
 
 import torch
@@ -261,15 +262,16 @@ def batch(seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
     return torch.randint(0, V, (B, T), generator=g), torch.randint(0, V, (B, T), generator=g)
 
 
-def param_specs(ndim: int) -> dict:
-    """FSDP on mesh dim 0 x TP on mesh dim 1, by glob pattern (Megatron-style columns/rows)."""
+def param_specs(model: nn.Module, ndim: int) -> dict:
+    """FSDP on mesh dim 0 x TP on mesh dim 1, by glob pattern (Megatron-style columns/rows),
+    the patterns that name one of ``model``'s parameters."""
     R = Replicate()
 
     def pl(*p):
         return list(p[:ndim]) + [R] * (ndim - len(p[:ndim]))
 
     col, row = pl(Shard(0), Shard(0)), pl(Shard(0), Shard(1))
-    return {
+    table = {
         # nn.Linear weights are (out, in): column-parallel shards out, row-parallel in
         "*.q_proj.weight": col,
         "*.k_proj.weight": col,
@@ -288,3 +290,5 @@ def param_specs(ndim: int) -> dict:
         "*norm*.weight": pl(R),
         "*ln_*.weight": pl(R),
     }
+    names = [n for n, _ in model.named_parameters()]
+    return {k: v for k, v in table.items() if any(fnmatch.fnmatchcase(n, k) for n in names)}
