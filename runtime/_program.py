@@ -21,8 +21,9 @@ from typing import Any
 import torch
 
 from meshplan.errors import RuntimeShellError
-from meshplan.placement import Spec, local_shape, shard
+from meshplan.placement import Spec, global_offset, local_shape, shard
 from meshplan.strategy._aten import SIZE_ARGS, TensorArg
+from meshplan.strategy._aten_pieces import local_range
 from meshplan.strategy._graph import TorchConst, Value
 from meshplan.strategy._program import Program, ProgramOp
 from meshplan.strategy._trace import to_torch_const
@@ -80,6 +81,13 @@ def _local_call(op: ProgramOp, tensors: Sequence[torch.Tensor], rank: int, devic
             args[pos] = local
     if call.op in _VIEWS:
         return tensors[0].reshape(args[1])
+    if call.op == "arange" and op.output_specs and op.output_specs[0] is not None:
+        # a shard of a range is the range of its own indices
+        spec = op.output_specs[0]
+        start, end, step = local_range(
+            call.target, call.args, global_offset(spec, rank)[0], local_shape(spec, rank)[0]
+        )
+        return torch.ops.aten.arange.start_step(start, end, step, **kwargs)
     return _target(op)(*args, **kwargs)
 
 

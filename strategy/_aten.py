@@ -10,7 +10,11 @@ arguments, and its aten tags. Every rule lists only strategies where each rank r
 the very same aten op on its local tensors computes its part of the result, so a
 program runs as local aten calls and redistributions, nothing else.
 
-Ops with no rule get ``None``: the program falls back to full replication for them.
+These rules are entries of the one rule table, :class:`RuleSet` (``OpRule.aten``); a
+call is looked up there by its op name (``"mm"`` for ``aten.mm.default``), so a rule a
+user adds with :meth:`RuleSet.with_rule` serves programs as well as
+:func:`~meshplan.strategy.select`. Ops with no rule get ``None``: the program falls
+back to full replication for them.
 """
 
 from __future__ import annotations
@@ -23,9 +27,8 @@ import attrs
 from meshplan.placement import Partial, Replicate
 
 from ._rule import DimStrategy, Meta, Placeholder
-from ._ruleset import RuleSet
 
-__all__ = ["Call", "aten_strategies", "has_rule", "SIZE_ARGS"]
+__all__ = ["Call", "aten_strategies", "has_rule", "SIZE_ARGS", "ATEN_RULES", "POINTWISE"]
 
 R = Replicate()
 PSUM = Partial("sum")
@@ -52,6 +55,7 @@ class Call:
     args: tuple[Any, ...] = attrs.field(converter=tuple)
     kwargs: Any = attrs.field(converter=lambda d: tuple(sorted(dict(d).items())))
     tags: frozenset[str] = attrs.field(converter=frozenset)
+    names: tuple[str, ...] = attrs.field(default=(), converter=tuple)
 
     @property
     def op(self) -> str:
@@ -62,6 +66,30 @@ class Call:
         if i < len(self.args):
             return self.args[i]
         return dict(self.kwargs).get(name, default)
+
+    def named_args(self) -> dict[str, Any]:
+        """The call's non-tensor arguments by their schema names (what an op-name rule
+        takes as keywords).
+
+        >>> c = Call("aten.roll.default", (Meta((4,)),), (Meta((4,)),),
+        ...          (TensorArg(0), (1,), (0,)), {}, (), ("self", "shifts", "dims"))
+        >>> c.named_args()
+        {'shifts': (1,), 'dims': (0,)}
+        """
+        out = {}
+        for i, a in enumerate(self.args):
+            if i < len(self.names) and not _holds_tensor(a):
+                out[self.names[i]] = a
+        for k, v in self.kwargs:
+            if not _holds_tensor(v):
+                out[k] = v
+        return out
+
+
+def _holds_tensor(value: Any) -> bool:
+    if isinstance(value, TensorArg):
+        return True
+    return isinstance(value, tuple) and any(_holds_tensor(v) for v in value)
 
 
 @attrs.frozen
@@ -87,10 +115,14 @@ SIZE_ARGS: dict[str, tuple[int, int | None]] = {
     "ones": (0, None),
     "empty": (0, None),
     "embedding_dense_backward": (2, 0),
+    "slice_backward": (1, None),
+    "select_backward": (1, None),
 }
 
 
 def _named(op: str, call: Call, **args: Any) -> list[DimStrategy]:
+    from ._ruleset import RuleSet
+
     return list(RuleSet.default()[op].strategies(call.inputs, **args))
 
 
@@ -396,7 +428,7 @@ def _factory(call: Call) -> list[DimStrategy]:
     return [DimStrategy([Placeholder(d)], []) for d in range(m.ndim)]
 
 
-_RULES: dict[str, Callable[[Call], list[DimStrategy]]] = {
+ATEN_RULES: dict[str, Callable[[Call], list[DimStrategy]]] = {
     "mm": _mm,
     "bmm": _mm,
     "addmm": _addmm,
@@ -447,16 +479,35 @@ _RULES: dict[str, Callable[[Call], list[DimStrategy]]] = {
 }
 
 
-def has_rule(call: Call) -> bool:
-    """Whether ``call`` has a rule (its own, or the generic one of pointwise ops)."""
-    return call.op in _RULES or "pointwise" in call.tags
+POINTWISE = _pointwise
+"""The rule of every op torch tags ``pointwise`` (broadcasting, Partial(sum) where linear)."""
 
 
-def aten_strategies(call: Call) -> list[DimStrategy] | None:
-    """The call's strategies on one mesh dim (full replication not included); None: no rule."""
-    rule = _RULES.get(call.op)
-    if rule is None and "pointwise" in call.tags:
-        rule = _pointwise
-    if rule is None:
-        return None
-    return rule(call)
+def _entry(call: Call, ruleset: Any) -> Any:
+    if ruleset is None:
+        from ._ruleset import RuleSet
+
+        ruleset = RuleSet.default()
+    return ruleset.rules.get(call.op)
+
+
+def has_rule(call: Call, ruleset: Any = None) -> bool:
+    """Whether ``call`` has a rule in ``ruleset`` (default: the built-in one), its own or
+    the generic one of pointwise ops."""
+    return _entry(call, ruleset) is not None or "pointwise" in call.tags
+
+
+def aten_strategies(call: Call, ruleset: Any = None) -> list[DimStrategy] | None:
+    """The call's strategies on one mesh dim (full replication not included); None: no rule.
+
+    The rule is ``ruleset``'s entry for the call's op name (default: the built-in
+    :class:`RuleSet`): its ``aten`` reading of the call where it has one, else its
+    op-name rule called with the call's tensor metadata and its other arguments by
+    schema name; an op without an entry that torch tags pointwise gets the pointwise rule.
+    """
+    entry = _entry(call, ruleset)
+    if entry is None:
+        return _pointwise(call) if "pointwise" in call.tags else None
+    if entry.aten is not None:
+        return list(entry.aten(call))
+    return list(entry.strategies(call.inputs, **call.named_args()))

@@ -20,7 +20,7 @@ import attrs
 from meshplan.errors import PlacementError, StrategyError
 from meshplan.placement import Partial, Replicate, Shard, Spec, StridedShard
 
-from ._aten import Call, aten_strategies
+from ._aten import Call, _sums_only, aten_strategies
 from ._constraints import check_constraint
 from ._rule import DimStrategy, Placeholder
 
@@ -83,9 +83,16 @@ class Option:
 
 @functools.lru_cache(maxsize=4096)
 def options(
-    call: Call, mesh, compute: ComputeModel, strict: bool, max_options: int = 1 << 30
+    call: Call,
+    mesh,
+    compute: ComputeModel,
+    strict: bool,
+    max_options: int = 1 << 30,
+    ruleset: Any = None,
 ) -> tuple[list[Option], bool]:
-    rules = aten_strategies(call)
+    """The call's N-D candidates (full replication first) and whether it had no rule in
+    ``ruleset`` (default: the built-in :class:`~meshplan.strategy.RuleSet`)."""
+    rules = aten_strategies(call, ruleset)
     fallback = rules is None
     if fallback:
         if strict:
@@ -95,7 +102,8 @@ def options(
                 value=call.target,
             )
         rules = []
-    rules = [r for r in rules if _plain(r)]
+    # programs keep Partial(sum), what backward passes produce (a user's rule may list more)
+    rules = [r for r in _sums_only(rules) if _plain(r)]
     n_in, n_out = len(call.inputs), len(call.outputs)
     rep = DimStrategy([Replicate()] * n_out, [Replicate()] * n_in)
     per_dim = []

@@ -157,6 +157,13 @@ def build_problem(
     """A :class:`Problem` from an explicit rule and shard kinds (what ``prepare`` runs)."""
     metas = tuple(meta_of(s) for s in specs)
     kwargs = dict(args)
+    if rule.strategies is None or rule.outputs is None:
+        raise StrategyError(
+            f"the rule for {op!r} reads traced aten calls only (OpRule.aten); to select "
+            f"strategies for {op!r} by name, add rule(inputs, **args) and outputs= with "
+            "ruleset.with_rule(op, rule, outputs=...)",
+            value=op,
+        )
     for fn in (rule.strategies, rule.outputs):
         _check_keywords(op, fn, kwargs)
     # outputs first: it computes the result's dtype, refusing dtypes torch refuses

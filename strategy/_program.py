@@ -41,6 +41,7 @@ from ._graph import Graph, Value
 from ._price import _plan, check_model, input_bound, redistribute_cost
 from ._program_terms import all_pairs, greedy, matrix, order_too_wide, pair_count
 from ._program_value import Program, ProgramCost, ProgramOp, ProgramWarning
+from ._ruleset import RuleSet
 
 __all__ = [
     "ComputeModel",
@@ -80,13 +81,18 @@ def plan_program(
     strict: bool = False,
     max_factor: int = 1 << 22,
     max_options: int = 32,
+    ruleset: RuleSet | None = None,
 ) -> Program:
     """Trace ``fn`` (written for global tensors) and plan it whole, forward and backward.
 
     ``arg_specs`` say how each argument lies on the mesh; ``out_specs`` how each
     output must (default: replicated). ``requires_grad`` marks the differentiated
-    arguments (default: the floating-point ones). Ops without a rule run replicated
-    with a :class:`ProgramWarning` (``strict=True`` raises instead). Each op keeps at
+    arguments (default: the floating-point ones). Each traced aten call takes its rule
+    from ``ruleset`` (default: ``RuleSet.default()``; the same table
+    :func:`~meshplan.strategy.select` reads, so a rule added there with
+    :meth:`RuleSet.with_rule` serves here too). Ops without a rule run replicated
+    with a :class:`ProgramWarning` naming them all (``program.replicated`` counts
+    them); ``strict=True`` raises instead, listing every op without a rule. Each op keeps at
     most ``max_options`` candidate strategies on meshes of 3+ dims (full replication
     and the most sharded; every candidate on 1-D and 2-D meshes), and the choice over them is
     exact unless a factor of the elimination would exceed ``max_factor`` entries
@@ -134,6 +140,7 @@ def plan_program(
         strict=strict,
         max_factor=max_factor,
         max_options=max_options,
+        ruleset=ruleset,
     )
 
 
@@ -150,6 +157,7 @@ def plan_graph(
     max_rounds: int = 100,
     max_priced: int = 20_000,
     solver: str = "whole",
+    ruleset: RuleSet | None = None,
 ) -> Program:
     """Plan an already traced :class:`Graph` (pure: no torch).
 
@@ -210,22 +218,17 @@ def plan_graph(
 
     calls = graph.calls
     var = {node: i for i, node in enumerate(calls)}
+    ruleset = _check_ruleset(ruleset)
     options: list[tuple[Option, ...]] = []
     fallbacks = []
     for node in calls:
         call = graph.nodes[node].call
         limit = max_options if mesh.ndim >= 3 else 1 << 30  # 1-D, 2-D: every candidate
-        opts, fb = candidate_options(call, mesh, compute, strict, limit)
+        opts, fb = candidate_options(call, mesh, compute, False, limit, ruleset)
         if fb:
             fallbacks.append(call.target)
         options.append(opts)
-    for target in sorted(set(fallbacks)):
-        warnings.warn(
-            f"no sharding rule for {target}: it runs replicated (correct, maybe slow); add a "
-            "rule or pass strict=True to refuse",
-            ProgramWarning,
-            stacklevel=3,
-        )
+    _report_missing(fallbacks, strict)
 
     import numpy as np
 
@@ -354,6 +357,45 @@ def plan_graph(
             break
     return _assemble(
         graph, arg_specs, outs, cots, grads, fixed, options, var, sol, model, fallbacks
+    )
+
+
+def _check_ruleset(ruleset: Any) -> RuleSet:
+    if ruleset is None:
+        return RuleSet.default()
+    if not isinstance(ruleset, RuleSet):
+        raise StrategyError(
+            f"ruleset= takes a RuleSet (e.g. RuleSet.default().with_rule(op, rule, "
+            f"outputs=...)), got {ruleset!r:.80}",
+            value=ruleset,
+        )
+    return ruleset
+
+
+def _report_missing(fallbacks: Sequence[str], strict: bool) -> None:
+    """Every op without a rule, with how often it occurs: an error when ``strict``, else
+    one warning (they run replicated)."""
+    if not fallbacks:
+        return
+    counts: dict[str, int] = {}
+    for t in fallbacks:
+        counts[t] = counts.get(t, 0) + 1
+    listing = ", ".join(f"{t} (x{n})" for t, n in sorted(counts.items()))
+    add = (
+        "add a rule with RuleSet.default().with_rule(op, rule, outputs=...) and pass "
+        "ruleset= (op: the name after 'aten.', e.g. 'roll')"
+    )
+    if strict:
+        raise StrategyError(
+            f"no sharding rule for {len(counts)} ops ({len(fallbacks)} calls): {listing}; "
+            f"{add}, or pass strict=False to run them replicated",
+            value=tuple(sorted(counts)),
+        )
+    warnings.warn(
+        f"no sharding rule for {len(counts)} ops, {len(fallbacks)} calls run replicated "
+        f"(correct, maybe slow): {listing}; {add}, or pass strict=True to refuse",
+        ProgramWarning,
+        stacklevel=4,
     )
 
 

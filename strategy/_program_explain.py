@@ -69,5 +69,9 @@ def explain_program(program: Any) -> str:
     if by_kind:
         lines.append("collectives: " + ", ".join(f"{k} x{v}" for k, v in sorted(by_kind.items())))
     if program.fallbacks:
-        lines.append("replicated (no rule): " + ", ".join(program.fallbacks))
+        lines.append(
+            f"replicated for want of a rule: {program.replicated} ops ("
+            + ", ".join(program.fallbacks)
+            + ")"
+        )
     return "\n".join(lines)

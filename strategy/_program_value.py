@@ -70,6 +70,11 @@ class Program:
     method: str
     fallbacks: tuple[str, ...]
 
+    @property
+    def replicated(self) -> int:
+        """How many ops run replicated for want of a rule (``fallbacks`` names them)."""
+        return sum(1 for op in self.ops if op.replicated_fallback)
+
     def spec_of(self, v: Value) -> Spec:
         return dict(self.value_specs)[v]
 
@@ -90,5 +95,6 @@ class Program:
     def __repr__(self) -> str:
         return (
             f"Program(<{len(self.ops)} ops>, cost={self.cost.total:.3g}s, "
-            f"comm={self.cost.comm:.3g}s, method={self.method!r})"
+            f"comm={self.cost.comm:.3g}s, method={self.method!r}, "
+            f"replicated={self.replicated})"
         )

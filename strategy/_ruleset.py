@@ -11,9 +11,9 @@ import attrs
 from meshplan.errors import StrategyError
 from meshplan.layout import FrozenMap
 
-from ._oprule import OpRule, OutputsFn, Rule
+from ._oprule import AtenRule, OpRule, OutputsFn, Rule
 
-__all__ = ["OpRule", "RuleSet", "Rule", "OutputsFn", "freeze_args"]
+__all__ = ["OpRule", "RuleSet", "Rule", "OutputsFn", "AtenRule", "freeze_args"]
 
 
 def freeze_args(args: Mapping[str, Any]) -> tuple[tuple[str, Any], ...]:
@@ -42,7 +42,11 @@ def freeze_args(args: Mapping[str, Any]) -> tuple[tuple[str, Any], ...]:
 
 def _check_hashable(op: str, entry: OpRule) -> None:
     """Raise a StrategyError naming ``op`` when its rule or outputs function is unhashable."""
-    for what, fn in (("rule", entry.strategies), ("outputs=", entry.outputs)):
+    for what, fn in (
+        ("rule", entry.strategies),
+        ("outputs=", entry.outputs),
+        ("aten=", entry.aten),
+    ):
         try:
             hash(fn)
         except TypeError:
@@ -76,15 +80,33 @@ def _rules(value: Mapping[str, OpRule]) -> FrozenMap[str, OpRule]:
 class RuleSet:
     """An immutable map: op name -> :class:`OpRule`. Change it with :meth:`with_rule`.
 
+    The one rule table: :func:`~meshplan.strategy.select` and
+    :func:`~meshplan.strategy.expand` look an op up by name, and
+    :func:`~meshplan.strategy.plan_program` looks up each traced aten call by its op
+    name (``"roll"`` for ``aten.roll.default``), passing the call's tensor inputs'
+    metadata and its other arguments by their schema names. A rule registered once
+    serves both:
+
     >>> rs = RuleSet.default()
-    >>> "mm" in rs, "my_op" in rs
+    >>> "mm" in rs, "roll" in rs
     (True, False)
-    >>> from meshplan.strategy import Placeholder
-    >>> def my_rule(inputs):
-    ...     return [DimStrategy([Placeholder(0)], [Placeholder(0)])]
-    >>> rs2 = rs.with_rule("my_op", my_rule, outputs=lambda inputs: inputs[:1])
-    >>> "my_op" in rs2, "my_op" in rs
+    >>> from meshplan.strategy import DimStrategy, Placeholder
+    >>> def roll_rule(inputs, shifts, dims):  # rolling dims (d,) keeps the others' shards
+    ...     rolled = {d % inputs[0].ndim for d in dims}
+    ...     return [DimStrategy([Placeholder(d)], [Placeholder(d)])
+    ...             for d in range(inputs[0].ndim) if d not in rolled]
+    >>> rs2 = rs.with_rule("roll", roll_rule, outputs=lambda inputs, **args: inputs[:1])
+    >>> "roll" in rs2, "roll" in rs
     (True, False)
+    >>> from meshplan.layout import Mesh
+    >>> from meshplan.placement import Shard, Spec
+    >>> from meshplan.strategy import select
+    >>> x = Spec(Mesh.create((2,)), [Shard(1)], (4, 6))
+    >>> str(select("roll", [x], ruleset=rs2, shifts=(1,), dims=(0,)).output_spec)
+    'f32[4,6](S(1))'
+
+    ``plan_program(fn, x, ruleset=rs2)`` plans ``torch.roll(x, 1, 0)`` in ``fn`` with
+    the same rule (without it, the op runs replicated).
     """
 
     rules: FrozenMap[str, OpRule] = attrs.field(converter=_rules, factory=FrozenMap)
@@ -114,9 +136,24 @@ class RuleSet:
             ) from None
 
     def with_rule(
-        self, op: str, rule: Rule | OpRule, *, outputs: OutputsFn | None = None
+        self,
+        op: str,
+        rule: Rule | OpRule,
+        *,
+        outputs: OutputsFn | None = None,
+        aten: AtenRule | None = None,
     ) -> RuleSet:
-        """A copy where ``op`` uses ``rule`` (and ``outputs``, kept from the old rule if None)."""
+        """A copy where ``op`` uses ``rule`` (and ``outputs``, kept from the old rule if None).
+
+        ``aten``, a function of a traced :class:`~meshplan.strategy._aten.Call`, reads
+        the op's aten calls in programs where its arguments differ from ``rule``'s;
+        without it a program calls ``rule`` with the call's arguments by schema name.
+        """
+        if aten is not None and not callable(aten):
+            raise StrategyError(
+                f"aten= for {op!r} must be a function of a traced call, got {aten!r}",
+                value=aten,
+            )
         if not isinstance(op, str) or not op:
             raise StrategyError(f"op names are non-empty strings, got {op!r}", value=op)
         if outputs is not None and not callable(outputs):
@@ -126,7 +163,13 @@ class RuleSet:
                 value=outputs,
             )
         if isinstance(rule, OpRule):
-            entry = rule if outputs is None else OpRule(rule.strategies, outputs)
+            entry = rule
+            if outputs is not None or aten is not None:
+                entry = OpRule(
+                    rule.strategies,
+                    rule.outputs if outputs is None else outputs,
+                    aten=rule.aten if aten is None else aten,
+                )
         else:
             if not callable(rule):
                 raise StrategyError(f"rule for {op!r} must be callable, got {rule!r}", value=rule)
@@ -138,7 +181,14 @@ class RuleSet:
                         value=op,
                     )
                 outputs = self.rules[op].outputs
-            entry = OpRule(rule, outputs)
+                if outputs is None:
+                    raise StrategyError(
+                        f"the built-in rule for {op!r} reads traced calls only: give outputs=, "
+                        "a function from the input metadata (and op arguments) to the output "
+                        "metadata",
+                        value=op,
+                    )
+            entry = OpRule(rule, outputs, aten=aten)
         _check_hashable(op, entry)
         return RuleSet(self.rules.set(op, entry))
 
@@ -148,9 +198,18 @@ class RuleSet:
 
 @functools.cache
 def _default() -> RuleSet:
-    from . import _rules_matrix, _rules_pointwise, _rules_shape
+    from . import _aten, _aten_pieces, _rules_matrix, _rules_pointwise, _rules_shape
 
     table: dict[str, OpRule] = {}
     for module in (_rules_matrix, _rules_pointwise, _rules_shape):
         table.update(module.RULES)
+    # how each rule reads a traced aten call: the aten rules where aten arguments differ
+    # from the op-name rule's, the pointwise rule for the pointwise ops
+    aten = {op: _aten.POINTWISE for op in _rules_pointwise.RULES}
+    aten |= _aten.ATEN_RULES | _aten_pieces.RULES
+    for op, fn in aten.items():
+        old = table.get(op)
+        table[op] = OpRule(
+            old.strategies if old else None, old.outputs if old else None, aten=fn
+        )
     return RuleSet(table)

@@ -157,10 +157,10 @@ def trace(
             "shapes and dtypes are what the function expects",
             value=fn,
         ) from exc
-    return _to_graph(gm, arg_specs, requires_grad, len(probe_t))
+    return _to_graph(gm, arg_specs, requires_grad, len(probe_t), fn)
 
 
-def _to_graph(gm, arg_specs, requires_grad, n_out: int) -> Graph:
+def _to_graph(gm, arg_specs, requires_grad, n_out: int, fn: Any = None) -> Graph:
     nodes: list[Node] = []
     where: dict[Any, int] = {}  # fx node -> index of our node (tuples: the call)
     backward: set[int] = set()
@@ -182,6 +182,8 @@ def _to_graph(gm, arg_specs, requires_grad, n_out: int) -> Graph:
         if fx.op == "output":
             out_node = fx
             continue
+        if fx.op == "get_attr":
+            raise captured_error(fn, getattr(gm, fx.target, None))
         if fx.op != "call_function":
             raise StrategyError(f"unexpected node {fx.op} {fx.target} in the trace", value=fx)
         if fx.target is __import__("operator").getitem:
@@ -207,6 +209,8 @@ def _to_graph(gm, arg_specs, requires_grad, n_out: int) -> Graph:
         metas = tuple(_meta(v) for v in val) if isinstance(val, list | tuple) else (_meta(val),)
         target = _target_name(fx.target)
         tags = frozenset(t.name for t in getattr(fx.target, "tags", ()))
+        schema = getattr(fx.target, "_schema", None)
+        names = tuple(a.name for a in schema.arguments) if schema is not None else ()
         call = Call(
             target,
             tuple(nodes[v.node].metas[v.index] for v in tensors),
@@ -214,6 +218,7 @@ def _to_graph(gm, arg_specs, requires_grad, n_out: int) -> Graph:
             freeze_arg(args),
             kwargs,
             tags,
+            names,
         )
         phase = "backward" if any(v.node in backward for v in tensors) else "forward"
         nodes.append(Node("call", fx.name, metas, tuple(tensors), call, phase))
@@ -244,3 +249,86 @@ def _target_name(target: Any) -> str:
             value=target,
         )
     return name
+
+
+def _holders(fn: Any) -> dict[str, Any]:
+    """The modules and tensors ``fn`` can reach by name: its closure, the globals it
+    reads, a bound method's owner, a partial's arguments."""
+    import functools
+    import inspect
+
+    found: dict[str, Any] = {}
+    seen = set()
+    todo = [("", fn)]
+    while todo:
+        prefix, f = todo.pop()
+        if id(f) in seen:
+            continue
+        seen.add(id(f))
+        if isinstance(f, functools.partial):
+            todo.append((prefix, f.func))
+            for i, a in enumerate(f.args):
+                found[f"{prefix}args[{i}]"] = a
+            found.update({f"{prefix}{k}": v for k, v in f.keywords.items()})
+            continue
+        if isinstance(f, torch.nn.Module):
+            found[prefix or "self"] = f
+            continue
+        owner = getattr(f, "__self__", None)
+        if owner is not None and not inspect.isbuiltin(f):
+            found[prefix or "self"] = owner
+        try:
+            cv = inspect.getclosurevars(inspect.unwrap(getattr(f, "__func__", f)))
+        except (TypeError, ValueError):
+            continue
+        for name, v in {**cv.globals, **cv.nonlocals}.items():
+            if isinstance(v, torch.nn.Module | torch.Tensor):
+                found[name] = v
+            elif callable(v) and not isinstance(v, type) and not inspect.isbuiltin(v):
+                if getattr(v, "__module__", "") == getattr(f, "__module__", None):
+                    todo.append(("", v))
+    return found
+
+
+def captured_name(fn: Any, tensor: Any) -> str | None:
+    """The name by which ``fn`` reaches ``tensor`` (``model.layers.0.weight``), if found."""
+    if not isinstance(tensor, torch.Tensor):
+        return None
+
+    def same(t: Any) -> bool:
+        return isinstance(t, torch.Tensor) and (
+            t is tensor
+            or (
+                t.shape == tensor.shape
+                and t.dtype == tensor.dtype
+                and t.data_ptr() == tensor.data_ptr()
+            )
+        )
+
+    for name, v in _holders(fn).items():
+        if isinstance(v, torch.nn.Module):
+            for kind in (v.named_parameters(remove_duplicate=False), v.named_buffers()):
+                for sub, t in kind:
+                    if same(t):
+                        return f"{name}.{sub}"
+        elif same(v):
+            return name
+    return None
+
+
+def captured_error(fn: Any, tensor: Any) -> StrategyError:
+    """The error for a tensor the traced function captures instead of taking it as an argument."""
+    name = captured_name(fn, tensor)
+    what = "a tensor" if not isinstance(tensor, torch.Tensor) else (
+        f"a {'parameter' if isinstance(tensor, torch.nn.Parameter) else 'tensor'} of shape "
+        f"{tuple(tensor.shape)}"
+    )
+    said = f"{what} ({name!r})" if name else what
+    return StrategyError(
+        f"the program's function reads {said} that it captures instead of taking it as an "
+        "argument; a sharded program's tensors are its arguments, each with a spec: plan a "
+        "module with plan_module(model, *batch_specs, specs={name or pattern: placements}), "
+        "or pass the tensor as an argument (torch.func.functional_call(model, params, args) "
+        "inside the function)",
+        value=name or tensor,
+    )

@@ -101,7 +101,9 @@ def _agree(op, dtypes, shapes, args):
 
 
 def test_the_cases_cover_every_builtin_op():
-    assert {op for op, _, _ in CASES} == set(RuleSet.default().ops)
+    # (ops whose rule reads traced aten calls only take their dtypes from the trace)
+    rs = RuleSet.default()
+    assert {op for op, _, _ in CASES} == {op for op in rs.ops if rs[op].outputs is not None}
 
 
 @pytest.mark.parametrize(("op", "shapes", "args"), [c for c in CASES if len(c[1]) == 1])

@@ -199,14 +199,36 @@ def test_branching_on_a_tensor_value_is_refused():
 def test_an_op_without_a_rule_runs_replicated_with_a_warning_or_is_refused_when_strict():
     mesh = Mesh.create((2,))
     x = Spec(mesh, [Shard(0)], (4, 3), "float64")
-    fn = lambda x: torch.cumsum(x, 0).sum()  # noqa: E731
-    with pytest.warns(UserWarning, match="cumsum"):
+    fn = lambda x: torch.roll(x, 1, 0).sum()  # noqa: E731
+    with pytest.warns(UserWarning, match="roll"):
         prog = plan_program(fn, x)
-    assert "aten.cumsum.default" in prog.fallbacks  # (its backward: flip, cumsum)
+    assert "aten.roll.default" in prog.fallbacks  # (and its backward, a roll back)
+    assert prog.replicated == 2 and "replicated=2" in repr(prog)
+    assert "replicated for want of a rule: 2 ops" in prog.explain()
     t = torch.randn(4, 3, dtype=torch.float64)
     _check(prog, fn, [t], [x])
-    with pytest.raises(StrategyError, match="cumsum"):
+    with pytest.raises(StrategyError, match="roll"):
         plan_program(fn, x, strict=True)
+
+
+def test_strict_lists_every_op_without_a_rule_not_only_the_first():
+    mesh = Mesh.create((2,))
+    x = Spec(mesh, [Shard(0)], (4, 3), "float64")
+
+    def fn(x):
+        return torch.roll(x, 1, 0).sum() + torch.logcumsumexp(x, 1).sum() + x.sort(1)[0].sum()
+
+    with pytest.raises(StrategyError) as info:
+        plan_program(fn, x, strict=True)
+    text = str(info.value)
+    for op in ("aten.roll.default", "aten.logcumsumexp.default", "aten.sort.default"):
+        assert op in text
+    assert "with_rule" in text and "ruleset=" in text
+    with pytest.warns(UserWarning) as record:
+        prog = plan_program(fn, x)
+    warned = [str(w.message) for w in record if "no sharding rule" in str(w.message)]
+    assert len(warned) == 1 and all(op in warned[0] for op in prog.fallbacks)
+    assert len(prog.fallbacks) >= 3
 
 
 def test_non_spec_arguments_and_bad_out_specs_are_named():
