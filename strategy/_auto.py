@@ -183,7 +183,11 @@ def solve_within(
 
 
 class _Search:
-    """The relaxation's solves over one problem, counted (a search's working memory)."""
+    """The relaxation's solves over one problem, counted (a search's working memory).
+
+    A branch is a map variable -> the options it may still take (the others are
+    penalized out of the relaxation).
+    """
 
     def __init__(self, solve, un, pairs, w, budget, solve_kwargs) -> None:
         self.solve, self.un, self.pairs, self.w = solve, un, pairs, w
@@ -192,6 +196,7 @@ class _Search:
         self.exact = True
         self.best: _Point | None = None
         self._heavy: float | None = None
+        self.lightest = [float(x.min()) for x in w]
 
     def memory(self, choice) -> float:
         return float(sum(self.w[v][k] for v, k in enumerate(choice)))
@@ -209,100 +214,129 @@ class _Search:
             self._heavy = 2.0 * (spread + 1e-30) / step
         return self._heavy
 
-    def at(self, lam: float, fixed: dict[int, int]) -> tuple[_Point, float]:
-        """The relaxation at ``lam`` with some variables fixed: its minimizer and bound.
+    def _rows(self, lam: float, allowed: dict[int, frozenset]) -> list | None:
+        """The relaxation's unary rows; None when the branch admits no choice in budget.
 
         Options that cannot fit whatever the others choose (heavier than the budget's
         slack over the lightest choice) are excluded too: that tightens the bound and
         leaves the constrained minimum alone.
         """
-        lightest = [float(x.min()) for x in self.w]
-        slack = self.budget - sum(lightest)
-        for v, k in fixed.items():
-            slack -= float(self.w[v][k]) - lightest[v]
-        un = []
+        import numpy as np
+
+        light = list(self.lightest)
+        for v, ks in allowed.items():
+            light[v] = min(float(self.w[v][k]) for k in ks)
+        slack = self.budget - sum(light)
+        if slack < -1e-9 * max(self.budget, 1.0):
+            return None
+        rows = []
         for v, (u, x) in enumerate(zip(self.un, self.w, strict=True)):
-            row = u + lam * x
-            if v in fixed:
-                row = row + _PENALTY
-                row[fixed[v]] -= _PENALTY
-            elif x.max() - lightest[v] > slack:
-                row = row + _PENALTY * (x - lightest[v] > slack * (1 + 1e-12) + 1e-9)
-            un.append(row)
+            row = u + lam * x if lam else u
+            out = x - light[v] > slack * (1 + 1e-12) + 1e-9
+            if v in allowed:
+                out = out | ~np.isin(np.arange(len(x)), list(allowed[v]))
+            if out.any():
+                row = row + _PENALTY * out
+            rows.append(row)
+        return rows
+
+    def at(self, lam: float, allowed: dict[int, frozenset]) -> tuple[_Point | None, float]:
+        """The relaxation at ``lam`` within a branch: its minimizer and its bound."""
+        un = self._rows(lam, allowed)
+        if un is None:
+            return None, math.inf
         sol = self.solve(un, self.pairs, **self.kwargs)
         self.solves += 1
         self.exact &= sol.method == "exact"
         p = _Point(sol.choice, total(sol.choice, self.un, self.pairs), self.memory(sol.choice))
-        if p.memory <= self.budget and (self.best is None or p.cost < self.best.cost):
+        if any(p.choice[v] not in ks for v, ks in allowed.items()):
+            return None, math.inf  # every choice of the branch is excluded
+        if p.memory <= self.budget * (1 + 1e-12) and (
+            self.best is None or p.cost < self.best.cost
+        ):
             self.best = p
-        if any(p.choice[v] != k for v, k in fixed.items()):  # the branch is empty
-            return p, math.inf
         return p, sol.lower_bound - lam * self.budget
 
-    def dual(self, fixed: dict[int, int]) -> tuple[float, _Point, _Point | None]:
-        """The Lagrangian dual's maximum under ``fixed``: (bound, over-budget and
-        within-budget minimizers at the maximizing multiplier; the latter None when
-        no choice fits)."""
-        lo, bound = self.at(0.0, fixed)
-        if lo.memory <= self.budget:
-            return bound, lo, lo
-        hi, b_hi = self.at(self.heavy(), fixed)  # memory first: the lightest choice
-        if hi.memory > self.budget or b_hi == math.inf:
-            return math.inf, lo, None
+    def dual(self, allowed: dict[int, frozenset]) -> tuple[float, float, _Point | None, _Point | None]:
+        """The Lagrangian dual's maximum within a branch: (bound, the maximizing
+        multiplier, the over-budget and within-budget minimizers there)."""
+        lo, bound = self.at(0.0, allowed)
+        if lo is None or lo.memory <= self.budget:
+            return bound, 0.0, lo, lo
+        lam_hi = self.heavy()
+        hi, b_hi = self.at(lam_hi, allowed)  # memory first: the lightest choice
+        if hi is None or hi.memory > self.budget:
+            return math.inf, lam_hi, lo, None
+        lam = 0.0
         for _ in range(60):
             if lo.memory <= hi.memory:
                 break
             lam = (hi.cost - lo.cost) / (lo.memory - hi.memory)
             if not lam > 0:
                 break
-            p, b = self.at(lam, fixed)
+            p, b = self.at(lam, allowed)
             bound = max(bound, b)
             line = hi.cost + lam * hi.memory
-            if p.cost + lam * p.memory >= line - 1e-12 * max(abs(line), 1e-30):
+            if p is None or p.cost + lam * p.memory >= line - 1e-12 * max(abs(line), 1e-30):
                 break  # no choice lies below both lines: lam maximizes the dual
             if p.memory > self.budget:
                 lo = p
             else:
                 hi = p
-        return bound, lo, hi
+        return bound, lam, lo, hi
+
+    def _done(self, bound: float) -> bool:
+        return self.best.cost - bound <= 1e-12 * max(abs(self.best.cost), 1e-30)
 
     def run(self, max_branches: int) -> tuple[_Point, float, bool]:
-        root, lo, hi = self.dual({})
+        """Best first over branches; each branch's bound is the dual at its parent's
+        multiplier until it is expanded, then its own dual's maximum."""
+        root, lam, lo, hi = self.dual({})
         if self.best is None:  # only an inexact solver misses the lightest choice
             raise StrategyError(
                 "the solver found no choice within the memory budget although the lightest "
                 "fits; raise max_factor so that it solves exactly",
                 value=self.budget,
             )
-        frontier = [(root, {}, lo, hi)]
-        bound_of_open = root
+        # (bound, tie-break, branch, multiplier, lo, hi, refined)
+        frontier = [(root, 0, {}, lam, lo, hi, True)]
+        count = 1
         while frontier:
-            frontier.sort(key=lambda e: e[0])
-            bound_of_open = frontier[0][0]
-            if self.best.cost - bound_of_open <= 1e-12 * max(abs(self.best.cost), 1e-30):
+            frontier.sort(key=lambda e: (e[0], e[1]))
+            if self._done(frontier[0][0]):
                 return self.best, self.best.cost, self.exact
             if self.solves >= max_branches:
-                return self.best, bound_of_open, False
-            b, fixed, lo, hi = frontier.pop(0)
+                return self.best, frontier[0][0], False
+            b, _, allowed, lam, lo, hi, refined = frontier.pop(0)
             if b >= self.best.cost:
                 continue
-            # branch on a free variable the two sides of the dual disagree on
-            diff = [
-                v
-                for v in range(len(self.w))
-                if v not in fixed
-                and hi is not None
-                and lo.choice[v] != hi.choice[v]
-                and self.w[v].max() > self.w[v].min()
-            ]
-            if not diff:
-                diff = [v for v in range(len(self.w)) if v not in fixed and self.w[v].max() > self.w[v].min()]
-            if not diff:
+            if not refined:
+                rb, rlam, rlo, rhi = self.dual(allowed)
+                if rb < self.best.cost:
+                    frontier.append((max(b, rb), count, allowed, rlam, rlo, rhi, True))
+                    count += 1
                 continue
-            v = diff[0]
-            for k in range(len(self.w[v])):
-                child = {**fixed, v: k}
-                cb, clo, chi = self.dual(child)
-                if cb < self.best.cost and cb < math.inf:
-                    frontier.append((max(cb, b), child, clo, chi))
+            v = self._branch_var(allowed, lo, hi)
+            if v is None:
+                continue
+            ks = allowed.get(v, frozenset(range(len(self.w[v]))))
+            heavy = lo.choice[v] if lo.choice[v] in ks else max(ks, key=lambda k: self.w[v][k])
+            for part in (frozenset({heavy}), ks - {heavy}):
+                child = {**allowed, v: part}
+                _, cb = self.at(lam, child)
+                if cb < self.best.cost:
+                    frontier.append((max(b, cb), count, child, lam, lo, hi, False))
+                    count += 1
         return self.best, self.best.cost, self.exact
+
+    def _branch_var(self, allowed, lo, hi) -> int | None:
+        """A free variable the two sides of the dual disagree on (else any undecided one)."""
+        open_ = [
+            v
+            for v in range(len(self.w))
+            if self.w[v].max() > self.w[v].min() and len(allowed.get(v, self.w[v])) > 1
+        ]
+        for v in open_:
+            if hi is not None and lo is not None and lo.choice[v] != hi.choice[v]:
+                return v
+        return open_[0] if open_ else None

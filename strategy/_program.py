@@ -349,6 +349,7 @@ def plan_graph(
             if (a, b) not in exact:
                 exact[(a, b)] = 0.0 if a == b else redistribute_cost(table[a], table[b], model)
     rounds = 0
+    branched = False  # a budget's branch and bound runs once the prices it sees are exact
     while True:
         rounds += 1
         unary = [u.copy() for u in compute_cost]
@@ -376,7 +377,14 @@ def plan_graph(
                 )
             free_budget = None if budget is None else budget - fixed_bytes
             sol = solve_within(
-                solve, unary, pairs, weights, free_budget, max_factor=max_factor, starts=starts
+                solve,
+                unary,
+                pairs,
+                weights,
+                free_budget,
+                max_branches=64 if branched else 0,
+                max_factor=max_factor,
+                starts=starts,
             )
         new = 0
 
@@ -411,8 +419,11 @@ def plan_graph(
                     learn(a, d)
                 for e in dict.fromkeys(row[j] for row in outs_[p]):
                     learn(e, b)
-        if not new or rounds >= max_rounds:
+        if rounds >= max_rounds or (
+            not new and (branched or budget is None or sol.method == "exact")
+        ):
             break
+        branched = branched or not new
     chosen = list(arg_specs)
     for i in free:
         chosen[i] = options[var[graph.args[i]]][sol.choice[var[graph.args[i]]]].output_specs[0]
