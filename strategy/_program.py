@@ -28,16 +28,20 @@ reduce-scattered once, and a row-parallel partial sum is reduced once.
 from __future__ import annotations
 
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from typing import Any
+
+import attrs
 
 from meshplan.errors import StrategyError
 from meshplan.placement import Replicate, Spec
 from meshplan.redistribute._steps import grad_spec
 
+from ._auto import free_options, min_memory_choice, resolve_choose, solve_within
 from ._candidates import ComputeModel, Option, is_float
 from ._candidates import options as candidate_options
 from ._graph import Graph, Value
+from ._memory import check_state_bytes_per_param, program_memory, state_bytes
 from ._price import _plan, check_model, input_bound, redistribute_cost
 from ._program_terms import all_pairs, greedy, matrix, order_too_wide, pair_count
 from ._program_value import Program, ProgramCost, ProgramOp, ProgramWarning
@@ -82,6 +86,9 @@ def plan_program(
     max_factor: int = 1 << 22,
     max_options: int = 32,
     ruleset: RuleSet | None = None,
+    choose: Collection[int] | None = None,
+    memory_budget: float | None = None,
+    state_bytes_per_param: float | None = None,
 ) -> Program:
     """Trace ``fn`` (written for global tensors) and plan it whole, forward and backward.
 
@@ -97,6 +104,13 @@ def plan_program(
     and the most sharded; every candidate on 1-D and 2-D meshes), and the choice over them is
     exact unless a factor of the elimination would exceed ``max_factor`` entries
     (``program.method`` says which, ``program.lower_bound`` bounds the gap).
+
+    Auto-sharding: ``choose`` lists argument indices whose layouts the planner picks
+    (their specs give mesh, shape and dtype; their placements are ignored), and
+    ``memory_budget`` bounds the bytes per rank of the training state, parameters +
+    gradients + optimizer state (``state_bytes_per_param`` bytes per element; None: two
+    moments in the parameter's dtype, as AdamW keeps). ``program.arg_specs`` holds the
+    chosen specs, ``program.memory`` the bytes per rank (see :mod:`._auto`).
 
     >>> import torch
     >>> from meshplan.layout import Mesh
@@ -141,6 +155,9 @@ def plan_program(
         max_factor=max_factor,
         max_options=max_options,
         ruleset=ruleset,
+        choose=choose,
+        memory_budget=memory_budget,
+        state_bytes_per_param=state_bytes_per_param,
     )
 
 
@@ -158,12 +175,16 @@ def plan_graph(
     max_priced: int = 20_000,
     solver: str = "whole",
     ruleset: RuleSet | None = None,
+    choose: Collection[int] | None = None,
+    memory_budget: float | None = None,
+    state_bytes_per_param: float | None = None,
 ) -> Program:
     """Plan an already traced :class:`Graph` (pure: no torch).
 
     ``solver="whole"`` (default) minimizes over the whole graph; ``"op_by_op"`` picks
     each op's cheapest strategy given its inputs' layouts as they come, in order (what
     a planner without look-ahead does): the baseline whole-program planning beats.
+    ``choose``, ``memory_budget`` and ``state_bytes_per_param``: as in :func:`plan_program`.
     """
     if solver not in ("whole", "op_by_op"):
         raise StrategyError(f"solver must be 'whole' or 'op_by_op', got {solver!r}", value=solver)
@@ -197,6 +218,8 @@ def plan_graph(
             or (name != "max_priced" and value < 1)
         ):
             raise StrategyError(f"{name} must be a positive int, got {value!r}", value=value)
+    import numpy as np
+
     model = check_model(cost_model)
     compute = ComputeModel() if compute is None else compute
     if not isinstance(compute, ComputeModel):
@@ -213,11 +236,17 @@ def plan_graph(
     grads = tuple(
         grad_spec(s) if g is not None else None for s, g in zip(arg_specs, graph.grads, strict=True)
     )
-    fixed: dict[int, Spec] = dict(zip(graph.args, arg_specs, strict=True))
+    free = resolve_choose(choose, len(arg_specs))
+    budget = _check_budget(memory_budget)
+    per_param = check_state_bytes_per_param(state_bytes_per_param)
+    fixed: dict[int, Spec] = {
+        k: s for i, (k, s) in enumerate(zip(graph.args, arg_specs, strict=True)) if i not in free
+    }
     fixed.update(zip(graph.cotangents, cots, strict=True))
 
     calls = graph.calls
-    var = {node: i for i, node in enumerate(calls)}
+    free_nodes = tuple(graph.args[i] for i in free)  # free arguments: variables after the calls
+    var = {node: i for i, node in enumerate((*calls, *free_nodes))}
     ruleset = _check_ruleset(ruleset)
     options: list[tuple[Option, ...]] = []
     fallbacks = []
@@ -229,8 +258,7 @@ def plan_graph(
             fallbacks.append(call.target)
         options.append(opts)
     _report_missing(fallbacks, strict)
-
-    import numpy as np
+    options += [free_options(arg_specs[i]) for i in free]
 
     # every distinct spec gets a number once; prices are memoized on pairs of numbers
     ids: dict[Spec, int] = {}
@@ -278,10 +306,40 @@ def plan_graph(
             else:
                 terms.append(("pair", var[v.node], v.index, c, i))
     sinks = [(v, s) for v, s in zip(graph.outputs, outs, strict=True)]
-    sinks += [(v, s) for v, s in zip(graph.grads, grads, strict=True) if v is not None]
+    sinks += [
+        (v, s)
+        for i, (v, s) in enumerate(zip(graph.grads, grads, strict=True))
+        if v is not None and i not in free
+    ]
     for v, target in sinks:
         if v.node not in fixed:
             terms.append(("sink", var[v.node], v.index, sid(target)))
+    for i in free:  # a free argument's gradient moves into the chosen option's grad spec
+        v, a = graph.grads[i], var[graph.args[i]]
+        if v is None:
+            continue
+        if v.node in fixed:
+            terms.append(("fixed", a, 0, sid(fixed[v.node])))
+        else:
+            terms.append(("pair", var[v.node], v.index, a, 0))
+    differentiated = tuple(g is not None for g in graph.grads)
+    fixed_bytes = sum(
+        state_bytes(s, d, per_param)
+        for i, (s, d) in enumerate(zip(arg_specs, differentiated, strict=True))
+        if i not in free
+    )
+    weights = [np.zeros(len(o)) for o in options[: len(calls)]] + [
+        np.array([state_bytes(o.output_specs[0], differentiated[i], per_param) for o in opts])
+        for i, opts in zip(free, options[len(calls) :], strict=True)
+    ]
+    if budget is not None and fixed_bytes + min_memory_choice(weights) > budget:
+        least = fixed_bytes + min_memory_choice(weights)
+        raise StrategyError(
+            f"memory_budget={budget:.0f} bytes per rank is infeasible: the smallest feasible "
+            f"budget for this program is {least:.0f} bytes (fixed arguments {fixed_bytes:.0f}, "
+            "free ones at their most sharded); raise the budget or free more arguments",
+            value=memory_budget,
+        )
 
     # lazy pricing: solve with exact prices where known and lower bounds elsewhere; price
     # exactly the pairs the solution uses; repeat until it uses only exact prices. Then
@@ -294,6 +352,7 @@ def plan_graph(
             if (a, b) not in exact:
                 exact[(a, b)] = 0.0 if a == b else redistribute_cost(table[a], table[b], model)
     rounds = 0
+    branched = False  # a budget's branch and bound runs once the prices it sees are exact
     while True:
         rounds += 1
         unary = [u.copy() for u in compute_cost]
@@ -319,7 +378,17 @@ def plan_graph(
                         calls, var, graph, terms, ins, outs_, unary, pairs, price, learn_exact
                     ).choice,
                 )
-            sol = solve(unary, pairs, max_factor=max_factor, starts=starts)
+            free_budget = None if budget is None else budget - fixed_bytes
+            sol = solve_within(
+                solve,
+                unary,
+                pairs,
+                weights,
+                free_budget,
+                max_branches=64 if branched else 0,
+                max_factor=max_factor,
+                starts=starts,
+            )
         new = 0
 
         def learn(a: int, b: int) -> None:
@@ -353,11 +422,34 @@ def plan_graph(
                     learn(a, d)
                 for e in dict.fromkeys(row[j] for row in outs_[p]):
                     learn(e, b)
-        if not new or rounds >= max_rounds:
+        if rounds >= max_rounds or (
+            not new and (branched or budget is None or sol.method == "exact")
+        ):
             break
-    return _assemble(
-        graph, arg_specs, outs, cots, grads, fixed, options, var, sol, model, fallbacks
+        branched = branched or not new
+    chosen = list(arg_specs)
+    for i in free:
+        chosen[i] = options[var[graph.args[i]]][sol.choice[var[graph.args[i]]]].output_specs[0]
+        fixed[graph.args[i]] = chosen[i]
+    grads = tuple(
+        grad_spec(s) if g is not None else None for s, g in zip(chosen, graph.grads, strict=True)
     )
+    program = _assemble(
+        graph, chosen, outs, cots, grads, fixed, options, var, sol, model, fallbacks
+    )
+    return attrs.evolve(program, memory=program_memory(chosen, differentiated, per_param))
+
+
+def _check_budget(value) -> float | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
+        raise StrategyError(
+            f"memory_budget={value!r} must be a number of bytes per rank > 0 (or None: no "
+            "limit)",
+            value=value,
+        )
+    return float(value)
 
 
 def _check_ruleset(ruleset: Any) -> RuleSet:

@@ -54,6 +54,7 @@ class Program:
 
     ``out_moves``/``grad_moves`` take the final values to ``out_specs``/``grad_specs``.
     ``cot_specs`` are the layouts the gradient arriving for each output must have.
+    ``memory`` is the training state's bytes per rank (:class:`ProgramMemory`).
     """
 
     graph: Graph
@@ -69,6 +70,7 @@ class Program:
     lower_bound: float
     method: str
     fallbacks: tuple[str, ...]
+    memory: Any = None  # a ProgramMemory (set by plan_graph)
 
     @property
     def replicated(self) -> int:

@@ -1,0 +1,342 @@
+"""Auto-sharding: free arguments, their candidate layouts, and a choice under a memory budget.
+
+:func:`~meshplan.strategy.plan_program` with ``choose=`` lets the planner pick the layouts
+of some arguments (the parameters, typically): each free argument becomes one more
+variable of the whole-program problem, its options the layouts of :func:`candidates`
+(Replicate or Shard of any tensor dim on every mesh dim, and where several mesh dims
+shard one tensor dim, each order of them: the ``StridedShard`` layouts FSDP over a
+tensor-parallel split uses). An option is priced like an op that reads the argument's
+gradient in the option's :func:`grad_spec` and hands the argument to its readers in the
+option's spec: the moves to every reader and the gradient's move back (the data-parallel
+reduction included) are terms of the objective like any other.
+
+A ``memory_budget`` bounds the training state per rank (:mod:`._memory`), a sum over
+arguments. :func:`solve_within` minimizes the modeled step time subject to it by
+Lagrangian relaxation: for a multiplier ``lam >= 0`` the minimum of ``cost + lam *
+(memory - budget)`` over *all* choices is a lower bound of the constrained minimum, and
+a choice it returns that fits the budget is an upper bound. The multiplier is searched
+by intersecting the lines of the cheapest over-budget and the cheapest within-budget
+choices found (the dual is concave and piecewise linear: it reaches its maximum in
+finitely many steps). Where a gap remains (the budget falls between two of the dual's
+breakpoints) a depth-first branch and bound over the free arguments closes it, each
+branch bounded by the same relaxation, up to ``max_branches`` solves; the gap left,
+if any, is what ``Solution.lower_bound`` reports.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import itertools
+import math
+from collections.abc import Callable, Collection, Sequence
+
+import attrs
+
+from meshplan.errors import PlacementError, StrategyError
+from meshplan.placement import Replicate, Shard, Spec
+
+from ._candidates import Option
+from ._solve import Solution, total
+
+__all__ = ["candidates", "free_options", "resolve_choose", "solve_within", "min_memory_choice"]
+
+_PENALTY = 1e30  # added to the options a branch excludes
+
+
+def resolve_choose(choose, n_args: int, names: Sequence[str] | None = None) -> tuple[int, ...]:
+    """The sorted argument indices ``choose`` names: indices, or (given ``names``) argument
+    names and glob patterns such as ``"h*.w1"``.
+
+    >>> resolve_choose([2, 0], 3)
+    (0, 2)
+    >>> resolve_choose(["w*"], 3, names=["x", "w1", "w2"])
+    (1, 2)
+    """
+    if choose is None:
+        return ()
+    if isinstance(choose, str | int):
+        choose = (choose,)
+    if not isinstance(choose, Collection):
+        raise StrategyError(
+            f"choose must be a collection of argument indices (or names), got {choose!r}",
+            value=choose,
+        )
+    out: set[int] = set()
+    for item in choose:
+        if isinstance(item, bool):
+            raise StrategyError(f"choose: {item!r} is not an argument index", value=item)
+        if isinstance(item, int):
+            if not -n_args <= item < n_args:
+                raise StrategyError(
+                    f"choose: argument {item} is out of range for {n_args} arguments", value=item
+                )
+            out.add(item % n_args)
+        elif isinstance(item, str) and names is not None:
+            hits = [i for i, name in enumerate(names) if fnmatch.fnmatchcase(name, item)]
+            if not hits:
+                raise StrategyError(
+                    f"choose: {item!r} matches no argument name (names: {list(names)[:8]!r}...)",
+                    value=item,
+                )
+            out.update(hits)
+        else:
+            raise StrategyError(
+                f"choose: {item!r} is not an argument index"
+                + ("" if names is None else " or name pattern"),
+                value=item,
+            )
+    return tuple(sorted(out))
+
+
+def candidates(spec: Spec) -> tuple[Spec, ...]:
+    """Every layout the planner may give a free argument shaped like ``spec``.
+
+    Per mesh dim Replicate or Shard of any tensor dim; where several mesh dims shard one
+    tensor dim, every order of them. Replicated first; no Partial (a stored parameter
+    is whole). Equivalent layouts appear once.
+
+    >>> from meshplan.layout import Mesh
+    >>> mesh = Mesh.create((2,))
+    >>> [str(s) for s in candidates(Spec(mesh, [Replicate()], (4, 6)))]
+    ['f32[4,6](R)', 'f32[4,6](S(0))', 'f32[4,6](S(1))']
+    """
+    mesh = spec.mesh
+    per_dim = [
+        [Replicate()] + ([Shard(d) for d in range(len(spec.shape))] if size > 1 else [])
+        for size in mesh.shape
+    ]
+    out: dict[Spec, None] = {}
+    for placements in itertools.product(*per_dim):
+        by_dim: dict[int, list[int]] = {}
+        for m, p in enumerate(placements):
+            if isinstance(p, Shard):
+                by_dim.setdefault(p.dim, []).append(m)
+        multi = [(d, ms) for d, ms in by_dim.items() if len(ms) > 1]
+        orders = itertools.product(*(itertools.permutations(ms) for _, ms in multi))
+        for order in orders:
+            shard_order = {d: o for (d, _), o in zip(multi, order, strict=True)}
+            try:
+                cand = Spec(mesh, placements, spec.shape, spec.dtype, shard_order or None)
+            except PlacementError:
+                continue
+            out.setdefault(cand, None)
+    return tuple(out)
+
+
+def free_options(spec: Spec) -> tuple[Option, ...]:
+    """A free argument's options: read its gradient in a candidate, hand out the candidate."""
+    return tuple(Option((c,), (c,), 0.0) for c in candidates(spec))
+
+
+def min_memory_choice(weights: Sequence[Sequence[float]]) -> float:
+    """The least memory any choice takes (each variable at its lightest option)."""
+    return float(sum(min(w) for w in weights))
+
+
+@attrs.frozen
+class _Point:
+    choice: tuple[int, ...]
+    cost: float
+    memory: float
+
+
+def solve_within(
+    solve: Callable[..., Solution],
+    unary: Sequence,
+    pairs: dict,
+    weights: Sequence[Sequence[float]],
+    budget: float | None,
+    *,
+    max_branches: int = 64,
+    **solve_kwargs,
+) -> Solution:
+    """The least-cost choice whose ``sum weights[v][x_v]`` is at most ``budget``.
+
+    ``solve(unary, pairs, **solve_kwargs)`` is the unconstrained solver (any, returning a
+    :class:`Solution` with a true lower bound); ``budget=None`` calls it once. The
+    result's ``lower_bound`` bounds the constrained minimum (exact when the solver is and
+    no gap is left).
+
+    >>> from meshplan.strategy._solve import solve
+    >>> s = solve_within(solve, [[0.0, 5.0]], {}, [[10.0, 1.0]], 4.0)
+    >>> s.choice, s.cost, s.method
+    ((1,), 5.0, 'exact')
+    """
+    import numpy as np
+
+    if budget is None:
+        return solve(unary, pairs, **solve_kwargs)
+    un = [np.asarray(u, dtype=float) for u in unary]
+    w = [np.asarray(x, dtype=float) for x in weights]
+    least = min_memory_choice(w)
+    if least > budget * (1 + 1e-12):
+        raise StrategyError(
+            f"no choice fits the memory budget: the least the free arguments can take is "
+            f"{least:.0f} bytes per rank, the budget leaves {budget:.0f}",
+            value=budget,
+        )
+    search = _Search(solve, un, pairs, w, budget, solve_kwargs)
+    best, bound, exact = search.run(max_branches)
+    gap_free = best.cost - bound <= 1e-12 * max(abs(best.cost), 1e-30)
+    method = "exact" if exact and gap_free else "lagrangian bound + branch and bound"
+    return Solution(best.choice, best.cost, min(bound, best.cost), method)
+
+
+class _Search:
+    """The relaxation's solves over one problem, counted (a search's working memory).
+
+    A branch is a map variable -> the options it may still take (the others are
+    penalized out of the relaxation).
+    """
+
+    def __init__(self, solve, un, pairs, w, budget, solve_kwargs) -> None:
+        self.solve, self.un, self.pairs, self.w = solve, un, pairs, w
+        self.budget, self.kwargs = budget, solve_kwargs
+        self.solves = 0
+        self.exact = True
+        self.best: _Point | None = None
+        self._heavy: float | None = None
+        self.lightest = [float(x.min()) for x in w]
+
+    def memory(self, choice) -> float:
+        return float(sum(self.w[v][k] for v, k in enumerate(choice)))
+
+    def heavy(self) -> float:
+        """A multiplier under which any memory saved outweighs any cost: the relaxation
+        then returns a lightest choice (and, among those, a cheapest)."""
+        import numpy as np
+
+        if self._heavy is None:
+            spread = sum(float(u.max() - u.min()) for u in self.un)
+            spread += sum(float(np.max(m) - np.min(m)) for m in self.pairs.values())
+            steps = [np.diff(np.unique(x)) for x in self.w]
+            step = min((float(d.min()) for d in steps if d.size), default=1.0)
+            self._heavy = 2.0 * (spread + 1e-30) / step
+        return self._heavy
+
+    def _rows(self, lam: float, allowed: dict[int, frozenset]) -> list | None:
+        """The relaxation's unary rows; None when the branch admits no choice in budget.
+
+        Options that cannot fit whatever the others choose (heavier than the budget's
+        slack over the lightest choice) are excluded too: that tightens the bound and
+        leaves the constrained minimum alone.
+        """
+        import numpy as np
+
+        light = list(self.lightest)
+        for v, ks in allowed.items():
+            light[v] = min(float(self.w[v][k]) for k in ks)
+        slack = self.budget - sum(light)
+        if slack < -1e-9 * max(self.budget, 1.0):
+            return None
+        rows = []
+        for v, (u, x) in enumerate(zip(self.un, self.w, strict=True)):
+            row = u + lam * x if lam else u
+            out = x - light[v] > slack * (1 + 1e-12) + 1e-9
+            if v in allowed:
+                out = out | ~np.isin(np.arange(len(x)), list(allowed[v]))
+            if out.any():
+                row = row + _PENALTY * out
+            rows.append(row)
+        return rows
+
+    def at(self, lam: float, allowed: dict[int, frozenset]) -> tuple[_Point | None, float]:
+        """The relaxation at ``lam`` within a branch: its minimizer and its bound."""
+        un = self._rows(lam, allowed)
+        if un is None:
+            return None, math.inf
+        sol = self.solve(un, self.pairs, **self.kwargs)
+        self.solves += 1
+        self.exact &= sol.method == "exact"
+        p = _Point(sol.choice, total(sol.choice, self.un, self.pairs), self.memory(sol.choice))
+        if any(p.choice[v] not in ks for v, ks in allowed.items()):
+            return None, math.inf  # every choice of the branch is excluded
+        if p.memory <= self.budget * (1 + 1e-12) and (
+            self.best is None or p.cost < self.best.cost
+        ):
+            self.best = p
+        return p, sol.lower_bound - lam * self.budget
+
+    def dual(self, allowed: dict[int, frozenset]) -> tuple[float, float, _Point | None, _Point | None]:
+        """The Lagrangian dual's maximum within a branch: (bound, the maximizing
+        multiplier, the over-budget and within-budget minimizers there)."""
+        lo, bound = self.at(0.0, allowed)
+        if lo is None or lo.memory <= self.budget:
+            return bound, 0.0, lo, lo
+        lam_hi = self.heavy()
+        hi, b_hi = self.at(lam_hi, allowed)  # memory first: the lightest choice
+        if hi is None or hi.memory > self.budget:
+            return math.inf, lam_hi, lo, None
+        lam = 0.0
+        for _ in range(60):
+            if lo.memory <= hi.memory:
+                break
+            lam = (hi.cost - lo.cost) / (lo.memory - hi.memory)
+            if not lam > 0:
+                break
+            p, b = self.at(lam, allowed)
+            bound = max(bound, b)
+            line = hi.cost + lam * hi.memory
+            if p is None or p.cost + lam * p.memory >= line - 1e-12 * max(abs(line), 1e-30):
+                break  # no choice lies below both lines: lam maximizes the dual
+            if p.memory > self.budget:
+                lo = p
+            else:
+                hi = p
+        return bound, lam, lo, hi
+
+    def _done(self, bound: float) -> bool:
+        return self.best.cost - bound <= 1e-12 * max(abs(self.best.cost), 1e-30)
+
+    def run(self, max_branches: int) -> tuple[_Point, float, bool]:
+        """Best first over branches; each branch's bound is the dual at its parent's
+        multiplier until it is expanded, then its own dual's maximum."""
+        root, lam, lo, hi = self.dual({})
+        if self.best is None:  # only an inexact solver misses the lightest choice
+            raise StrategyError(
+                "the solver found no choice within the memory budget although the lightest "
+                "fits; raise max_factor so that it solves exactly",
+                value=self.budget,
+            )
+        # (bound, tie-break, branch, multiplier, lo, hi, refined)
+        frontier = [(root, 0, {}, lam, lo, hi, True)]
+        count = 1
+        while frontier:
+            frontier.sort(key=lambda e: (e[0], e[1]))
+            if self._done(frontier[0][0]):
+                return self.best, self.best.cost, self.exact
+            if self.solves >= max_branches:
+                return self.best, frontier[0][0], False
+            b, _, allowed, lam, lo, hi, refined = frontier.pop(0)
+            if b >= self.best.cost:
+                continue
+            if not refined:
+                rb, rlam, rlo, rhi = self.dual(allowed)
+                if rb < self.best.cost:
+                    frontier.append((max(b, rb), count, allowed, rlam, rlo, rhi, True))
+                    count += 1
+                continue
+            v = self._branch_var(allowed, lo, hi)
+            if v is None:
+                continue
+            ks = allowed.get(v, frozenset(range(len(self.w[v]))))
+            heavy = lo.choice[v] if lo.choice[v] in ks else max(ks, key=lambda k: self.w[v][k])
+            for part in (frozenset({heavy}), ks - {heavy}):
+                child = {**allowed, v: part}
+                _, cb = self.at(lam, child)
+                if cb < self.best.cost:
+                    frontier.append((max(b, cb), count, child, lam, lo, hi, False))
+                    count += 1
+        return self.best, self.best.cost, self.exact
+
+    def _branch_var(self, allowed, lo, hi) -> int | None:
+        """A free variable the two sides of the dual disagree on (else any undecided one)."""
+        open_ = [
+            v
+            for v in range(len(self.w))
+            if self.w[v].max() > self.w[v].min() and len(allowed.get(v, self.w[v])) > 1
+        ]
+        for v in open_:
+            if hi is not None and lo is not None and lo.choice[v] != hi.choice[v]:
+                return v
+        return open_[0] if open_ else None
