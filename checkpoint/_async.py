@@ -8,21 +8,23 @@ protocol (every rank's records gathered, the index replaced atomically by one ra
 a crash at any point still leaves the previous checkpoint loadable.
 
 The protocol's collectives never share a process group with the training loop: the
-first asynchronous save on a :class:`~meshplan.runtime.ProcessGroups` creates, on every
-rank at the same point of the program, a gloo group of the mesh's ranks that only
-checkpoint threads use (one per ``groups`` object, kept for the process's life). At most
-one asynchronous save per ``groups`` runs at a time: the next one first waits for the
-previous (and raises its error, if it failed and nobody waited for it), so the
-checkpoint group's collectives never interleave.
+first asynchronous save over a mesh's ranks creates, on every rank at the same point of
+the program, a gloo group of those ranks that only checkpoint threads use; later saves
+over the same ranks (and timeout) reuse it, from any
+:class:`~meshplan.runtime.ProcessGroups` object, so a loop that builds new ones does not
+accumulate groups. At most one asynchronous save per checkpoint group runs at a time:
+the next one first waits for the previous (and raises its error, if it failed and nobody
+waited for it), so the checkpoint group's collectives never interleave.
 """
 
 from __future__ import annotations
 
+import atexit
 import datetime
+import gc
 import os
 import threading
 import time
-import weakref
 from collections.abc import Mapping
 from typing import Any
 
@@ -92,39 +94,68 @@ class SaveHandle:
         return f"SaveHandle({self.path!r}, {state})"
 
 
-class _CheckpointGroups:
-    """What the commit protocol reads of a ProcessGroups, over a gloo group of its own."""
+class _SideGroup:
+    """A gloo group over a mesh's ranks that only checkpoint threads use, and the save
+    running on it (at most one at a time)."""
 
-    def __init__(self, groups: Any) -> None:
+    def __init__(self, order: tuple[int, ...], rank: int, timeout: float, local: bool) -> None:
         import torch.distributed as dist
 
         from meshplan.runtime._groups import Group
 
-        self.mesh = groups.mesh
-        self.rank = groups.rank
-        self.timeout = groups.timeout
-        (order,) = self.mesh.groups(None)  # a whole mesh: checked by the caller
         pg = dist.new_group(
             list(order),
-            timeout=datetime.timedelta(seconds=self.timeout),
+            timeout=datetime.timedelta(seconds=timeout),
             backend="gloo",
-            use_local_synchronization=groups.local,
+            use_local_synchronization=local,
             sort_ranks=False,
             group_desc="meshplan:checkpoint",
         )
-        self.group = (
-            Group("checkpoint", order, order, self.rank, pg, self.timeout)
-            if self.rank in order
-            else None
-        )
+        self.group = Group("checkpoint", order, order, rank, pg, timeout) if rank in order else None
         self.pending: SaveHandle | None = None
 
+
+class _CheckpointGroups:
+    """What the commit protocol reads of a ProcessGroups, over its side group."""
+
+    def __init__(self, groups: Any, side: _SideGroup) -> None:
+        self.mesh = groups.mesh
+        self.rank = groups.rank
+        self.timeout = groups.timeout
+        self.side = side
+
     def create(self, dims: Any = None) -> Any:
-        return self.group
+        return self.side.group
 
 
-# The shell's checkpoint groups: one per ProcessGroups object (dropped with it).
-_SIDE: weakref.WeakKeyDictionary[Any, _CheckpointGroups] = weakref.WeakKeyDictionary()
+# The shell's checkpoint groups: one per (mesh ranks in order, timeout, local), shared by
+# every ProcessGroups of the process (a new ProcessGroups per save reuses it), and dropped
+# when torch.distributed is re-initialized. Every rank looks one up at the same point of
+# the program (each save_async call), so every rank creates the same groups in one order.
+_SIDES: dict[Any, Any] = {}
+
+
+def _side_group(groups: Any) -> _SideGroup:
+    import torch.distributed as dist
+
+    world = dist.group.WORLD
+    if _SIDES.get("world") is not world:
+        _SIDES.clear()
+        _SIDES["world"] = world
+    (order,) = groups.mesh.groups(None)  # a whole mesh: checked by the caller
+    key = (tuple(order), groups.timeout, groups.local)
+    side = _SIDES.get(key)
+    if side is None:
+        side = _SIDES[key] = _SideGroup(tuple(order), groups.rank, groups.timeout, groups.local)
+    return side
+
+
+@atexit.register
+def _release_at_exit() -> None:
+    # like the runtime's groups: drop torch groups while Python still runs (gloo groups
+    # alive at interpreter teardown can abort the process)
+    _SIDES.clear()
+    gc.collect()
 
 
 def _host_copy(state: Mapping[str, Any], rank: int | None) -> dict[str, Any]:
@@ -188,12 +219,11 @@ def save_async(
     if groups is not None:
         check_groups(groups)
         check_whole_mesh(groups.mesh)
-        side = _SIDE.get(groups)
-        if side is None:
-            side = _SIDE[groups] = _CheckpointGroups(groups)
-        previous, side.pending = side.pending, None
+        shared = _side_group(groups)
+        previous, shared.pending = shared.pending, None
         if previous is not None and not previous._waited:
             previous.wait()  # one save at a time on the checkpoint group; its error surfaces
+        side = _CheckpointGroups(groups, shared)
     started = time.perf_counter()
     # a malformed state is passed on as it is: the save reports it (on every rank)
     staged = _host_copy(state, side and side.rank) if isinstance(state, Mapping) else state
@@ -202,7 +232,7 @@ def save_async(
         work = lambda: save_sole(staged, directory)  # noqa: E731
     else:
         work = lambda: save_distributed(staged, directory, side)  # noqa: E731
-        side.pending = handle
+        side.side.pending = handle
     thread = threading.Thread(
         target=handle._run, args=(work, started), name=f"meshplan-save {directory}"
     )

@@ -39,6 +39,15 @@ class Header:
         self.entries = entries
         self.data_start = data_start
         self.size = size
+        ends = [
+            e["data_offsets"][1]
+            for e in entries.values()
+            if isinstance(e, dict)
+            and isinstance(e.get("data_offsets"), list)
+            and len(e["data_offsets"]) == 2
+            and type(e["data_offsets"][1]) is int
+        ]
+        self.end = data_start + max(ends, default=0)  # where the file's last entry ends
 
     def check(self, meta: TensorMeta, rec: ChunkRecord) -> None:
         """Raise unless the entry ``rec.name`` holds ``rec``'s box of ``meta``, whole."""
@@ -73,9 +82,10 @@ class Header:
                 f"{want} bytes; the checkpoint is damaged",
                 value=rec.file,
             )
-        if self.data_start + span[1] > self.size:
+        if max(self.data_start + span[1], self.end) > self.size:
             raise CheckpointError(
-                f"{where}: its bytes end at {self.data_start + span[1]}, but the file has "
+                f"{where}: its file's entries end at {max(self.data_start + span[1], self.end)}, "
+                f"but the file has "
                 f"{self.size} bytes: the shard file is truncated; the checkpoint is damaged",
                 value=rec.file,
             )

@@ -3,7 +3,10 @@
 A load reads the index, intersects the target rank's boxes with the saved chunks
 (:func:`~meshplan.checkpoint.plan_reads`) and copies only the overlapping parts; with
 ``verify=True`` (the default) every chunk it touches is read whole once and its checksum
-checked, with ``verify=False`` only the needed slices are read. No load communicates.
+checked, with ``verify=False`` only the needed slices are read. Before a rank allocates
+its local tensors, every chunk it reads is checked against its shard file's header. A
+load with ``groups`` exchanges one thing: its outcome, so that when one rank's load
+fails every rank raises (:mod:`._agree`); it reads no data from other ranks.
 """
 
 from __future__ import annotations
@@ -27,7 +30,8 @@ from ._index import ChunkRecord, Metadata, TensorMeta, missing_tensor
 from ._files import reading
 from ._index_json import checkpoint_path
 from ._plan import check_target, plan_reads
-from ._ranks import resolve_rank
+from ._agree import agree
+from ._ranks import check_groups, resolve_rank
 
 __all__ = ["load", "load_all"]
 
@@ -222,8 +226,18 @@ def load(
     """
     verify = _verify_flag(verify)
     directory = checkpoint_path(path)
-    with reading(directory) as meta:  # its files stay while others save (see _files)
-        return _load_rank(directory, meta, targets, groups, rank, verify, device)
+    if groups is None:
+        with reading(directory) as meta:  # its files stay while others save (see _files)
+            return _load_rank(directory, meta, targets, groups, rank, verify, device)
+    check_groups(groups)
+    try:
+        with reading(directory) as meta:
+            out = _load_rank(directory, meta, targets, groups, rank, verify, device)
+        error = None
+    except Exception as e:  # every rank learns of it below
+        out, error = {}, e
+    agree(groups, directory, error)
+    return out
 
 
 def _load_rank(

@@ -69,3 +69,45 @@ def test_the_checkpoint_index_records_each_tensors_spec(saved):
     assert meta["param.h1.w2"].spec.placements == (Shard(1), Shard(0))
     assert meta["state.rng"].spec.placements == (Replicate(), Replicate())
     assert "param.h0.wq: f64[32,32](S(0) S(1)) on (2, 2) (dp, tp)" in str(meta)
+
+
+def test_a_resume_from_a_truncated_shard_fails_on_every_rank_within_seconds(saved, tmp_path):
+    import shutil
+    import threading
+    import time
+
+    folder, _, _ = saved
+    broken = tmp_path / "broken"
+    shutil.copytree(folder / "step-2", broken)
+    victim = sorted(broken.glob("shard-*.safetensors"))[-1]
+    victim.write_bytes(victim.read_bytes()[:-100])
+    proc = subprocess.Popen(
+        [sys.executable, SCRIPT, "--dtype", "float64", "--mesh", "2x2", "--steps", "4",
+         "--resume", str(broken)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    lines, training = [], threading.Event()
+
+    def read():
+        for line in proc.stdout:
+            lines.append(line)
+            if "; training" in line:
+                training.set()
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    try:
+        assert training.wait(600), "".join(lines)  # planning and starting the ranks
+        t0 = time.monotonic()
+        proc.wait(timeout=60)  # the ranks' collectives would wait 300 s for the failed one
+        seconds = time.monotonic() - t0
+    finally:
+        proc.kill()
+        proc.wait()
+        reader.join(10)
+    out = "".join(lines)
+    assert proc.returncode != 0 and "resumed from" not in out, out
+    assert "truncated" in out and victim.name in out, out
+    assert seconds < 60, (seconds, out)

@@ -1,0 +1,50 @@
+"""Ranks agree on a load's outcome: one fails, every rank raises, within seconds.
+
+A load reads only local files, so ranks could part ways: one finds a shard truncated
+and raises, the others return and enter the training loop's first collective, where
+they wait for it until their timeout. A load with ``groups`` therefore ends with one
+all-gather of each rank's outcome (None, or its error's text) over the mesh's group:
+a rank whose load failed raises its own error, every other rank a
+:class:`CheckpointError` quoting the first failing rank's.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from meshplan.errors import CheckpointError
+
+__all__ = ["agree"]
+
+
+def agree(groups: Any, directory: str, error: BaseException | None) -> None:
+    """Share this rank's load outcome with every rank of ``groups.mesh``; raise on every
+    rank when any rank's load failed (``error``: this rank's, or None)."""
+    import torch.distributed as dist
+
+    group = groups.create(None)
+    if group is None:  # outside the mesh: it took part in creating the group only
+        if error is not None:
+            raise error
+        return
+    text = None if error is None else f"{type(error).__name__}: {error}"
+    gathered: list[Any] = [None] * group.size
+    try:
+        dist.all_gather_object(gathered, (groups.rank, text), group=group.pg)
+    except RuntimeError as e:
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise CheckpointError(
+            f"load from {directory!r}: the ranks could not agree on its outcome on rank "
+            f"{groups.rank} ({first}); a peer died or timed out: restart the job's processes",
+            value=directory,
+        ) from error
+    failed = sorted((r, t) for r, t in gathered if t is not None)
+    if error is not None:
+        raise error
+    if failed:
+        r, t = failed[0]
+        others = f" (and on {len(failed) - 1} other ranks)" if len(failed) > 1 else ""
+        raise CheckpointError(
+            f"load from {directory!r} failed on rank {r}{others}: {t}; no rank uses it",
+            value=directory,
+        )
