@@ -86,8 +86,9 @@ def _bench(rounds: int, calls: int):
             "on": best(lambda p=p, local=local: run(p, local, on)),
             "first": best(first),
         }
-        rows.append({"case": name, "shape": list(shape), "collectives": len(p.collectives),
-                     **times})
+        rows.append(
+            {"case": name, "shape": list(shape), "collectives": len(p.collectives), **times}
+        )
     program = best(lambda: check_same_call(on, 12345, None, "program"))
     return rows, program
 
