@@ -79,10 +79,14 @@ class ProcessGroups:
     (default: on NCCL, whose first collective on a group must involve every member).
     Every rank of the world builds it and asks for new dims in the same order (ranks
     outside the mesh call ``create``); with ``local=True`` only the mesh's ranks do (see
-    the module docs for when that is safe). With ``check_specs=True``, ``run`` (and so
+    the module docs for when that is safe). ``check_specs`` (default on): ``run`` (and so
     ``redistribute``) checks once per plan that every rank of the mesh runs the same
-    plan, raising :class:`RuntimeShellError` on every rank otherwise: one 16-byte
-    all_reduce the first time each plan runs (see :mod:`meshplan.runtime._agree`).
+    plan, raising :class:`RuntimeShellError` on every rank otherwise, and
+    ``run_program`` that every rank runs the same program on arguments that fit it:
+    one 16-byte all_reduce the first time each plan runs, one 24-byte all_reduce per
+    ``run_program`` call (see :mod:`meshplan.runtime._agree`). ``check_specs=False``
+    saves them; then ranks that disagree wait on each other until ``timeout`` or
+    exchange wrong data.
 
     It is built on every rank of a running world (see ``tests/runtime``) and checks its
     arguments first:
@@ -101,7 +105,7 @@ class ProcessGroups:
         backend: str | None = None,
         local: bool = False,
         warm_up: bool | None = None,
-        check_specs: bool = False,
+        check_specs: bool = True,
     ) -> None:
         import torch.distributed as dist
 
@@ -154,6 +158,7 @@ class ProcessGroups:
         *,
         timeout: float | datetime.timedelta = DEFAULT_TIMEOUT,
         warm_up: bool | None = None,
+        check_specs: bool = True,
     ) -> ProcessGroups:
         """The groups of a torch ``DeviceMesh``, reusing its own process groups.
 
@@ -168,12 +173,13 @@ class ProcessGroups:
 
         ``warm_up`` (default: on NCCL) runs one all_reduce on each adopted group, in one
         order on every rank: NCCL requires every member in a group's first collective,
-        and a DeviceMesh's groups may not have run one yet. Build it once and reuse it.
+        and a DeviceMesh's groups may not have run one yet. ``check_specs`` is the
+        constructor's. Build it once and reuse it.
         """
         import torch.distributed as dist
 
         mesh = mesh_from_device_mesh(device_mesh)
-        groups = cls(mesh, timeout=timeout, warm_up=warm_up)
+        groups = cls(mesh, timeout=timeout, warm_up=warm_up, check_specs=check_specs)
         rank = groups.rank
         if not mesh.contains(rank):
             raise RuntimeShellError(

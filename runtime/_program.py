@@ -28,6 +28,8 @@ from meshplan.strategy._graph import TorchConst, Value
 from meshplan.strategy._program import Program, ProgramOp
 from meshplan.strategy._trace import to_torch_const
 
+from ._agree import check_same_call, program_fingerprint
+
 __all__ = ["run_program", "simulate_program"]
 
 _VIEWS = {"view", "_unsafe_view"}
@@ -223,13 +225,18 @@ class _RunProgram(torch.autograd.Function):
             backend.move(p, env[v])
             for v, p in zip(program.graph.outputs, program.out_moves, strict=True)
         )
-        ctx.program, ctx.backend, ctx.env = program, backend, env
+        ctx.program, ctx.backend = program, backend
+        # saved as autograd saves tensors: freed by a backward without retain_graph, kept
+        # for the next with it (and a second backward after a free raises torch's error)
+        ctx.keys = tuple(env)
+        ctx.save_for_backward(*env.values())
         ctx.devices = [t.device for t in locals_]
         return outs
 
     @staticmethod
     def backward(ctx: Any, *gouts: torch.Tensor):  # type: ignore[override]
-        program, backend, env = ctx.program, ctx.backend, ctx.env
+        program, backend = ctx.program, ctx.backend
+        env = dict(zip(ctx.keys, ctx.saved_tensors, strict=True))
         for k, g, spec in zip(program.graph.cotangents, gouts, program.cot_specs, strict=True):
             if g is None:
                 g = torch.zeros(local_shape(spec, backend.rank), dtype=getattr(torch, spec.dtype))
@@ -240,7 +247,6 @@ class _RunProgram(torch.autograd.Function):
             return torch.zeros(local_shape(spec, backend.rank), dtype=getattr(torch, spec.dtype))
 
         grads = _grads(program, env, backend, zeros)
-        ctx.env = None
         return (None, None, *grads)
 
 
@@ -251,27 +257,56 @@ def run_program(program: Program, groups: Any, *locals_: torch.Tensor) -> Any:
     ``program.out_specs`` layout. Their backward runs the program's backward calls and
     leaves each argument's gradient in the argument's own spec (``program.grad_specs``);
     the gradient arriving for an output must be in ``program.cot_specs`` (a replicated
-    loss's ``loss.backward()`` is).
+    loss's ``loss.backward()`` is). Like torch's autograd, ``backward(retain_graph=True)``
+    keeps what the backward needs for another one; without it that is freed.
+
+    Every rank of the mesh calls it. Before anything runs it checks that the local
+    tensors fit the program's arguments (count, shapes, dtypes); with the groups'
+    ``check_specs`` (the default) the ranks also agree on it, one small all_reduce per
+    call: if one rank's tensors do not fit, or the ranks run different programs, every
+    rank raises :class:`RuntimeShellError` at once instead of waiting for that rank
+    until the groups' timeout.
     """
     _check_program(program)
     backend = _Shell(groups)
+    problem = _misfit(program, backend.rank, locals_)
+    if groups.check_specs:  # every rank stops here if one does (see _agree)
+        check_same_call(groups, program_fingerprint(program), problem, "program")
+    elif problem is not None:
+        raise problem
+    outs = _RunProgram.apply(program, backend, *locals_)
+    return outs[0] if len(outs) == 1 else outs
+
+
+def _misfit(program: Program, rank: int, locals_: Sequence[Any]) -> RuntimeShellError | None:
+    """Why this rank's local tensors do not fit the program's arguments (count, type,
+    shape, dtype), or None."""
     if len(locals_) != len(program.arg_specs):
-        raise RuntimeShellError(
-            f"the program takes {len(program.arg_specs)} local tensors, got {len(locals_)}",
-            value=locals_,
+        return RuntimeShellError(
+            f"the program takes {len(program.arg_specs)} local tensors, got {len(locals_)} "
+            f"on rank {rank}",
+            value=len(locals_),
         )
     for i, (t, spec) in enumerate(zip(locals_, program.arg_specs, strict=True)):
         if not isinstance(t, torch.Tensor):
-            raise RuntimeShellError(f"argument {i} is {t!r}, not a tensor", value=t)
-        want = tuple(local_shape(spec, backend.rank))
-        if tuple(t.shape) != want:
-            raise RuntimeShellError(
-                f"argument {i} has local shape {tuple(t.shape)} on rank {backend.rank}, but "
-                f"{spec} gives it {want}; pass this rank's shard of the argument",
-                value=t,
+            return RuntimeShellError(
+                f"argument {i} is {t!r:.80} on rank {rank}, not a tensor", value=t
             )
-    outs = _RunProgram.apply(program, backend, *locals_)
-    return outs[0] if len(outs) == 1 else outs
+        want = tuple(local_shape(spec, rank))
+        if tuple(t.shape) != want:
+            return RuntimeShellError(
+                f"argument {i} has local shape {tuple(t.shape)} on rank {rank}, but "
+                f"{spec} gives it {want}; pass this rank's shard of the argument",
+                value=tuple(t.shape),
+            )
+        dtype = str(t.dtype).removeprefix("torch.")
+        if dtype != spec.dtype:
+            return RuntimeShellError(
+                f"argument {i} has dtype {dtype} on rank {rank}, but the program was planned "
+                f"for {spec}; convert it (.to(torch.{spec.dtype})) or plan for {dtype}",
+                value=t.dtype,
+            )
+    return None
 
 
 def _check_program(program: Any) -> None:

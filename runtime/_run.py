@@ -83,7 +83,7 @@ def run(plan: Plan | Step, local: torch.Tensor, groups: ProcessGroups) -> torch.
     does not fit ``plan.src`` on this rank or a collective fails (a peer died, timed out
     or disagreed).
 
-    With ``ProcessGroups(mesh, check_specs=True)`` every rank first checks, once per
+    Unless ``ProcessGroups(mesh, check_specs=False)``, every rank first checks, once per
     plan, that all ranks run the same plan (see :mod:`meshplan.runtime._agree`).
 
     Every rank of a running world calls it (see ``tests/runtime``); it checks what it

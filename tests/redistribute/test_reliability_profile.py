@@ -8,8 +8,8 @@ from meshplan.errors import PlanError
 from meshplan.layout import Mesh
 from meshplan.placement import Partial, Replicate, Shard, Spec
 from meshplan.redistribute import CostModel, HardwareProfile, Link, cost, plan
-from meshplan.redistribute._profile import MAX_SECONDS, MIN_BYTES_PER_S
 from meshplan.redistribute._cli import main
+from meshplan.redistribute._profile import MAX_SECONDS, MIN_BYTES_PER_S
 
 
 @pytest.mark.parametrize(

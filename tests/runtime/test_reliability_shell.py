@@ -83,3 +83,57 @@ def test_ranks_that_disagree_on_a_spec_all_raise_with_check_specs(pool4):
 def test_ranks_that_agree_run_as_before_with_check_specs(pool4):
     shapes = {r: (4, 6) for r in range(4)}
     assert pool4.run(_run_with, shapes, True) == [("ok", (4, 6))] * 4
+
+
+# -- the check is on by default ----------------------------------------------------------
+
+
+def _run_default(specs_of_rank):
+    """Every rank runs its own (src, dst) pair on default ProcessGroups (short timeout)."""
+    import torch.distributed as dist
+
+    rank = dist.get_rank()
+    src, dst = specs_of_rank[rank]
+    groups = ProcessGroups(GLOO, timeout=30)
+    assert groups.check_specs is True
+    from meshplan.placement import local_shape
+
+    local = torch.full(local_shape(src, rank), float(rank))
+    try:
+        run(plan(src, dst), local, groups)
+    except RuntimeShellError as e:
+        return ("RuntimeShellError", str(e))
+    return ("ok", None)
+
+
+def _pair(shape, src, dst):
+    return Spec(GLOO, src, shape, "float32"), Spec(GLOO, dst, shape, "float32")
+
+
+R, S0, S1 = Replicate(), Shard(0), Shard(1)
+
+
+@pytest.mark.parametrize(
+    "mine, theirs",
+    [
+        # the same local size, so the collectives match in size: silently wrong data
+        (_pair((4, 6), (S0, S1), (R, R)), _pair((6, 4), (S0, S1), (R, R))),
+        # other collectives on other groups: without the check, ranks wait on each other
+        (_pair((4, 4), (S0, S1), (R, R)), _pair((4, 4), (S0, S1), (S0, R))),
+    ],
+    ids=["same-size", "other-steps"],
+)
+def test_ranks_that_run_different_plans_all_raise_by_default(pool4, mine, theirs):
+    results = pool4.run(_run_default, {0: mine, 1: theirs, 2: mine, 3: mine}, timeout=120)
+    for kind, text in results:
+        assert kind == "RuntimeShellError" and "different plans" in text, text
+
+
+def _default_flag():
+    import torch.distributed as dist  # noqa: F401
+
+    return ProcessGroups(GLOO).check_specs, ProcessGroups(GLOO, check_specs=False).check_specs
+
+
+def test_check_specs_is_on_by_default_with_an_opt_out(pool4):
+    assert pool4.run(_default_flag) == [(True, False)] * 4
