@@ -41,6 +41,7 @@ from ._graph import Graph, Value
 from ._price import _plan, check_model, input_bound, redistribute_cost
 from ._program_terms import all_pairs, greedy, matrix, order_too_wide, pair_count
 from ._program_value import Program, ProgramCost, ProgramOp, ProgramWarning
+from ._progress import Progress, check_progress, report
 
 __all__ = [
     "ComputeModel",
@@ -80,6 +81,7 @@ def plan_program(
     strict: bool = False,
     max_factor: int = 1 << 22,
     max_options: int = 32,
+    progress: Progress | None = None,
 ) -> Program:
     """Trace ``fn`` (written for global tensors) and plan it whole, forward and backward.
 
@@ -91,6 +93,9 @@ def plan_program(
     and the most sharded; every candidate on 1-D and 2-D meshes), and the choice over them is
     exact unless a factor of the elimination would exceed ``max_factor`` entries
     (``program.method`` says which, ``program.lower_bound`` bounds the gap).
+    ``progress`` is called as ``progress(stage, done, total)`` as planning goes (see
+    :data:`PROGRESS_STAGES`; ``total`` 0 when not known ahead), e.g. to print how far a
+    long plan has come.
 
     >>> import torch
     >>> from meshplan.layout import Mesh
@@ -124,7 +129,10 @@ def plan_program(
                 f"requires_grad has {len(requires_grad)} entries for {len(arg_specs)} arguments",
                 value=requires_grad,
             )
+    check_progress(progress)
+    report(progress, "trace", 0, 1)
     graph = trace(fn, arg_specs, requires_grad)
+    report(progress, "trace", 1, 1)
     return plan_graph(
         graph,
         arg_specs,
@@ -134,6 +142,7 @@ def plan_program(
         strict=strict,
         max_factor=max_factor,
         max_options=max_options,
+        progress=progress,
     )
 
 
@@ -150,12 +159,14 @@ def plan_graph(
     max_rounds: int = 100,
     max_priced: int = 20_000,
     solver: str = "whole",
+    progress: Progress | None = None,
 ) -> Program:
     """Plan an already traced :class:`Graph` (pure: no torch).
 
     ``solver="whole"`` (default) minimizes over the whole graph; ``"op_by_op"`` picks
     each op's cheapest strategy given its inputs' layouts as they come, in order (what
     a planner without look-ahead does): the baseline whole-program planning beats.
+    ``progress`` as in :func:`plan_program`.
     """
     if solver not in ("whole", "op_by_op"):
         raise StrategyError(f"solver must be 'whole' or 'op_by_op', got {solver!r}", value=solver)
@@ -189,6 +200,7 @@ def plan_graph(
             or (name != "max_priced" and value < 1)
         ):
             raise StrategyError(f"{name} must be a positive int, got {value!r}", value=value)
+    check_progress(progress)
     model = check_model(cost_model)
     compute = ComputeModel() if compute is None else compute
     if not isinstance(compute, ComputeModel):
@@ -212,7 +224,8 @@ def plan_graph(
     var = {node: i for i, node in enumerate(calls)}
     options: list[tuple[Option, ...]] = []
     fallbacks = []
-    for node in calls:
+    for done, node in enumerate(calls):
+        report(progress, "strategies", done, len(calls))
         call = graph.nodes[node].call
         limit = max_options if mesh.ndim >= 3 else 1 << 30  # 1-D, 2-D: every candidate
         opts, fb = candidate_options(call, mesh, compute, strict, limit)
@@ -285,14 +298,21 @@ def plan_graph(
     # no other choice can be cheaper (its every term is at most its true price), so the
     # solution is the exact minimum whenever the solver's is.
     compute_cost = [np.array([o.compute for o in opts], dtype=float) for opts in options]
-    if pair_count(terms, ins, outs_) <= max_priced:
+    report(progress, "strategies", len(calls), len(calls))
+    count = pair_count(terms, ins, outs_)
+    if count <= max_priced:
         # few enough distinct pairs: price them all up front, one round
-        for a, b in all_pairs(terms, ins, outs_):
+        every = max(1, count // 20)
+        for done, (a, b) in enumerate(all_pairs(terms, ins, outs_)):
+            if done % every == 0:
+                report(progress, "prices", done, count)
             if (a, b) not in exact:
                 exact[(a, b)] = 0.0 if a == b else redistribute_cost(table[a], table[b], model)
+        report(progress, "prices", count, count)
     rounds = 0
     while True:
         rounds += 1
+        report(progress, "solve", rounds, 0)
         unary = [u.copy() for u in compute_cost]
         pairs: dict[tuple[int, int], Any] = {}
         for t in terms:
@@ -352,6 +372,7 @@ def plan_graph(
                     learn(e, b)
         if not new or rounds >= max_rounds:
             break
+    report(progress, "moves", 0, len(calls))
     return _assemble(
         graph, arg_specs, outs, cots, grads, fixed, options, var, sol, model, fallbacks
     )
