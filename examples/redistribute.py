@@ -25,6 +25,7 @@ from meshplan.redistribute import CostModel, plan
 from meshplan.runtime import ProcessGroups, WorkerPool, calibrate, redistribute, run
 
 R, P, S = Replicate(), Partial(), Shard
+STARTED = time.time()  # progress lines give the wall time since the start
 
 # 1. Describe the mesh: 8 ranks as (dp=2, pp=2, tp=2), with dp and tp flattened into one
 #    alias so that a collective over both runs once on their joint group.
@@ -64,9 +65,18 @@ def timed(p, src, dst, rank, groups, device, seed=0) -> tuple[bool, float]:
     return correct, (time.perf_counter() - start) / calls
 
 
-def on_each_rank(device: str = "cpu") -> list[tuple[str, str, bool, float]]:
+def say(text: str, started: float) -> None:
+    """A progress line, from rank 0 only (every rank does the same work)."""
+    if dist.get_rank() == 0:
+        print(f"  [{time.time() - started:5.1f} s] {text}", flush=True)
+
+
+def on_each_rank(
+    device: str = "cpu", started: float = STARTED
+) -> list[tuple[str, str, bool, float]]:
     """Steps 3 to 5, run by every rank: (move, collectives, correct, seconds per call)."""
     rank = dist.get_rank()
+    say(f"{dist.get_world_size()} ranks up; creating the process groups", started)
 
     # 3. Create the process groups this rank needs: one per mesh dim and one for the
     #    alias, ordered by mesh coordinate. Every rank creates them in the same order.
@@ -75,7 +85,8 @@ def on_each_rank(device: str = "cpu") -> list[tuple[str, str, bool, float]]:
 
     # 4. Run every plan on this rank's local tensor, check it, and time it.
     rows = []
-    for name, (src, dst) in specs.items():
+    for k, (name, (src, dst)) in enumerate(specs.items(), 1):
+        say(f"move {k}/{len(specs)}: {name} (checked, then timed over 20 calls)", started)
         correct, seconds = timed(plans[name], src, dst, rank, groups, device)
         rows.append((name, ", ".join(plans[name].collectives), correct, seconds))
 
@@ -92,10 +103,12 @@ def on_each_rank(device: str = "cpu") -> list[tuple[str, str, bool, float]]:
     # 5. Plan for this hardware: calibrate() times every collective on these groups (up
     #    to the moves' size) and returns the same profile on every rank, so every rank
     #    picks the same plans. Save it with profile.to_json() to plan with it elsewhere.
+    say("calibrating: timing every collective on every mesh dim and alias, up to 2 MiB", started)
     profile = calibrate(groups, nbytes=2 << 20, repeats=5, device=device)  # NCCL: on the GPU
     for name, (src, dst) in specs.items():
         mine = plan(src, dst, cost_model=CostModel(profile))
         if mine != plans[name]:
+            say(f"calibrated plan differs: running {name!r} again", started)
             correct, seconds = timed(mine, src, dst, rank, groups, device)
             rows.append((f"calibrated: {name}", ", ".join(mine.collectives), correct, seconds))
     return rows
@@ -139,5 +152,6 @@ if __name__ == "__main__":
             report([[(row[0], row[1], bool(o), t) for row, o, t in merged]])
         dist.destroy_process_group()
     else:  # start 8 gloo processes on this machine, run on every rank, report here
+        print(f"starting {mesh.size()} gloo processes on this machine ...", flush=True)
         with WorkerPool(mesh.size(), "gloo") as pool:
-            report(pool.run(on_each_rank))
+            report(pool.run(on_each_rank, "cpu", STARTED))

@@ -453,6 +453,38 @@ def parity(losses: dict[int, float], opts: argparse.Namespace) -> None:
 # -- 7. start-up: plan once, then run every rank ------------------------------------------
 
 
+class Progress:
+    """plan_program's progress as console lines: each stage's start and end, and in
+    between a line at most every 2 s."""
+
+    WHAT = {
+        "trace": "tracing forward + backward on fake tensors",
+        "strategies": "ops given their candidate strategies",
+        "prices": "layout pairs priced (a redistribution planned for each)",
+        "solve": "solver round (prices the layout pairs its answer uses)",
+        "moves": "assembling the program's ops and moves",
+    }
+
+    def __init__(self, say, every: float = 2.0) -> None:
+        self.say, self.every, self.stage, self.last = say, every, None, 0.0
+        self.t0 = time.perf_counter()
+
+    def __call__(self, stage: str, done: int, total: int) -> None:
+        now = time.perf_counter()
+        ends = total and done == total
+        if stage == self.stage and now - self.last < self.every and not ends:
+            return
+        self.stage, self.last = stage, now
+        what = self.WHAT.get(stage, stage)
+        if stage == "trace":
+            what = "traced forward + backward" if done else what
+        elif total:
+            what = f"{done}/{total} {what}"
+        elif stage == "solve":
+            what = f"{done}: {what}"
+        self.say(f"  {now - self.t0:5.1f} s  {what}")
+
+
 def plan(opts: argparse.Namespace, mesh: Mesh, say=print):
     specs = data_specs(mesh) + param_specs(mesh, opts.dtype)
     n = sum(math.prod(s.shape) for s in specs[2:])
@@ -467,7 +499,9 @@ def plan(opts: argparse.Namespace, mesh: Mesh, say=print):
         # on a 3-D mesh the exact search is slow: a bounded one (forest bound + local
         # search, its gap to the lower bound reported) plans in seconds
         effort = {} if mesh.ndim < 3 else {"max_factor": 1 << 12}
-        program = plan_program(gpt, *specs, compute=ComputeModel.cpu(), **effort)
+        program = plan_program(
+            gpt, *specs, compute=ComputeModel.cpu(), progress=Progress(say), **effort
+        )
     c = program.cost
     say(
         f"planned {len(program.ops)} ops in {time.perf_counter() - t0:.1f} s: "

@@ -16,6 +16,7 @@ from meshplan.layout._lazy import lazy_attributes
 
 from ._constraints import check_constraint
 from ._expand import Strategy, expand
+from ._progress import PROGRESS_STAGES
 from ._rule import DimStrategy, Meta, Placeholder, fill, meta_of, replicate_strategy, shard_kinds
 from ._ruleset import OpRule, RuleSet
 from ._select import METHODS, Choice, clear_strategy_cache, select
@@ -48,6 +49,7 @@ __getattr__ = lazy_attributes(__name__, _LAZY)
 
 __all__ = [
     "METHODS",
+    "PROGRESS_STAGES",
     "ComputeModel",
     "Program",
     "ProgramCost",

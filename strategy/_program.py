@@ -45,6 +45,7 @@ from ._memory import check_state_bytes_per_param, program_memory, state_bytes
 from ._price import _plan, check_model, input_bound, redistribute_cost
 from ._program_terms import all_pairs, greedy, matrix, order_too_wide, pair_count
 from ._program_value import Program, ProgramCost, ProgramOp, ProgramWarning
+from ._progress import Progress, check_progress, report
 from ._ruleset import RuleSet
 
 __all__ = [
@@ -89,6 +90,7 @@ def plan_program(
     choose: Collection[int] | None = None,
     memory_budget: float | None = None,
     state_bytes_per_param: float | None = None,
+    progress: Progress | None = None,
 ) -> Program:
     """Trace ``fn`` (written for global tensors) and plan it whole, forward and backward.
 
@@ -104,6 +106,9 @@ def plan_program(
     and the most sharded; every candidate on 1-D and 2-D meshes), and the choice over them is
     exact unless a factor of the elimination would exceed ``max_factor`` entries
     (``program.method`` says which, ``program.lower_bound`` bounds the gap).
+    ``progress`` is called as ``progress(stage, done, total)`` as planning goes (see
+    :data:`PROGRESS_STAGES`; ``total`` 0 when not known ahead), e.g. to print how far a
+    long plan has come.
 
     Auto-sharding: ``choose`` lists argument indices whose layouts the planner picks
     (their specs give mesh, shape and dtype; their placements are ignored), and
@@ -144,7 +149,10 @@ def plan_program(
                 f"requires_grad has {len(requires_grad)} entries for {len(arg_specs)} arguments",
                 value=requires_grad,
             )
+    check_progress(progress)
+    report(progress, "trace", 0, 1)
     graph = trace(fn, arg_specs, requires_grad)
+    report(progress, "trace", 1, 1)
     return plan_graph(
         graph,
         arg_specs,
@@ -158,6 +166,7 @@ def plan_program(
         choose=choose,
         memory_budget=memory_budget,
         state_bytes_per_param=state_bytes_per_param,
+        progress=progress,
     )
 
 
@@ -178,6 +187,7 @@ def plan_graph(
     choose: Collection[int] | None = None,
     memory_budget: float | None = None,
     state_bytes_per_param: float | None = None,
+    progress: Progress | None = None,
 ) -> Program:
     """Plan an already traced :class:`Graph` (pure: no torch).
 
@@ -185,6 +195,7 @@ def plan_graph(
     each op's cheapest strategy given its inputs' layouts as they come, in order (what
     a planner without look-ahead does): the baseline whole-program planning beats.
     ``choose``, ``memory_budget`` and ``state_bytes_per_param``: as in :func:`plan_program`.
+    ``progress`` as in :func:`plan_program`.
     """
     if solver not in ("whole", "op_by_op"):
         raise StrategyError(f"solver must be 'whole' or 'op_by_op', got {solver!r}", value=solver)
@@ -220,6 +231,7 @@ def plan_graph(
             raise StrategyError(f"{name} must be a positive int, got {value!r}", value=value)
     import numpy as np
 
+    check_progress(progress)
     model = check_model(cost_model)
     compute = ComputeModel() if compute is None else compute
     if not isinstance(compute, ComputeModel):
@@ -250,7 +262,8 @@ def plan_graph(
     ruleset = _check_ruleset(ruleset)
     options: list[tuple[Option, ...]] = []
     fallbacks = []
-    for node in calls:
+    for done, node in enumerate(calls):
+        report(progress, "strategies", done, len(calls))
         call = graph.nodes[node].call
         limit = max_options if mesh.ndim >= 3 else 1 << 30  # 1-D, 2-D: every candidate
         opts, fb = candidate_options(call, mesh, compute, False, limit, ruleset)
@@ -346,15 +359,22 @@ def plan_graph(
     # no other choice can be cheaper (its every term is at most its true price), so the
     # solution is the exact minimum whenever the solver's is.
     compute_cost = [np.array([o.compute for o in opts], dtype=float) for opts in options]
-    if pair_count(terms, ins, outs_) <= max_priced:
+    report(progress, "strategies", len(calls), len(calls))
+    count = pair_count(terms, ins, outs_)
+    if count <= max_priced:
         # few enough distinct pairs: price them all up front, one round
-        for a, b in all_pairs(terms, ins, outs_):
+        every = max(1, count // 20)
+        for done, (a, b) in enumerate(all_pairs(terms, ins, outs_)):
+            if done % every == 0:
+                report(progress, "prices", done, count)
             if (a, b) not in exact:
                 exact[(a, b)] = 0.0 if a == b else redistribute_cost(table[a], table[b], model)
+        report(progress, "prices", count, count)
     rounds = 0
     branched = False  # a budget's branch and bound runs once the prices it sees are exact
     while True:
         rounds += 1
+        report(progress, "solve", rounds, 0)
         unary = [u.copy() for u in compute_cost]
         pairs: dict[tuple[int, int], Any] = {}
         for t in terms:
@@ -434,6 +454,7 @@ def plan_graph(
     grads = tuple(
         grad_spec(s) if g is not None else None for s, g in zip(chosen, graph.grads, strict=True)
     )
+    report(progress, "moves", 0, len(calls))
     program = _assemble(
         graph, chosen, outs, cots, grads, fixed, options, var, sol, model, fallbacks
     )
