@@ -69,3 +69,12 @@ def test_the_checkpoint_index_records_each_tensors_spec(saved):
     assert meta["param.h1.w2"].spec.placements == (Shard(1), Shard(0))
     assert meta["state.rng"].spec.placements == (Replicate(), Replicate())
     assert "param.h0.wq: f64[32,32](S(0) S(1)) on (2, 2) (dp, tp)" in str(meta)
+
+
+def test_the_encoder_model_from_torch_matches_one_process_torch_at_every_step():
+    # torch's nn.TransformerEncoderLayer stack, planned from the module (plan_module)
+    losses, out = _train("--model", "encoder", "--mesh", "2x1", "--steps", "3", "--check")
+    assert sorted(losses) == [1, 2, 3], out
+    assert "model encoder" in out, out
+    diff, steps = PARITY.findall(out)[-1]
+    assert int(steps) == 3 and float(diff) <= 1e-9, out
