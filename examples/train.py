@@ -22,6 +22,11 @@ sharding; ``run_program`` runs it on this rank's shards and ``loss.backward()`` 
 each parameter's gradient in the parameter's own spec, so the optimizer (gradient
 clipping by the global norm, AdamW, a warm-up + cosine schedule) works on local shards.
 
+``--model encoder`` trains a model this script does not write: a stack of torch's own
+``nn.TransformerEncoderLayer`` (causal mask, pre-norm) between an embedding and a head,
+planned from the module itself with ``plan_module`` and its layouts given by parameter
+name pattern.
+
 ``--check`` trains the same model on the same data from the same initial weights in one
 process with plain torch autograd and the same optimizer arithmetic, and compares every
 step's loss; ``--save DIR --save-every K`` keeps the training state of step k (parameters,
@@ -49,7 +54,7 @@ from meshplan.checkpoint import INDEX_NAME, load, read_metadata, save
 from meshplan.layout import Mesh
 from meshplan.placement import Replicate, Shard, Sharded, Spec
 from meshplan.runtime import ProcessGroups, WorkerPool, run_program
-from meshplan.strategy import ComputeModel, plan_program
+from meshplan.strategy import ComputeModel, plan_module, plan_program
 
 # -- 1. the model: a small GPT, written for global tensors ------------------------------
 
@@ -114,6 +119,54 @@ def init_params(dtype: torch.dtype, seed: int = 0) -> list[torch.Tensor]:
                 std /= math.sqrt(2 * L)  # residual projections start small
             out.append(torch.randn(shapes[short], generator=g, dtype=dtype) * std)
     return out
+
+
+class EncoderLM(torch.nn.Module):
+    """``--model encoder``: torch's nn.TransformerEncoderLayer stack, causal, pre-norm."""
+
+    def __init__(self, dtype: torch.dtype) -> None:
+        super().__init__()
+        V, D, H, L = MODEL["vocab"], MODEL["dim"], MODEL["heads"], MODEL["layers"]
+        with torch.random.fork_rng():
+            torch.manual_seed(0)  # the same initial weights on every rank and in --check
+            self.embed = torch.nn.Embedding(V, D, dtype=dtype)
+            self.layers = torch.nn.ModuleList(
+                torch.nn.TransformerEncoderLayer(
+                    D, H, 4 * D, dropout=0.0, batch_first=True, norm_first=True, dtype=dtype
+                )
+                for _ in range(L)
+            )
+            self.head = torch.nn.Linear(D, V, dtype=dtype)
+
+    def forward(self, tok, tgt):
+        x = self.embed(tok)
+        mask = torch.nn.Transformer.generate_square_subsequent_mask(tok.shape[1], dtype=x.dtype)
+        for layer in self.layers:
+            x = layer(x, src_mask=mask, is_causal=True)
+        logits = self.head(x)
+        return F.cross_entropy(logits.flatten(0, 1), tgt.flatten())
+
+
+def model_state(opts: argparse.Namespace, dtype: torch.dtype):
+    """The model's parameter names and global initial weights, in the program's order."""
+    if opts.model == "gpt":
+        return param_names(), init_params(dtype)
+    named = list(EncoderLM(dtype).named_parameters())
+    return [n for n, _ in named], [t.detach() for _, t in named]
+
+
+def encoder_specs(mesh: Mesh) -> dict[str, str]:
+    """FSDP on dp and Megatron TP on tp for the encoder, by parameter name pattern."""
+    pre = "R " if mesh.ndim == 3 else ""
+    return {
+        "*.linear1.weight": pre + "S(0) S(0)",  # column-parallel (out, in)
+        "*.linear2.weight": pre + "S(0) S(1)",  # row-parallel
+        "*.out_proj.weight": pre + "S(0) S(1)",
+        "*.in_proj_weight": pre + "S(0) R",
+        "embed.weight": pre + "S(0) S(1)",
+        "head.weight": pre + "S(0) R",
+        "*": pre + "S(0) R",  # biases and norms: sharded on dp, whole on tp
+    }
 
 
 # -- 2. the mesh and how each tensor lies on it ------------------------------------------
@@ -249,7 +302,7 @@ def train_rank(opts: argparse.Namespace, program, device: str = "cpu") -> dict:
     groups.create_all()
     world_group = groups.get(None)
     p_specs = list(program.arg_specs[2:])
-    names = param_names()
+    names, init = model_state(opts, dtype)
     extra = state_specs(mesh)
 
     def mine(t: torch.Tensor, spec: Spec) -> torch.Tensor:
@@ -274,7 +327,7 @@ def train_rank(opts: argparse.Namespace, program, device: str = "cpu") -> dict:
                 f"resumed from {path} at step {start} (data position {stream.position})", flush=True
             )
     else:
-        params = [mine(t, s) for t, s in zip(init_params(dtype), p_specs, strict=True)]
+        params = [mine(t, s) for t, s in zip(init, p_specs, strict=True)]
         ms = [torch.zeros_like(p) for p in params]
         vs = [torch.zeros_like(p) for p in params]
         start = 0
@@ -423,14 +476,25 @@ def resolve_resume(path: str) -> str:
 
 def reference_losses(opts: argparse.Namespace) -> dict[int, float]:
     dtype = getattr(torch, opts.dtype)
-    params = [p.requires_grad_() for p in init_params(dtype)]
+    names, init = model_state(opts, dtype)
+    params = [p.clone().requires_grad_() for p in init]
+    if opts.model == "encoder":
+        from torch.func import functional_call
+
+        model = EncoderLM(dtype)
+
+        def loss_of(tok, tgt, *ps):
+            return functional_call(model, dict(zip(names, ps, strict=True)), (tok, tgt))
+
+    else:
+        loss_of = gpt
     ms = [torch.zeros_like(p) for p in params]
     vs = [torch.zeros_like(p) for p in params]
     sched = [OPTIM["lr"], OPTIM["min_lr"], OPTIM["warmup"], opts.schedule_steps or opts.steps, 0, 0]
     stream, out = Stream(), {}
     for step in range(1, opts.steps + 1):
         tok, tgt = stream.next()
-        loss = gpt(tok, tgt, *params)
+        loss = loss_of(tok, tgt, *params)
         grads = torch.autograd.grad(loss, params)
         with torch.no_grad():
             norm = torch.sqrt(sum(g.pow(2).sum() for g in grads)).item()
@@ -486,22 +550,35 @@ class Progress:
 
 
 def plan(opts: argparse.Namespace, mesh: Mesh, say=print):
-    specs = data_specs(mesh) + param_specs(mesh, opts.dtype)
-    n = sum(math.prod(s.shape) for s in specs[2:])
+    dtype = getattr(torch, opts.dtype)
+    names, init = model_state(opts, dtype)
+    n = sum(t.numel() for t in init)
     say(
-        f"model: {len(specs) - 2} tensors, {n / 1e3:.1f}k parameters ({opts.dtype}); "
+        f"model {opts.model}: {len(names)} tensors, {n / 1e3:.1f}k parameters ({opts.dtype}); "
         f"batch {MODEL['batch']} x {MODEL['seq']} tokens"
     )
     say("tracing and planning forward + backward ...")
     t0 = time.perf_counter()
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # ops without a rule run replicated; none here
-        # on a 3-D mesh the exact search is slow: a bounded one (forest bound + local
-        # search, its gap to the lower bound reported) plans in seconds
-        effort = {} if mesh.ndim < 3 else {"max_factor": 1 << 12}
-        program = plan_program(
-            gpt, *specs, compute=ComputeModel.cpu(), progress=Progress(say), **effort
-        )
+    # on a 3-D mesh the exact search is slow: a bounded one (forest bound + local
+    # search, its gap to the lower bound reported) plans in seconds
+    effort = {} if mesh.ndim < 3 else {"max_factor": 1 << 12}
+    if opts.model == "encoder":  # from the module: layouts by parameter name pattern
+        program = plan_module(
+            EncoderLM(dtype),
+            *data_specs(mesh),
+            specs=encoder_specs(mesh),
+            compute=ComputeModel.cpu(),
+            progress=Progress(say),
+            strict=True,  # every op the encoder traces to has a rule
+            **effort,
+        ).program
+    else:
+        specs = data_specs(mesh) + param_specs(mesh, opts.dtype)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # ops without a rule run replicated; none here
+            program = plan_program(
+                gpt, *specs, compute=ComputeModel.cpu(), progress=Progress(say), **effort
+            )
     c = program.cost
     say(
         f"planned {len(program.ops)} ops in {time.perf_counter() - t0:.1f} s: "
@@ -516,6 +593,12 @@ def plan(opts: argparse.Namespace, mesh: Mesh, say=print):
 def parse(argv=None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--mesh", default="2x4", help="AxB = (dp, tp); AxBxC = (dp_replicate, dp, tp)")
+    ap.add_argument(
+        "--model",
+        choices=("gpt", "encoder"),
+        default="gpt",
+        help="gpt: the GPT written here; encoder: torch's nn.TransformerEncoderLayer stack",
+    )
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument(
         "--schedule-steps", type=int, default=0, help="length of the lr schedule (default: --steps)"

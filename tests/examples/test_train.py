@@ -82,8 +82,18 @@ def test_a_resume_from_a_truncated_shard_fails_on_every_rank_within_seconds(save
     victim = sorted(broken.glob("shard-*.safetensors"))[-1]
     victim.write_bytes(victim.read_bytes()[:-100])
     proc = subprocess.Popen(
-        [sys.executable, SCRIPT, "--dtype", "float64", "--mesh", "2x2", "--steps", "4",
-         "--resume", str(broken)],
+        [
+            sys.executable,
+            SCRIPT,
+            "--dtype",
+            "float64",
+            "--mesh",
+            "2x2",
+            "--steps",
+            "4",
+            "--resume",
+            str(broken),
+        ],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
@@ -111,3 +121,12 @@ def test_a_resume_from_a_truncated_shard_fails_on_every_rank_within_seconds(save
     assert proc.returncode != 0 and "resumed from" not in out, out
     assert "truncated" in out and victim.name in out, out
     assert seconds < 60, (seconds, out)
+
+
+def test_the_encoder_model_from_torch_matches_one_process_torch_at_every_step():
+    # torch's nn.TransformerEncoderLayer stack, planned from the module (plan_module)
+    losses, out = _train("--model", "encoder", "--mesh", "2x1", "--steps", "3", "--check")
+    assert sorted(losses) == [1, 2, 3], out
+    assert "model encoder" in out, out
+    diff, steps = PARITY.findall(out)[-1]
+    assert int(steps) == 3 and float(diff) <= 1e-9, out

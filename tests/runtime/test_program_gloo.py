@@ -97,3 +97,28 @@ def test_a_two_layer_transformer_on_gloo_matches_single_process_autograd(world, 
     pool = request.getfixturevalue(f"pool{world}")
     tensors, specs, prog = planned_transformer(shape)  # (planned once: test_program's too)
     _compare(pool, [(prog, functools.partial(transformer), tensors)])
+
+
+@pytest.mark.parametrize("name,shape", [("encoder", (2, 2)), ("nanogpt", (4,))])
+def test_model_families_planned_from_their_modules_match_autograd_on_gloo(pool4, name, shape):
+    # torch's nn.TransformerEncoderLayer and a nanoGPT on SDPA (fused q/k/v split),
+    # planned with plan_module, every op with a rule
+    from _model_families import batch, make, param_specs
+    from torch.func import functional_call
+
+    from meshplan.layout import Mesh
+    from meshplan.placement import Replicate, Shard, Spec
+    from meshplan.strategy import plan_module
+
+    mesh = Mesh.create(shape)
+    model = make(name)
+    ids, labels = batch()
+    b = Spec(mesh, [Shard(0)] + [Replicate()] * (mesh.ndim - 1), ids.shape, "int64")
+    mp = plan_module(model, b, b, specs=param_specs(model, mesh.ndim), strict=True)
+    assert mp.program.replicated == 0
+    state = {n: t.detach() for n, t in model.named_parameters()}
+
+    def fn(ids, labels, *ts):
+        return functional_call(model, dict(zip(mp.names, ts, strict=True)), (ids, labels))
+
+    _compare(pool4, [(mp.program, fn, list(mp.arguments(state, ids, labels)))])
