@@ -16,7 +16,9 @@ further dims replicated) on 2-D, 3-D and 4-D meshes:
   that it is reported as unfinished).
 
 Prints a table of ratios and writes JSON to ``benchmarks/results/program_speed.json``.
-``--quick`` runs the 2-D and 3-D meshes only.
+``--quick`` runs the 2-D and 3-D meshes only. ``--auto`` runs ``auto_speed.py`` instead:
+the planner's choice of parameter layouts beside hand-written, DP, FSDP and the layouts
+AutoParallel's memory constraint admits (its further arguments pass through).
 """
 
 from __future__ import annotations
@@ -120,13 +122,21 @@ def case(shape: tuple[int, ...], torch_limit: float) -> dict:
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="2-D and 3-D meshes only")
+    ap.add_argument("--auto", action="store_true", help="auto-sharding: see auto_speed.py")
     ap.add_argument(
         "--torch-limit",
         type=float,
         default=900.0,
         help="seconds torch DTensor may take for one mesh before it is reported as unfinished",
     )
-    args = ap.parse_args(argv)
+    args, rest = ap.parse_known_args(argv)
+    if args.auto:
+        sys.path.insert(0, HERE)
+        import auto_speed
+
+        return auto_speed.main(rest)
+    if rest:
+        ap.error(f"unrecognized arguments: {' '.join(rest)}")
     shapes = [(2, 2), (2, 2, 2)] + ([] if args.quick else [(2, 2, 2, 2)])
     rows = []
     for shape in shapes:

@@ -33,6 +33,10 @@ step's loss; ``--save DIR --save-every K`` keeps the training state of step k (p
 AdamW moments in their parameters' specs, step, schedule, data RNG and position) in
 ``DIR/step-<k>`` (saved in the background: the loop waits only while its shards are
 copied); ``--resume PATH`` continues from it on any mesh and world size.
+
+``--auto`` lets the planner choose every parameter's layout too, the cheapest modeled
+step whose parameters, gradients and AdamW moments fit ``--memory-budget`` bytes per
+rank (default: what the FSDP x TP specs take); the chosen specs are the ones saved.
 """
 
 from __future__ import annotations
@@ -40,6 +44,7 @@ from __future__ import annotations
 import argparse
 import math
 import os
+import re
 import resource
 import sys
 import threading
@@ -54,7 +59,7 @@ from meshplan.checkpoint import INDEX_NAME, load, read_metadata, save
 from meshplan.layout import Mesh
 from meshplan.placement import Replicate, Shard, Sharded, Spec
 from meshplan.runtime import ProcessGroups, WorkerPool, run_program
-from meshplan.strategy import ComputeModel, plan_module, plan_program
+from meshplan.strategy import ComputeModel, plan_module, plan_program, state_bytes
 
 # -- 1. the model: a small GPT, written for global tensors ------------------------------
 
@@ -557,6 +562,16 @@ def plan(opts: argparse.Namespace, mesh: Mesh, say=print):
         f"model {opts.model}: {len(names)} tensors, {n / 1e3:.1f}k parameters ({opts.dtype}); "
         f"batch {MODEL['batch']} x {MODEL['seq']} tokens"
     )
+    specs = data_specs(mesh) + param_specs(mesh, opts.dtype) if opts.model == "gpt" else None
+    auto = {}
+    if opts.auto:  # the planner chooses every parameter's layout within the budget
+        fsdp_tp = sum(state_bytes(s, True, None) for s in specs[2:])
+        budget = opts.memory_budget or fsdp_tp
+        auto = dict(choose=range(2, len(specs)), memory_budget=budget)
+        say(
+            f"auto-sharding: parameters + grads + AdamW moments within {budget / 1e3:.1f} kB "
+            f"per rank (FSDP x TP takes {fsdp_tp / 1e3:.1f} kB)"
+        )
     say("tracing and planning forward + backward ...")
     t0 = time.perf_counter()
     # on a 3-D mesh the exact search is slow: a bounded one (forest bound + local
@@ -573,11 +588,10 @@ def plan(opts: argparse.Namespace, mesh: Mesh, say=print):
             **effort,
         ).program
     else:
-        specs = data_specs(mesh) + param_specs(mesh, opts.dtype)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # ops without a rule run replicated; none here
             program = plan_program(
-                gpt, *specs, compute=ComputeModel.cpu(), progress=Progress(say), **effort
+                gpt, *specs, compute=ComputeModel.cpu(), progress=Progress(say), **effort, **auto
             )
     c = program.cost
     say(
@@ -587,7 +601,27 @@ def plan(opts: argparse.Namespace, mesh: Mesh, say=print):
         f"{program.method}, within {c.total / max(program.lower_bound, 1e-30) - 1:.0%} of the "
         "lower bound)"
     )
+    if opts.auto:
+        say(f"chosen layouts ({program.memory}):")
+        for line in chosen_layouts(program):
+            say("  " + line)
     return program
+
+
+def chosen_layouts(program) -> list[str]:
+    """One line per parameter group (the layers' copies together): its chosen placements."""
+    groups: dict[str, dict[str, list[str]]] = {}
+    for name, spec in zip(param_names(), program.arg_specs[2:], strict=True):
+        group = re.sub(r"^h\d+\.", "h*.", name)
+        placements = " ".join(str(p) for p in spec.placements)
+        groups.setdefault(group, {}).setdefault(placements, []).append(name.split(".")[0])
+    lines = []
+    for group, by in groups.items():
+        if len(by) == 1:
+            lines.append(f"{group:<10} {next(iter(by))}")
+        else:
+            lines.append(f"{group:<10} " + "; ".join(f"{','.join(n)}: {p}" for p, n in by.items()))
+    return lines
 
 
 def parse(argv=None) -> argparse.Namespace:
@@ -610,7 +644,20 @@ def parse(argv=None) -> argparse.Namespace:
     ap.add_argument("--save", metavar="DIR", help="keep checkpoints as DIR/step-<k>")
     ap.add_argument("--save-every", type=int, default=10)
     ap.add_argument("--resume", metavar="PATH", help="a step's checkpoint, or the latest under DIR")
-    return ap.parse_args(argv)
+    ap.add_argument(
+        "--auto", action="store_true", help="the planner chooses every parameter's layout"
+    )
+    ap.add_argument(
+        "--memory-budget",
+        type=float,
+        default=0,
+        metavar="BYTES",
+        help="with --auto: params + grads + AdamW state per rank (default: FSDP x TP's)",
+    )
+    opts = ap.parse_args(argv)
+    if opts.auto and opts.model != "gpt":
+        ap.error("--auto chooses the layouts of the gpt model's parameters; drop --model encoder")
+    return opts
 
 
 def main_torchrun(opts: argparse.Namespace) -> None:

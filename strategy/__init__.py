@@ -41,6 +41,8 @@ _LAZY = {
     "ProgramWarning": "_program",
     "ComputeModel": "_program",
     "grad_spec": "_program",
+    "ProgramMemory": "_memory",
+    "state_bytes": "_memory",
 }
 
 # the checker and propagate touch tensors: import torch only when they are used
@@ -55,6 +57,8 @@ __all__ = [
     "ProgramCost",
     "ProgramOp",
     "ProgramWarning",
+    "ProgramMemory",
+    "state_bytes",
     "plan_graph",
     "plan_module",
     "ModuleProgram",

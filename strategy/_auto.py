@@ -21,6 +21,14 @@ finitely many steps). Where a gap remains (the budget falls between two of the d
 breakpoints) a depth-first branch and bound over the free arguments closes it, each
 branch bounded by the same relaxation, up to ``max_branches`` solves; the gap left,
 if any, is what ``Solution.lower_bound`` reports.
+
+Repeated layers are not forced to share a layout. Sharing is exact when identical
+layers (identical subgraphs between identical boundary specs) each minimize the
+relaxation on their own at the multiplier that closes the dual with no gap, and that
+minimizer is unique: then every layer takes it. When the budget falls between two
+breakpoints of the dual, the constrained minimum may split the budget unevenly between
+identical layers (one layer's norms replicated, the next one's sharded), and forcing
+them equal would cost more.
 """
 
 from __future__ import annotations

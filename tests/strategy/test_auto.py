@@ -1,0 +1,246 @@
+"""Auto-sharding: plan_program(choose=..., memory_budget=...) picks argument layouts.
+
+The oracle is brute force: every combination of the free arguments' candidate layouts
+planned with fixed specs, its modeled cost and its training-state memory; the planner's
+choice must fit the budget, cost no more than the cheapest combination that fits, and
+its lower bound must not exceed it.
+"""
+
+from __future__ import annotations
+
+import functools
+import itertools
+import re
+import warnings
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from meshplan.errors import StrategyError
+from meshplan.layout import Mesh
+from meshplan.placement import Replicate, Shard, Spec
+from meshplan.redistribute import CostModel, HardwareProfile
+from meshplan.strategy import plan_graph, plan_program
+from meshplan.strategy._auto import candidates, resolve_choose, solve_within
+from meshplan.strategy._memory import state_bytes
+from meshplan.strategy._solve import solve
+
+from _program_cases import build, programs
+
+R = Replicate()
+
+
+def mlp(x, w1, w2):
+    return (torch.relu(x @ w1) @ w2).square().mean()
+
+
+def _mlp_specs(mesh: Mesh, dp_dims: int = 1):
+    data = [Shard(0)] + [R] * (mesh.ndim - 1)
+    x = Spec(mesh, data, (64, 16), "float32")
+    rep = [R] * mesh.ndim
+    return [x, Spec(mesh, rep, (16, 64), "float32"), Spec(mesh, rep, (64, 16), "float32")]
+
+
+GRAD = [False, True, True]
+
+
+def _brute_force(graph, specs, free, cost_model=None):
+    """(cost, memory, specs) of every combination of the free arguments' candidates."""
+    out = []
+    for combo in itertools.product(*(candidates(specs[i]) for i in free)):
+        given_ = list(specs)
+        for i, s in zip(free, combo, strict=True):
+            given_[i] = s
+        p = plan_graph(graph, given_, cost_model=cost_model)
+        assert p.method == "exact"
+        out.append((p.cost.total, p.memory.total, tuple(given_)))
+    return out
+
+
+@functools.cache
+def _traced(program: tuple, shape: tuple[int, ...]):
+    mesh = Mesh.create(shape)
+    specs = [Spec(mesh, [Shard(0)] + [R] * (mesh.ndim - 1), (4, 4), "float64")]
+    specs += [Spec(mesh, [R] * mesh.ndim, (4, 4), "float64")] * 2
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        prog = plan_program(build(program, 2), *specs, requires_grad=[False, True, True])
+    return prog.graph, specs
+
+
+def _check_against_brute_force(program, shape, fraction):
+    graph, specs = _traced(program, shape)
+    free = [i for i in (1, 2) if graph.grads[i] is not None]
+    if not free:
+        return
+    every = _brute_force(graph, specs, free)
+    lightest, heaviest = min(m for _, m, _ in every), max(m for _, m, _ in every)
+    budget = lightest + fraction * (heaviest - lightest)
+    best = min(c for c, m, _ in every if m <= budget)
+    prog = plan_graph(graph, specs, choose=free, memory_budget=budget)
+    tol = 1e-9 * best
+    assert prog.memory.total <= budget
+    assert prog.lower_bound <= best + tol, (prog.lower_bound, best)
+    assert prog.cost.total <= best + tol if prog.method == "exact" else True
+    if prog.method == "exact":
+        assert abs(prog.cost.total - best) <= tol, (prog.cost.total, best, prog.arg_specs)
+    # the chosen specs, given as fixed ones, cost what the choice said
+    again = plan_graph(graph, list(prog.arg_specs))
+    assert abs(again.cost.total - prog.cost.total) <= tol
+
+
+@given(programs(max_ops=3), st.floats(0, 1))
+def test_the_choice_under_a_budget_is_the_brute_force_minimum_on_a_line(program, fraction):
+    _check_against_brute_force(program, (2,), fraction)
+
+
+@pytest.mark.slow
+@given(programs(max_ops=3), st.floats(0, 1))
+@settings(max_examples=10)
+def test_the_choice_under_a_budget_is_the_brute_force_minimum_on_a_square(program, fraction):
+    _check_against_brute_force(program, (2, 2), fraction)
+
+
+def _random_problem(rnd):
+    """Unary costs, chain pairs, integer weights and a budget between the extremes."""
+    n = rnd.randint(1, 4)
+    unary = [[rnd.randint(0, 10) for _ in range(rnd.randint(1, 3))] for _ in range(n)]
+    weights = [[rnd.randint(0, 8) for _ in u] for u in unary]
+    pairs = {
+        (a, a + 1): [[rnd.randint(0, 5) for _ in unary[a + 1]] for _ in unary[a]]
+        for a in range(n - 1)
+        if rnd.random() < 0.5
+    }
+    budget = rnd.randint(sum(min(w) for w in weights), sum(max(w) for w in weights))
+    return unary, pairs, weights, budget
+
+
+def _check_solve_within(unary, pairs, weights, budget):
+    n = len(unary)
+
+    def cost(ch):
+        s = sum(unary[v][ch[v]] for v in range(n))
+        return s + sum(m[ch[a]][ch[b]] for (a, b), m in pairs.items())
+
+    fits = [
+        ch
+        for ch in itertools.product(*(range(len(u)) for u in unary))
+        if sum(weights[v][ch[v]] for v in range(n)) <= budget
+    ]
+    best = min(cost(ch) for ch in fits)
+    sol = solve_within(solve, unary, pairs, weights, budget, max_branches=10_000)
+    assert sum(weights[v][sol.choice[v]] for v in range(n)) <= budget
+    assert sol.lower_bound <= best + 1e-9
+    assert sol.method == "exact" and abs(sol.cost - best) <= 1e-9 * max(best, 1), (sol, best)
+
+
+@given(st.randoms(use_true_random=False))
+@settings(max_examples=100)  # pure and fast; duality gaps need draws to show up
+def test_solve_within_is_the_constrained_minimum_of_a_pairwise_problem(rnd):
+    _check_solve_within(*_random_problem(rnd))
+
+
+def test_solve_within_closes_a_duality_gap():
+    # the budget falls between the relaxation's breakpoints: the dual alone stops at 13
+    _check_solve_within([[6, 1], [9, 5, 9], [2]], {}, [[1, 8], [3, 7, 3], [5]], 18)
+
+
+def test_a_budget_below_pure_data_parallel_state_shards_the_parameters():
+    mesh = Mesh.create((4,), ("dp",))
+    specs = _mlp_specs(mesh)
+    free = plan_program(mlp, *specs, choose=[1, 2], requires_grad=GRAD)
+    # no budget: pure data parallelism (the gradient all_reduce is the cheapest)
+    assert [s.placements for s in free.arg_specs[1:]] == [(R,), (R,)]
+    dp_state = free.memory.total
+    assert dp_state == sum(state_bytes(s, True, None) for s in specs[1:])
+    tight = plan_graph(free.graph, specs, choose=[1, 2], memory_budget=dp_state * 0.3)
+    assert tight.memory.total <= dp_state * 0.3
+    assert all(s.placements != (R,) for s in tight.arg_specs[1:])  # FSDP-like: sharded on dp
+    assert tight.cost.total > free.cost.total
+    assert tight.method == "exact"
+
+
+def test_an_unlimited_budget_on_a_slow_inter_node_link_replicates_there():
+    # two nodes of two ranks: dp crosses the slow link, tp stays within a node
+    mesh = Mesh.create((2, 2), ("dp", "tp"))
+    slow = CostModel(HardwareProfile(ranks_per_node=2))
+    specs = _mlp_specs(mesh)
+    hand = [specs[0], Spec(mesh, [Shard(0), Shard(1)], (16, 64)), Spec(mesh, [Shard(1), Shard(0)], (64, 16))]
+    fsdp_tp = plan_program(mlp, *hand, requires_grad=GRAD, cost_model=slow)
+    free = plan_graph(fsdp_tp.graph, specs, choose=[1, 2], cost_model=slow)
+    assert all(s.placements[0] == R for s in free.arg_specs[1:])  # nothing sharded on dp
+    assert free.cost.total < fsdp_tp.cost.total
+    # the FSDP x TP budget: a layout that fits it and costs less than the hand-written one
+    fit = plan_graph(
+        fsdp_tp.graph, specs, choose=[1, 2], cost_model=slow, memory_budget=fsdp_tp.memory.total
+    )
+    assert fit.memory.total <= fsdp_tp.memory.total
+    assert fit.cost.total <= fsdp_tp.cost.total and fit.method == "exact"
+
+
+def test_an_infeasible_budget_names_the_smallest_feasible_one():
+    mesh = Mesh.create((4,), ("dp",))
+    specs = _mlp_specs(mesh)
+    prog = plan_program(mlp, *specs, choose=[1, 2], requires_grad=GRAD)
+    with pytest.raises(StrategyError, match="smallest feasible budget") as info:
+        plan_graph(prog.graph, specs, choose=[1, 2], memory_budget=1000)
+    least = float(re.search(r"is (\d+) bytes", str(info.value)).group(1))
+    fits = plan_graph(prog.graph, specs, choose=[1, 2], memory_budget=least)
+    assert fits.memory.total == least
+    with pytest.raises(StrategyError, match="smallest feasible budget"):
+        plan_graph(prog.graph, specs, choose=[1, 2], memory_budget=least - 1)
+
+
+def test_fixed_arguments_count_against_the_budget():
+    mesh = Mesh.create((4,), ("dp",))
+    specs = _mlp_specs(mesh)
+    prog = plan_program(mlp, *specs, requires_grad=GRAD)
+    assert prog.memory.total == sum(state_bytes(s, True, None) for s in specs[1:])
+    assert prog.memory.per_arg[0] == 0.0  # the batch has no gradient: not training state
+    with pytest.raises(StrategyError, match="fixed arguments"):
+        plan_graph(prog.graph, specs, memory_budget=prog.memory.total - 1)
+    sgd = plan_graph(prog.graph, specs, state_bytes_per_param=0)
+    assert sgd.memory.optimizer == 0 and sgd.memory.total == prog.memory.total / 2
+
+
+@given(st.sampled_from([(2,), (2, 2), (3,), (2, 1, 2)]), st.integers(1, 3))
+def test_candidates_are_distinct_layouts_replicated_first(shape, ndim):
+    mesh = Mesh.create(shape)
+    spec = Spec(mesh, [R] * mesh.ndim, (6,) * ndim, "float32")
+    cands = candidates(spec)
+    assert cands[0].placements == (R,) * mesh.ndim
+    assert len(set(cands)) == len(cands)
+    plain = (ndim + 1) ** sum(1 for k in shape if k > 1)
+    assert len(cands) >= plain
+    assert all(not s.is_partial and s.shape == spec.shape for s in cands)
+
+
+@pytest.mark.parametrize(
+    "choose, error",
+    [(5, "out of range"), ([True], "not an argument index"), (["w*"], "not an argument index")],
+)
+def test_choose_names_arguments_or_raises(choose, error):
+    with pytest.raises(StrategyError, match=error):
+        resolve_choose(choose, 3)
+
+
+def test_choose_takes_name_patterns():
+    assert resolve_choose(["h*.w1", "head"], 4, names=["tok", "h0.w1", "h1.w1", "head"]) == (
+        1,
+        2,
+        3,
+    )
+    with pytest.raises(StrategyError, match="matches no argument"):
+        resolve_choose(["nope*"], 2, names=["a", "b"])
+
+
+def test_a_bad_budget_is_refused():
+    mesh = Mesh.create((2,), ("dp",))
+    specs = _mlp_specs(mesh)
+    for bad in (0, -1, "1kB", True):
+        with pytest.raises(StrategyError, match="memory_budget"):
+            plan_program(mlp, *specs, choose=[1], memory_budget=bad, requires_grad=GRAD)
+    with pytest.raises(StrategyError, match="state_bytes_per_param"):
+        plan_program(mlp, *specs, state_bytes_per_param=-2, requires_grad=GRAD)
