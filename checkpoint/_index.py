@@ -261,11 +261,14 @@ def check_tiles(meta: TensorMeta, where: str = "") -> None:
         )
     boxes = [c for c in meta.chunks if c.numel()]
     # volumes agree, so the chunks tile the tensor exactly when no two overlap
-    if _tiles_by_corners(boxes, meta.shape):
+    tiles = _tiles_by_corners(boxes, meta.shape)
+    if tiles:
         return
     pair = _overlap_on_grid(boxes, meta.ndim)
-    if pair is None:
-        pair = _overlap_by_sweep(boxes, meta.ndim)
+    if pair is None:  # bounded when the corners have decided already
+        pair = _overlap_by_sweep(boxes, meta.ndim, _SWEEP_PAIRS if tiles is False else None)
+    if not pair and tiles is None:
+        return
     if pair:
         a, b = pair
         what = f"chunks {a.name!r} ({a.file!r}) and {b.name!r} ({b.file!r}) overlap"
@@ -276,8 +279,9 @@ def check_tiles(meta: TensorMeta, where: str = "") -> None:
     )
 
 
-def _tiles_by_corners(boxes: list, shape: tuple[int, ...]) -> bool:
-    """Whether ``boxes`` cover the box ``shape`` exactly once, in O(boxes * 2**dims).
+def _tiles_by_corners(boxes: list, shape: tuple[int, ...]) -> bool | None:
+    """Whether ``boxes`` cover the box ``shape`` exactly once, in O(boxes * 2**dims)
+    (None when more than ``_CORNER_DIMS`` dims are cut).
 
     A box's indicator function is the signed sum of the orthants at its corners (sign
     ``(-1)**k`` for a corner taking the upper bound in ``k`` dims), and a function has one
@@ -291,20 +295,18 @@ def _tiles_by_corners(boxes: list, shape: tuple[int, ...]) -> bool:
         d for d in range(len(shape)) if any(c.offsets[d] or c.sizes[d] != shape[d] for c in boxes)
     ]
     if len(dims) > _CORNER_DIMS:
-        return False  # the grid or the sweep decides
+        return None  # the grid or the sweep decides
 
-    def add(counts: dict, lows: list[int], highs: list[int]) -> None:
-        for corner in itertools.product(*(((lo, 1), (hi, -1)) for lo, hi in zip(lows, highs))):
-            key = tuple(v for v, _ in corner)
-            sign = math.prod(s for _, s in corner)
-            counts[key] = counts.get(key, 0) + sign
-
+    # corners in itertools.product order (lower bound first in each dim), with their signs
+    signs = [(-1) ** sum(bits) for bits in itertools.product((0, 1), repeat=len(dims))]
     counts: dict[tuple[int, ...], int] = {}
+    get = counts.get
     for c in boxes:
-        add(counts, [c.offsets[d] for d in dims], [c.offsets[d] + c.sizes[d] for d in dims])
-    whole: dict[tuple[int, ...], int] = {}
-    add(whole, [0] * len(dims), [shape[d] for d in dims])
-    return {k: v for k, v in counts.items() if v} == {k: v for k, v in whole.items() if v}
+        bounds = [(c.offsets[d], c.offsets[d] + c.sizes[d]) for d in dims]
+        for corner, sign in zip(itertools.product(*bounds), signs):
+            counts[corner] = get(corner, 0) + sign
+    whole = dict(zip(itertools.product(*[(0, shape[d]) for d in dims]), signs))
+    return {k: v for k, v in counts.items() if v} == whole
 
 
 _CORNER_DIMS = 12
@@ -343,20 +345,21 @@ def _overlap_on_grid(boxes: list, ndim: int):
     return ()
 
 
-def _overlap_by_sweep(boxes: list, ndim: int):
-    """Two overlapping boxes, or ``()`` when none is found within ``_SWEEP_PAIRS`` pair
-    checks: pairwise along the dim with the most distinct offsets, in order."""
+def _overlap_by_sweep(boxes: list, ndim: int, budget: int | None = None):
+    """Two overlapping boxes, or ``()`` when none is found (within ``budget`` pair checks,
+    if given): pairwise along the dim with the most distinct offsets, in order."""
     if not ndim:
         return ()
     axis = max(range(ndim), key=lambda d: len({c.offsets[d] for c in boxes}))
     boxes = sorted(boxes, key=lambda c: c.offsets[axis])
-    budget = _SWEEP_PAIRS
+    limit = math.inf if budget is None else budget
+    checks = 0
     for i, a in enumerate(boxes):
         for b in boxes[i + 1 :]:
             if b.offsets[axis] >= a.offsets[axis] + a.sizes[axis]:
                 break
-            budget -= 1
-            if budget < 0:
+            checks += 1
+            if checks > limit:
                 return ()
             if all(
                 max(ao, bo) < min(ao + az, bo + bz)
