@@ -96,23 +96,38 @@ def _neighbours(n: int, edges) -> list[set[int]]:
 
 
 def _order(n: int, sizes: list[int], edges, max_factor: int) -> list[int] | None:
-    """A greedy elimination order (smallest new factor first); None if one grows too big."""
+    """A greedy elimination order (smallest new factor first, ties to the lower vertex);
+    None if one grows too big.
+
+    A vertex's factor size changes only when its neighbourhood does, i.e. when a
+    neighbour is eliminated, so sizes live in a heap and only the eliminated vertex's
+    neighbours are re-pushed (stale entries are skipped): O(fill log n), not a rescan
+    of every live vertex per step.
+    """
+    import heapq
+
     nb = _neighbours(n, edges)
-    alive = set(range(n))
+    size = [math.prod(sizes[u] for u in nb[v]) for v in range(n)]
+    heap = [(size[v], v) for v in range(n)]
+    heapq.heapify(heap)
+    alive = [True] * n
     order = []
-    while alive:
-        best, best_size = None, None
-        for v in alive:
-            size = math.prod(sizes[u] for u in nb[v])
-            if best_size is None or size < best_size or (size == best_size and v < best):
-                best, best_size = v, size
-        if best_size > max_factor:
+    while heap:
+        s, best = heapq.heappop(heap)
+        if not alive[best] or s != size[best]:
+            continue  # eliminated, or a stale size
+        if s > max_factor:
             return None
         order.append(best)
+        alive[best] = False
         for u in nb[best]:
             nb[u] |= nb[best] - {u}
             nb[u].discard(best)
-        alive.remove(best)
+        for u in nb[best]:
+            new = math.prod(sizes[w] for w in nb[u])
+            if new != size[u]:
+                size[u] = new
+                heapq.heappush(heap, (new, u))
     return order
 
 
@@ -120,8 +135,8 @@ def _eliminate(un, pw, order: list[int]) -> tuple[int, ...]:
     import numpy as np
 
     factors: list[tuple[tuple[int, ...], np.ndarray]] = [((v,), u) for v, u in enumerate(un)]
-    for (a, b), m in pw.items():
-        factors.append(((a, b), m))
+    for scope, m in pw.items():  # pairs, or factors over any number of nodes
+        factors.append((tuple(scope), m))
     trail = []
     for v in order:
         mine = [f for f in factors if v in f[0]]
