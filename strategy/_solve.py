@@ -74,9 +74,19 @@ def solve(
         c = total(choice, unary, pairs)
         return Solution(choice, c, c, "exact")
     kept = _forest(n, pw)
+    # a dropped term m[x_a, x_b] is at least u[x_a] + v[x_b] (u its row minima, v the
+    # column minima of what is left): kept as unary terms, the forest's minimum stays a
+    # lower bound, and a tighter one than dropping the term
+    folded = [u.copy() for u in un]
+    for (a, b), m in pw.items():
+        if (a, b) not in kept:
+            u = m.min(axis=1)
+            folded[a] = folded[a] + u
+            folded[b] = folded[b] + (m - u[:, None]).min(axis=0)
     order = _order(n, [len(u) for u in un], kept.keys(), math.inf)  # a forest: factors of one node
-    choice = _eliminate(un, kept, order)
-    bound = total(choice, unary, {k: pairs[k] for k in kept})
+    choice = _eliminate(folded, kept, order)
+    bound = float(sum(folded[v][choice[v]] for v in range(n)))
+    bound += sum(float(m[choice[a], choice[b]]) for (a, b), m in kept.items())
     best = None
     for start in [choice, *starts]:  # e.g. the op-by-op choice: never worse than it
         c = _local_search(list(start), un, pw)
@@ -164,9 +174,17 @@ def _align(vs: tuple[int, ...], arr, scope: list[int]):
     return a.reshape(shape)
 
 
+def _residual(m) -> float:
+    """What a term loses when replaced by its row and column minima (see ``solve``)."""
+    u = m.min(axis=1)
+    v = (m - u[:, None]).min(axis=0)
+    return float((m - u[:, None] - v[None, :]).max())
+
+
 def _forest(n: int, pw: dict) -> dict:
-    """A maximum spanning forest of the pairwise terms, weighted by how much each can cost."""
-    weight = {k: float(m.max() - m.min()) for k, m in pw.items()}
+    """A maximum spanning forest of the pairwise terms, weighted by what each loses when
+    folded into row and column minima."""
+    weight = {k: _residual(m) for k, m in pw.items()}
     parent = list(range(n))
 
     def find(x: int) -> int:

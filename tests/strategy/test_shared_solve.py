@@ -137,3 +137,27 @@ def test_the_heap_order_is_the_greedy_smallest_factor_order(data):
     )
     max_factor = data.draw(st.sampled_from([1, 8, 64, 1 << 30]))
     assert _order(n, sizes, edges, max_factor) == _scan_order(n, sizes, edges, max_factor)
+
+
+@settings(max_examples=min(settings.default.max_examples, 100), deadline=None)
+@given(st.data())
+def test_the_forest_bound_with_folded_terms_lies_below_the_pairwise_minimum(data):
+    """With every factor refused, ``solve``'s bound (a spanning forest, the other terms
+    folded into row and column minima) is at most the brute-force minimum."""
+    from meshplan.strategy._solve import solve, total
+
+    n = data.draw(st.integers(2, 6))
+    sizes = data.draw(st.lists(st.integers(1, 3), min_size=n, max_size=n))
+    cost = st.integers(0, 6).map(lambda k: k / 2)
+    unary = [data.draw(st.lists(cost, min_size=k, max_size=k)) for k in sizes]
+    pairs = {}
+    for a, b in data.draw(st.lists(st.tuples(st.integers(0, n - 1), st.integers(0, n - 1)))):
+        if a < b and (a, b) not in pairs:
+            pairs[(a, b)] = [
+                data.draw(st.lists(cost, min_size=sizes[b], max_size=sizes[b]))
+                for _ in range(sizes[a])
+            ]
+    sol = solve(unary, pairs, max_factor=1)
+    best = min(total(c, unary, pairs) for c in itertools.product(*map(range, sizes)))
+    assert sol.lower_bound <= best + 1e-9
+    assert sol.cost >= best - 1e-9
