@@ -1,134 +1,357 @@
-"""Whole-program planning beside torch 2.13's DTensor and beside op-by-op selection.
+"""Whole-program planning of model families, 1 to 32 layers, on 1-D, 2-D and 3-D meshes.
 
-For a transformer block (embedding, attention with 4 heads written out, MLP, layer
-norms, cross-entropy; FSDP x TP parameter specs: dp on mesh dim 0, tp on mesh dim 1,
-further dims replicated) on 2-D, 3-D and 4-D meshes:
+Each family is written here in torch as an ``nn.Module`` and planned as a function of its
+parameters (``torch.func.functional_call``), forward and backward, with a cross-entropy
+loss:
 
-* meshplan's ``plan_program``: planning time (cold: a new process's first plan of the
-  program; warm: the same program again), and the planned step's modeled cost,
-  collectives and bytes per rank, forward and backward;
-* the op-by-op choice (each op's cheapest strategy given its inputs as they come, what
-  a planner without look-ahead does), priced by the same model;
-* torch 2.13's DTensor on the same function and placements (run on a fake process
-  group; its gradients moved to their parameters' placements as a user must): every
-  collective it issues, priced by meshplan's cost model as the one-step move it is, and
-  the time its sharding propagation takes (``--torch-limit`` seconds at most a mesh; past
-  that it is reported as unfinished).
+* ``gpt2``: learned positions, fused ``c_attn`` (Conv1D, (in, out) weights) split into
+  q/k/v, causal attention written out with a mask, GELU (tanh) MLP, LayerNorm, tied head;
+* ``llama``: RMSNorm, rotary embeddings (``rotate_half``, cos/sin tables passed as
+  replicated arguments), grouped-query attention (4 heads, 2 kv heads, ``repeat_interleave``),
+  SwiGLU, untied head;
+* ``nanogpt``: ``nn.Linear`` layers, fused q/k/v split, ``F.scaled_dot_product_attention``
+  (causal), tied head;
+* ``llama3``: torchtitan's Llama3 shape as the AutoParallel side-by-side uses it (dim 64,
+  4 heads, no GQA, FFN hidden 256), for the comparison with AutoParallel's plan.
 
-Prints a table of ratios and writes JSON to ``benchmarks/results/program_speed.json``.
-``--quick`` runs the 2-D and 3-D meshes only. ``--auto`` runs ``auto_speed.py`` instead:
-the planner's choice of parameter layouts beside hand-written, DP, FSDP and the layouts
-AutoParallel's memory constraint admits (its further arguments pass through).
+Sizes: dim 64, 4 heads, vocab 128, sequence 32, batch 8 (float32). Parameter specs: on
+(8,) every parameter Shard(0) (FSDP); on (2, 4) dp x tp (column-parallel weights split
+their output features on tp and their input features on dp, row-parallel the reverse,
+norms split on dp, the embedding its rows on dp and features on tp); on (2, 2, 2) the
+same on the last two dims with the first replicated (HSDP x TP). The batch is split on
+the data-parallel dims.
+
+Per case: cold plan time (the first ``plan_program`` of that model in this process,
+tracing included; prices already learned by earlier cases in the process are reused, as
+they are meant to be), warm (the traced graph planned again), the method, the proven gap
+to ``program.lower_bound``, the op-by-op choice's cost over the whole-program one, the
+modeled communication, and the ops left replicated for want of a rule. Writes JSON to
+``benchmarks/results/program_speed.json``. ``--quick`` plans 1 and 2 layers of each
+family on (8,) and (2, 4) only.
+``--auto`` runs ``auto_speed.py`` instead: the planner's choice of parameter layouts
+beside hand-written, DP, FSDP and the layouts AutoParallel's memory constraint admits
+(its further arguments pass through).
 """
 
 from __future__ import annotations
 
 import argparse
-import functools
+import fnmatch
 import json
+import math
 import os
-import signal
 import sys
 import time
 import warnings
 
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.join(HERE, "..", "tests", "strategy"))
-
-from _dtensor_peer import dtensor_collectives, price  # noqa: E402
-from _program_cases import transformer, transformer_args  # noqa: E402
-
-from meshplan.layout import Mesh  # noqa: E402
-from meshplan.strategy import plan_program  # noqa: E402
-from meshplan.strategy._program import plan_graph  # noqa: E402
-
-SIZES = {"B": 8, "T": 16, "D": 32, "V": 64}
+DIM, HEADS, VOCAB, SEQ, BATCH = 64, 4, 128, 32, 8
 
 
-class _TooLong(Exception):
-    pass
+# -- the families ---------------------------------------------------------------------------
 
 
-def _alarm(signum, frame):
-    raise _TooLong
+class RMSNorm(nn.Module):
+    def __init__(self, d: int) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(d))
+
+    def forward(self, x):
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * self.weight
 
 
-def case(shape: tuple[int, ...], torch_limit: float) -> dict:
+def rotate_half(x):
+    x1, x2 = x[..., : x.shape[-1] // 2], x[..., x.shape[-1] // 2 :]
+    return torch.cat((-x2, x1), dim=-1)
+
+
+class LlamaBlock(nn.Module):
+    def __init__(self, d: int, heads: int, kv_heads: int, hidden: int) -> None:
+        super().__init__()
+        self.heads, self.kv_heads, self.hd = heads, kv_heads, d // heads
+        self.attention_norm = RMSNorm(d)
+        self.wq = nn.Linear(d, d, bias=False)
+        self.wk = nn.Linear(d, kv_heads * self.hd, bias=False)
+        self.wv = nn.Linear(d, kv_heads * self.hd, bias=False)
+        self.wo = nn.Linear(d, d, bias=False)
+        self.ffn_norm = RMSNorm(d)
+        self.w1 = nn.Linear(d, hidden, bias=False)
+        self.w3 = nn.Linear(d, hidden, bias=False)
+        self.w2 = nn.Linear(hidden, d, bias=False)
+
+    def forward(self, x, cos, sin):
+        B, T, D = x.shape
+        h = self.attention_norm(x)
+        q = self.wq(h).view(B, T, self.heads, self.hd).transpose(1, 2)
+        k = self.wk(h).view(B, T, self.kv_heads, self.hd).transpose(1, 2)
+        v = self.wv(h).view(B, T, self.kv_heads, self.hd).transpose(1, 2)
+        q = q * cos + rotate_half(q) * sin
+        k = k * cos + rotate_half(k) * sin
+        if self.kv_heads != self.heads:
+            k = k.repeat_interleave(self.heads // self.kv_heads, dim=1)
+            v = v.repeat_interleave(self.heads // self.kv_heads, dim=1)
+        a = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        x = x + self.wo(a.transpose(1, 2).reshape(B, T, D))
+        h = self.ffn_norm(x)
+        return x + self.w2(F.silu(self.w1(h)) * self.w3(h))
+
+
+class Llama(nn.Module):
+    def __init__(self, layers: int, kv_heads: int = 2, hidden: int = 256) -> None:
+        super().__init__()
+        self.tok_embeddings = nn.Embedding(VOCAB, DIM)
+        self.layers = nn.ModuleList(LlamaBlock(DIM, HEADS, kv_heads, hidden) for _ in range(layers))
+        self.norm = RMSNorm(DIM)
+        self.output = nn.Linear(DIM, VOCAB, bias=False)
+
+    def forward(self, tok, cos, sin):
+        x = self.tok_embeddings(tok)
+        for layer in self.layers:
+            x = layer(x, cos, sin)
+        return self.output(self.norm(x))
+
+
+def rope_tables():
+    hd = DIM // HEADS
+    inv = 1.0 / (10000 ** (torch.arange(0, hd, 2).float() / hd))
+    ang = torch.outer(torch.arange(SEQ).float(), inv)
+    ang = torch.cat((ang, ang), dim=-1)
+    return ang.cos(), ang.sin()
+
+
+class Conv1D(nn.Module):
+    """GPT-2's linear layer: (in, out) weight, x @ w + b."""
+
+    def __init__(self, d_in: int, d_out: int) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.randn(d_in, d_out) * 0.02)
+        self.bias = nn.Parameter(torch.zeros(d_out))
+
+    def forward(self, x):
+        return x @ self.weight + self.bias
+
+
+class GPT2Block(nn.Module):
+    def __init__(self, d: int, heads: int) -> None:
+        super().__init__()
+        self.heads = heads
+        self.ln_1 = nn.LayerNorm(d)
+        self.c_attn = Conv1D(d, 3 * d)
+        self.c_proj = Conv1D(d, d)
+        self.ln_2 = nn.LayerNorm(d)
+        self.c_fc = Conv1D(d, 4 * d)
+        self.mlp_proj = Conv1D(4 * d, d)
+
+    def forward(self, x):
+        B, T, D = x.shape
+        q, k, v = self.c_attn(self.ln_1(x)).split(D, dim=2)
+        q, k, v = (t.view(B, T, self.heads, D // self.heads).transpose(1, 2) for t in (q, k, v))
+        scores = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(D // self.heads))
+        mask = torch.ones(T, T, dtype=torch.bool).tril()
+        scores = scores.masked_fill(~mask, float("-inf"))
+        a = torch.softmax(scores, dim=-1) @ v
+        x = x + self.c_proj(a.transpose(1, 2).reshape(B, T, D))
+        return x + self.mlp_proj(F.gelu(self.c_fc(self.ln_2(x)), approximate="tanh"))
+
+
+class GPT2(nn.Module):
+    def __init__(self, layers: int) -> None:
+        super().__init__()
+        self.wte = nn.Embedding(VOCAB, DIM)
+        self.wpe = nn.Embedding(SEQ, DIM)
+        self.h = nn.ModuleList(GPT2Block(DIM, HEADS) for _ in range(layers))
+        self.ln_f = nn.LayerNorm(DIM)
+
+    def forward(self, tok):
+        pos = torch.arange(tok.shape[1])
+        x = self.wte(tok) + self.wpe(pos)
+        for block in self.h:
+            x = block(x)
+        return self.ln_f(x) @ self.wte.weight.t()
+
+
+class NanoBlock(nn.Module):
+    def __init__(self, d: int, heads: int) -> None:
+        super().__init__()
+        self.heads = heads
+        self.ln_1 = nn.LayerNorm(d)
+        self.c_attn = nn.Linear(d, 3 * d)
+        self.c_proj = nn.Linear(d, d)
+        self.ln_2 = nn.LayerNorm(d)
+        self.c_fc = nn.Linear(d, 4 * d)
+        self.mlp_proj = nn.Linear(4 * d, d)
+
+    def forward(self, x):
+        B, T, D = x.shape
+        q, k, v = self.c_attn(self.ln_1(x)).split(D, dim=2)
+        q, k, v = (t.view(B, T, self.heads, D // self.heads).transpose(1, 2) for t in (q, k, v))
+        a = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        x = x + self.c_proj(a.transpose(1, 2).reshape(B, T, D))
+        return x + self.mlp_proj(F.gelu(self.c_fc(self.ln_2(x))))
+
+
+class NanoGPT(nn.Module):
+    def __init__(self, layers: int) -> None:
+        super().__init__()
+        self.wte = nn.Embedding(VOCAB, DIM)
+        self.wpe = nn.Embedding(SEQ, DIM)
+        self.h = nn.ModuleList(NanoBlock(DIM, HEADS) for _ in range(layers))
+        self.ln_f = nn.LayerNorm(DIM)
+        self.lm_head = nn.Linear(DIM, VOCAB, bias=False)
+        self.lm_head.weight = self.wte.weight  # tied
+
+    def forward(self, tok):
+        pos = torch.arange(tok.shape[1])
+        x = self.wte(tok) + self.wpe(pos)
+        for block in self.h:
+            x = block(x)
+        return self.lm_head(self.ln_f(x))
+
+
+# how each parameter is split on (dp, tp): "col" splits output features on tp and input
+# features on dp, "row" the reverse; (name pattern, kind, output-feature dim)
+KINDS = [
+    ("*norm*.weight", "norm", 0),
+    ("*ln_*.weight", "norm", 0),
+    ("*ln_*.bias", "norm", 0),
+    ("*.wq.weight", "col", 0),
+    ("*.wk.weight", "col", 0),
+    ("*.wv.weight", "col", 0),
+    ("*.w1.weight", "col", 0),
+    ("*.w3.weight", "col", 0),
+    ("*.wo.weight", "row", 0),
+    ("*.w2.weight", "row", 0),
+    ("output.weight", "col", 0),
+    ("*c_attn.weight", "col", None),
+    ("*c_fc.weight", "col", None),
+    ("*c_proj.weight", "row", None),
+    ("*mlp_proj.weight", "row", None),
+    ("*c_attn.bias", "bias_col", 0),
+    ("*c_fc.bias", "bias_col", 0),
+    ("*c_proj.bias", "norm", 0),
+    ("*mlp_proj.bias", "norm", 0),
+    ("tok_embeddings.weight", "emb", 0),
+    ("wte.weight", "emb", 0),
+    ("wpe.weight", "emb", 0),
+]
+
+
+def _kind(name: str):
+    for pattern, kind, out in KINDS:
+        if fnmatch.fnmatch(name, pattern):
+            return kind, out
+    raise KeyError(name)
+
+
+def param_placements(name: str, module: nn.Module, ndim: int):
+    """Placements of a parameter on a 1-D (FSDP), 2-D (dp, tp) or 3-D (R, dp, tp) mesh."""
+    from meshplan.placement import Replicate, Shard
+
+    R = Replicate()
+    if ndim == 1:
+        return [Shard(0)]
+    kind, out = _kind(name)
+    if out is None:  # GPT-2's Conv1D: (in, out)
+        out = 1
+    inp = 1 - out
+    dp_tp = {
+        "norm": (Shard(0), R),
+        "emb": (Shard(0), Shard(1)),
+        "col": (Shard(inp), Shard(out)),
+        "row": (Shard(out), Shard(inp)),
+        "bias_col": (Shard(0), Shard(0)),
+    }[kind]
+    return [R] * (ndim - 2) + list(dp_tp)
+
+
+FAMILIES = {
+    "gpt2": lambda layers: GPT2(layers),
+    "llama": lambda layers: Llama(layers, kv_heads=2),
+    "nanogpt": lambda layers: NanoGPT(layers),
+    "llama3": lambda layers: Llama(layers, kv_heads=HEADS),
+}
+
+
+def program(family: str, layers: int, mesh):
+    """The loss as a function of (tokens, targets, *tables, *parameters) and its specs."""
+    from meshplan.placement import Replicate, Shard, Spec
+
+    torch.manual_seed(0)
+    model = FAMILIES[family](layers)
+    named = list(model.named_parameters())  # tied weights appear once
+    names = [n for n, _ in named]
+    nd = mesh.ndim
+    data = [Shard(0)] * (1 if nd < 3 else 2) + [Replicate()] * (nd - (1 if nd < 3 else 2))
+    if nd == 1:
+        data = [Shard(0)]
+    specs = [Spec(mesh, data, (BATCH, SEQ), "int64"), Spec(mesh, data, (BATCH, SEQ), "int64")]
+    requires_grad = [False, False]
+    tables = list(rope_tables()) if family.startswith("llama") else []
+    for t in tables:
+        specs.append(Spec(mesh, [Replicate()] * nd, tuple(t.shape), "float32"))
+        requires_grad.append(False)
+    for n, p in named:
+        specs.append(Spec(mesh, param_placements(n, model, nd), tuple(p.shape), "float32"))
+        requires_grad.append(True)
+    k = len(tables)
+
+    def loss(tok, tgt, *rest):
+        params = dict(zip(names, rest[k:], strict=True))
+        args = (tok, *rest[:k])
+        logits = torch.func.functional_call(model, params, args, tie_weights=True)
+        return F.cross_entropy(logits.flatten(0, 1), tgt.flatten(0, 1))
+
+    return loss, specs, requires_grad
+
+
+# -- one case ----------------------------------------------------------------------------------
+
+
+def case(family: str, layers: int, shape: tuple[int, ...]) -> dict:
+    from meshplan.layout import Mesh
+    from meshplan.strategy import plan_program
+    from meshplan.strategy._program import plan_graph
+
     mesh = Mesh.create(shape)
-    tensors, specs = transformer_args(mesh, layers=1, **SIZES)
-    fn = functools.partial(transformer, layers=1, fused=False)
+    fn, specs, rg = program(family, layers, mesh)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         t0 = time.perf_counter()
-        prog = plan_program(fn, *specs)
+        prog = plan_program(fn, *specs, requires_grad=rg)
         cold = time.perf_counter() - t0
         t0 = time.perf_counter()
         plan_graph(prog.graph, specs)
         warm = time.perf_counter() - t0
         greedy = plan_graph(prog.graph, specs, solver="op_by_op")
-        print(
-            f"  meshplan: planned in {cold:.1f} s (warm {warm:.1f} s); torch DTensor ...",
-            flush=True,
-        )
-        old = signal.signal(signal.SIGALRM, _alarm)
-        signal.setitimer(signal.ITIMER_REAL, torch_limit)
-        t0 = time.perf_counter()
-        try:
-            peer = price(dtensor_collectives(fn, tensors, specs), mesh)
-        except _TooLong:  # torch's sharding propagation did not finish in the time given
-            peer = {"comm": None, "bytes": None, "collectives": None}
-            peer["error"] = f"did not finish in {torch_limit:.0f} s"
-        except Exception as exc:  # torch cannot run the program on this mesh
-            peer = {"comm": None, "bytes": None, "collectives": None}
-            if time.perf_counter() - t0 >= torch_limit:
-                # (the limit struck inside torch's dispatcher, which rewraps the exception)
-                peer["error"] = f"did not finish in {torch_limit:.0f} s"
-            else:
-                text = (str(exc).splitlines() or [""])[0][:120]
-                peer["error"] = f"{type(exc).__name__}: {text}"
-        finally:
-            signal.setitimer(signal.ITIMER_REAL, 0)
-            signal.signal(signal.SIGALRM, old)
-        peer_s = time.perf_counter() - t0
+    total = prog.cost.total
     return {
+        "family": family,
+        "layers": layers,
         "mesh": list(shape),
         "ops": len(prog.ops),
         "plan_cold_s": cold,
         "plan_warm_s": warm,
-        "torch_dtensor_s": peer_s,
         "method": prog.method,
-        "gap": (prog.cost.total - prog.lower_bound) / prog.cost.total if prog.cost.total else 0.0,
-        "meshplan": {
-            "total_s": prog.cost.total,
-            "comm_s": prog.cost.comm,
-            "collectives": prog.cost.collectives,
-            "bytes": prog.cost.bytes,
-        },
-        "op_by_op": {
-            "total_s": greedy.cost.total,
-            "comm_s": greedy.cost.comm,
-            "collectives": greedy.cost.collectives,
-            "bytes": greedy.cost.bytes,
-        },
-        "torch_dtensor": {
-            "comm_s": peer["comm"],
-            "collectives": peer["collectives"],
-            "bytes": peer["bytes"],
-            "error": peer.get("error"),
-        },
+        "gap": (total - prog.lower_bound) / total if total else 0.0,
+        "comm_us": prog.cost.comm * 1e6,
+        "total_us": total * 1e6,
+        "op_by_op_total_us": greedy.cost.total * 1e6,
+        "replicated_ops": sum(1 for op in prog.ops if op.replicated_fallback),
+        "fallbacks": list(prog.fallbacks),
     }
 
 
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--quick", action="store_true", help="2-D and 3-D meshes only")
+    ap.add_argument("--quick", action="store_true", help="1 and 2 layers on (8,) and (2,4)")
+    ap.add_argument("--families", default=",".join(FAMILIES))
+    ap.add_argument("--layers", default=None, help="comma-separated depths (default 1,2,4,8,32)")
+    ap.add_argument("--meshes", default=None, help="e.g. 8,2x4,2x2x2")
     ap.add_argument("--auto", action="store_true", help="auto-sharding: see auto_speed.py")
-    ap.add_argument(
-        "--torch-limit",
-        type=float,
-        default=900.0,
-        help="seconds torch DTensor may take for one mesh before it is reported as unfinished",
-    )
     args, rest = ap.parse_known_args(argv)
     if args.auto:
         sys.path.insert(0, HERE)
@@ -137,42 +360,54 @@ def main(argv=None) -> None:
         return auto_speed.main(rest)
     if rest:
         ap.error(f"unrecognized arguments: {' '.join(rest)}")
-    shapes = [(2, 2), (2, 2, 2)] + ([] if args.quick else [(2, 2, 2, 2)])
-    rows = []
-    for shape in shapes:
-        print(f"planning the transformer block on {shape} ...", flush=True)
-        rows.append(case(shape, args.torch_limit))
+    layers = [1, 2] if args.quick else [1, 2, 4, 8, 32]
+    meshes = ["8", "2x4"] if args.quick else ["8", "2x4", "2x2x2"]
+    if args.layers:
+        layers = [int(k) for k in args.layers.split(",")]
+    if args.meshes:
+        meshes = args.meshes.split(",")
+    shapes = [tuple(int(k) for k in m.split("x")) for m in meshes]
+    print(f"load average {os.getloadavg()[0]:.1f} at start", flush=True)
     head = (
-        f"{'mesh':<10} {'plan cold':>9} {'warm':>7} {'method':<8} "
-        f"{'mp comm':>9} {'mp coll':>7} {'greedy/mp':>9} {'torch time':>10} {'torch/mp comm':>13} "
-        f"{'torch coll':>10} {'torch/mp bytes':>14}"
+        f"{'family':<8} {'L':>3} {'mesh':<6} {'ops':>5} {'cold':>8} {'warm':>8} "
+        f"{'gap':>7} {'op-by-op/whole':>14} {'comm us':>9} {'repl':>5}  method"
     )
-    print(head)
-    for r in rows:
-        mp, gr, tc = r["meshplan"], r["op_by_op"], r["torch_dtensor"]
-        line = (
-            f"{'x'.join(map(str, r['mesh'])):<10} {r['plan_cold_s']:>8.2f}s {r['plan_warm_s']:>6.2f}s "
-            f"{r['method'][:8]:<8} {mp['comm_s'] * 1e6:>7.1f}us {mp['collectives']:>7} "
-            f"{gr['total_s'] / mp['total_s']:>9.2f} {r['torch_dtensor_s']:>9.1f}s "
-        )
-        if tc["comm_s"] is None:
-            line += f"torch failed: {tc['error']}"
-        else:
-            line += (
-                f"{tc['comm_s'] / mp['total_s']:>13.2f} {tc['collectives']:>10} "
-                f"{tc['bytes'] / max(mp['bytes'], 1):>14.2f}"
-            )
-        print(line)
+    print(head, flush=True)
+    rows = []
+    for family in args.families.split(","):
+        for shape in shapes:
+            for n in layers:
+                r = case(family, n, shape)
+                rows.append(r)
+                print(
+                    f"{family:<8} {n:>3} {'x'.join(map(str, shape)):<6} {r['ops']:>5} "
+                    f"{r['plan_cold_s']:>7.2f}s {r['plan_warm_s']:>7.2f}s {r['gap']:>7.2%} "
+                    f"{r['op_by_op_total_us'] / r['total_us']:>14.2f} {r['comm_us']:>9.1f} "
+                    f"{r['replicated_ops']:>5}  {r['method']}",
+                    flush=True,
+                )
     out = os.path.join(HERE, "results")
     os.makedirs(out, exist_ok=True)
     with open(os.path.join(out, "program_speed.json"), "w") as f:
-        json.dump({"sizes": SIZES, "cases": rows}, f, indent=1)
-    ran = [r for r in rows if r["torch_dtensor"]["comm_s"] is not None]
-    worst = min((r["torch_dtensor"]["comm_s"] / r["meshplan"]["total_s"] for r in ran), default=0)
-    greedy = min(r["op_by_op"]["total_s"] / r["meshplan"]["total_s"] for r in rows)
+        json.dump({"loadavg_end": os.getloadavg()[0], "cases": rows}, f, indent=1)
+    worst = max(r["gap"] for r in rows)
+    repl = sum(r["replicated_ops"] for r in rows)
+
+    def time_of(family, n, shape):
+        for r in rows:
+            if (r["family"], r["layers"], tuple(r["mesh"])) == (family, n, shape):
+                return r["plan_cold_s"]
+        return None
+
+    fam = "llama" if "llama" in args.families.split(",") else args.families.split(",")[0]
+    big = time_of(fam, 32, (2, 4))
+    one, eight = time_of(fam, 1, (2, 4)), time_of(fam, 8, (2, 4))
+    big_s = f"{big:.1f} s" if big is not None else "not run"
+    ratio = f"{eight / one:.2f}" if one and eight else "not run"
+    print(f"load average {os.getloadavg()[0]:.1f} at end")
     print(
-        f"program_speed: torch DTensor comm / meshplan total >= {worst:.2f} where torch runs "
-        f"({len(ran)} of {len(rows)} meshes); op-by-op / meshplan >= {greedy:.2f}"
+        f"program_speed: worst gap {worst:.1%}, ops replicated {repl}, 32-layer (2,4) cold "
+        f"{big_s}, 8/1-layer time ratio {ratio}"
     )
 
 

@@ -147,16 +147,53 @@ class _Sim:
         return tuple({r: per_rank[r][j] for r in self.ranks} for j in range(n))
 
 
-def _run_ops(ops: Sequence[ProgramOp], env: dict[Value, Any], backend: Any) -> None:
+class _Moved:
+    """Moved copies of values, shared: a value moved to a layout is moved once, serves
+    every reader of that layout (forward and backward) and is dropped after the last."""
+
+    def __init__(self, program: Program) -> None:
+        self.left: dict[tuple[Value, Spec], int] = {}
+        reads = [zip(op.inputs, op.moves, strict=True) for op in program.ops]
+        reads.append(zip(program.graph.outputs, program.out_moves, strict=True))
+        reads.append(zip(program.graph.grads, program.grad_moves, strict=True))
+        for pairs in reads:
+            for v, plan in pairs:
+                if plan is not None and v is not None:
+                    key = (v, plan.dst)
+                    self.left[key] = self.left.get(key, 0) + 1
+        self.held: dict[tuple[Value, Spec], Any] = {}
+
+    def fork(self) -> _Moved:
+        """A copy to run the backward on (a retained graph may run it again)."""
+        other = object.__new__(_Moved)
+        other.left, other.held = dict(self.left), dict(self.held)
+        return other
+
+    def read(self, backend: Any, plan: Any, v: Value, env: dict[Value, Any]) -> Any:
+        if plan is None:
+            return env[v]
+        key = (v, plan.dst)
+        moved = self.held.pop(key, None)
+        if moved is None:
+            moved = backend.move(plan, env[v])
+        self.left[key] -= 1
+        if self.left[key] > 0:
+            self.held[key] = moved
+        return moved
+
+
+def _run_ops(ops: Sequence[ProgramOp], env: dict[Value, Any], backend: Any, moved: _Moved) -> None:
     for op in ops:
-        ins = [backend.move(p, env[v]) for p, v in zip(op.moves, op.inputs, strict=True)]
+        ins = [moved.read(backend, p, v, env) for p, v in zip(op.moves, op.inputs, strict=True)]
         outs = backend.call(op, ins)
         for j, o in enumerate(outs):
             if j < len(op.output_specs) and op.output_specs[j] is not None:
                 env[Value(op.node, j)] = o
 
 
-def _grads(program: Program, env: dict[Value, Any], backend: Any, zeros) -> list[Any]:
+def _grads(
+    program: Program, env: dict[Value, Any], backend: Any, zeros, moved: _Moved
+) -> list[Any]:
     out = []
     for v, plan, spec in zip(
         program.graph.grads, program.grad_moves, program.grad_specs, strict=True
@@ -166,7 +203,7 @@ def _grads(program: Program, env: dict[Value, Any], backend: Any, zeros) -> list
         elif v is None:
             out.append(zeros(spec))
         else:
-            out.append(backend.move(plan, env[v]))
+            out.append(moved.read(backend, plan, v, env))
     return out
 
 
@@ -199,16 +236,17 @@ def simulate_program(
         ]
     for k, c in zip(program.graph.cotangents, cotangents, strict=True):
         env[Value(k)] = dict(c)
-    _run_ops(program.ops, env, backend)
+    moved = _Moved(program)
+    _run_ops(program.ops, env, backend, moved)
     outs = tuple(
-        backend.move(p, env[v])
+        moved.read(backend, p, v, env)
         for v, p in zip(program.graph.outputs, program.out_moves, strict=True)
     )
 
     def zeros(spec: Spec) -> dict[int, torch.Tensor]:
         return shard(torch.zeros(spec.shape, dtype=getattr(torch, spec.dtype)), spec)
 
-    return outs, tuple(_grads(program, env, backend, zeros))
+    return outs, tuple(_grads(program, env, backend, zeros, moved))
 
 
 # -- one rank, differentiable -----------------------------------------------------------
@@ -220,12 +258,13 @@ class _RunProgram(torch.autograd.Function):
         env: dict[Value, Any] = {}
         for k, t in zip(program.graph.args, locals_, strict=True):
             env[Value(k)] = t.detach()
-        _run_ops(program.forward_ops, env, backend)
+        moved = _Moved(program)
+        _run_ops(program.forward_ops, env, backend, moved)
         outs = tuple(
-            backend.move(p, env[v])
+            moved.read(backend, p, v, env)
             for v, p in zip(program.graph.outputs, program.out_moves, strict=True)
         )
-        ctx.program, ctx.backend = program, backend
+        ctx.program, ctx.backend, ctx.moved = program, backend, moved
         # saved as autograd saves tensors: freed by a backward without retain_graph, kept
         # for the next with it (and a second backward after a free raises torch's error)
         ctx.keys = tuple(env)
@@ -241,12 +280,13 @@ class _RunProgram(torch.autograd.Function):
             if g is None:
                 g = torch.zeros(local_shape(spec, backend.rank), dtype=getattr(torch, spec.dtype))
             env[Value(k)] = g.contiguous()
-        _run_ops(program.backward_ops, env, backend)
+        moved = ctx.moved.fork()
+        _run_ops(program.backward_ops, env, backend, moved)
 
         def zeros(spec: Spec) -> torch.Tensor:
             return torch.zeros(local_shape(spec, backend.rank), dtype=getattr(torch, spec.dtype))
 
-        grads = _grads(program, env, backend, zeros)
+        grads = _grads(program, env, backend, zeros, moved)
         return (None, None, *grads)
 
 

@@ -156,12 +156,15 @@ def solve_within(
     budget: float | None,
     *,
     max_branches: int = 64,
+    cost: Callable[[Sequence[int]], float] | None = None,
     **solve_kwargs,
 ) -> Solution:
     """The least-cost choice whose ``sum weights[v][x_v]`` is at most ``budget``.
 
     ``solve(unary, pairs, **solve_kwargs)`` is the unconstrained solver (any, returning a
-    :class:`Solution` with a true lower bound); ``budget=None`` calls it once. The
+    :class:`Solution` with a true lower bound); ``cost(choice)`` is the objective it
+    minimizes (default: the pairwise total of ``unary`` and ``pairs``); ``budget=None``
+    calls it once. The
     result's ``lower_bound`` bounds the constrained minimum (exact when the solver is and
     no gap is left).
 
@@ -183,7 +186,12 @@ def solve_within(
             f"{least:.0f} bytes per rank, the budget leaves {budget:.0f}",
             value=budget,
         )
-    search = _Search(solve, un, pairs, w, budget, solve_kwargs)
+    if cost is None:
+
+        def cost(choice):
+            return total(choice, un, pairs)
+
+    search = _Search(solve, un, pairs, w, budget, solve_kwargs, cost)
     best, bound, exact = search.run(max_branches)
     gap_free = best.cost - bound <= 1e-12 * max(abs(best.cost), 1e-30)
     method = "exact" if exact and gap_free else "lagrangian bound + branch and bound"
@@ -197,8 +205,8 @@ class _Search:
     penalized out of the relaxation).
     """
 
-    def __init__(self, solve, un, pairs, w, budget, solve_kwargs) -> None:
-        self.solve, self.un, self.pairs, self.w = solve, un, pairs, w
+    def __init__(self, solve, un, pairs, w, budget, solve_kwargs, cost) -> None:
+        self.solve, self.un, self.pairs, self.w, self.cost = solve, un, pairs, w, cost
         self.budget, self.kwargs = budget, solve_kwargs
         self.solves = 0
         self.exact = True
@@ -256,7 +264,7 @@ class _Search:
         sol = self.solve(un, self.pairs, **self.kwargs)
         self.solves += 1
         self.exact &= sol.method == "exact"
-        p = _Point(sol.choice, total(sol.choice, self.un, self.pairs), self.memory(sol.choice))
+        p = _Point(sol.choice, self.cost(sol.choice), self.memory(sol.choice))
         if any(p.choice[v] not in ks for v, ks in allowed.items()):
             return None, math.inf  # every choice of the branch is excluded
         if p.memory <= self.budget * (1 + 1e-12) and (

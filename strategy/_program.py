@@ -47,6 +47,7 @@ from ._program_terms import all_pairs, greedy, matrix, order_too_wide, pair_coun
 from ._program_value import Program, ProgramCost, ProgramOp, ProgramWarning
 from ._progress import Progress, check_progress, report
 from ._ruleset import RuleSet
+from ._shared import Reader, SharedValue, reader_weights, shared_solver
 
 __all__ = [
     "ComputeModel",
@@ -199,7 +200,6 @@ def plan_graph(
     """
     if solver not in ("whole", "op_by_op"):
         raise StrategyError(f"solver must be 'whole' or 'op_by_op', got {solver!r}", value=solver)
-    from ._solve import solve
 
     if not isinstance(graph, Graph):
         raise StrategyError(
@@ -354,6 +354,11 @@ def plan_graph(
             value=memory_budget,
         )
 
+    # the same terms grouped by value: one move per distinct layout its readers want
+    values = shared_values(graph, calls, var, fixed, sid, sinks)
+    weights = reader_weights(values, ins)
+    lams = [_term_weights(t, weights, ins) for t in terms]
+
     # lazy pricing: solve with exact prices where known and lower bounds elsewhere; price
     # exactly the pairs the solution uses; repeat until it uses only exact prices. Then
     # no other choice can be cheaper (its every term is at most its true price), so the
@@ -376,18 +381,26 @@ def plan_graph(
         rounds += 1
         report(progress, "solve", rounds, 0)
         unary = [u.copy() for u in compute_cost]
+        unary_lo = [u.copy() for u in compute_cost]
         pairs: dict[tuple[int, int], Any] = {}
-        for t in terms:
+        pairs_lo: dict[tuple[int, int], Any] = {}
+        for t, lam in zip(terms, lams, strict=True):
             if t[0] == "fixed":
                 _, c, i, src = t
-                unary[c] += matrix([src], [row[i] for row in ins[c]], price)[0]
+                row = matrix([src], [row[i] for row in ins[c]], price)[0]
+                unary[c] += row
+                unary_lo[c] += row * lam
             elif t[0] == "sink":
                 _, c, j, dst = t
-                unary[c] += matrix([row[j] for row in outs_[c]], [dst], price)[:, 0]
+                col = matrix([row[j] for row in outs_[c]], [dst], price)[:, 0]
+                unary[c] += col
+                unary_lo[c] += col * lam
             else:
                 _, p, j, c, i = t
                 m = matrix([row[j] for row in outs_[p]], [row[i] for row in ins[c]], price)
                 pairs[(p, c)] = m if (p, c) not in pairs else pairs[(p, c)] + m
+                m = m * lam[None, :]
+                pairs_lo[(p, c)] = m if (p, c) not in pairs_lo else pairs_lo[(p, c)] + m
         if solver == "op_by_op":
             sol = greedy(calls, var, graph, terms, ins, outs_, unary, pairs, price, learn_exact)
         else:
@@ -399,13 +412,17 @@ def plan_graph(
                     ).choice,
                 )
             free_budget = None if budget is None else budget - fixed_bytes
+            shared_solve, shared_cost = shared_solver(
+                (unary, pairs), (unary_lo, pairs_lo), (compute_cost, values, ins, outs_, price)
+            )
             sol = solve_within(
-                solve,
+                shared_solve,
                 unary,
                 pairs,
                 weights,
                 free_budget,
                 max_branches=64 if branched else 0,
+                cost=shared_cost,
                 max_factor=max_factor,
                 starts=starts,
             )
@@ -512,6 +529,35 @@ def _report_missing(fallbacks: Sequence[str], strict: bool) -> None:
     )
 
 
+def _term_weights(t, weights, ins):
+    """The lower-bound weights of a term's reader, per option of the reader (or one)."""
+    import numpy as np
+
+    if t[0] == "sink":
+        _, c, j, dst = t
+        return weights[("sink", c, j)][dst]
+    c, i = (t[1], t[2]) if t[0] == "fixed" else (t[3], t[4])
+    mine = weights[(c, i)]
+    return np.array([mine[row[i]] for row in ins[c]], dtype=float)
+
+
+def shared_values(graph: Graph, calls, var, fixed, sid, sinks) -> list[SharedValue]:
+    """Each value read by an op or a fixed target, with its source and its readers."""
+    readers: dict[Value, list[Reader]] = {}
+    for node in calls:
+        for i, v in enumerate(graph.nodes[node].inputs):
+            readers.setdefault(v, []).append(Reader(var[node], i))
+    for v, target in sinks:
+        readers.setdefault(v, []).append(Reader(-1, 0, sid(target)))
+    out = []
+    for v, rs in readers.items():
+        if v.node in fixed:
+            out.append(SharedValue(-1, 0, sid(fixed[v.node]), tuple(rs)))
+        else:
+            out.append(SharedValue(var[v.node], v.index, -1, tuple(rs)))
+    return out
+
+
 def _out_specs(graph: Graph, mesh, out_specs) -> tuple[Spec, ...]:
     metas = [graph.meta(v) for v in graph.outputs]
     if out_specs is None:
@@ -543,11 +589,17 @@ def _assemble(graph, arg_specs, outs, cots, grads, fixed, options, var, sol, mod
     comm = compute = nbytes = 0.0
     collectives = 0
 
-    def move(src: Spec, dst: Spec):
+    moved: set[tuple[Value, Spec]] = set()  # a value moved to a layout once serves all
+
+    def move(v: Value, dst: Spec):
         nonlocal comm, nbytes, collectives
+        src = specs[v]
         if src == dst:
             return None
         p = _plan(src, dst, model)
+        if (v, dst) in moved:
+            return p
+        moved.add((v, dst))
         c = plan_cost(p, model)
         comm += c.total
         nbytes += c.bytes
@@ -559,7 +611,7 @@ def _assemble(graph, arg_specs, outs, cots, grads, fixed, options, var, sol, mod
         n = graph.nodes[node]
         o = options[var[node]][sol.choice[var[node]]]
         compute += o.compute
-        moves = tuple(move(specs[v], o.input_specs[i]) for i, v in enumerate(n.inputs))
+        moves = tuple(move(v, o.input_specs[i]) for i, v in enumerate(n.inputs))
         for j, s in enumerate(o.output_specs):
             if s is not None:
                 specs[Value(node, j)] = s
@@ -575,10 +627,9 @@ def _assemble(graph, arg_specs, outs, cots, grads, fixed, options, var, sol, mod
                 n.call.target in fallbacks,
             )
         )
-    out_moves = tuple(move(specs[v], s) for v, s in zip(graph.outputs, outs, strict=True))
+    out_moves = tuple(move(v, s) for v, s in zip(graph.outputs, outs, strict=True))
     grad_moves = tuple(
-        move(specs[v], s) if v is not None else None
-        for v, s in zip(graph.grads, grads, strict=True)
+        move(v, s) if v is not None else None for v, s in zip(graph.grads, grads, strict=True)
     )
     cost = ProgramCost(comm, compute, nbytes, collectives)
     bound = sol.lower_bound if sol.method != "exact" else cost.total

@@ -74,9 +74,19 @@ def solve(
         c = total(choice, unary, pairs)
         return Solution(choice, c, c, "exact")
     kept = _forest(n, pw)
+    # a dropped term m[x_a, x_b] is at least u[x_a] + v[x_b] (u its row minima, v the
+    # column minima of what is left): kept as unary terms, the forest's minimum stays a
+    # lower bound, and a tighter one than dropping the term
+    folded = [u.copy() for u in un]
+    for (a, b), m in pw.items():
+        if (a, b) not in kept:
+            u = m.min(axis=1)
+            folded[a] = folded[a] + u
+            folded[b] = folded[b] + (m - u[:, None]).min(axis=0)
     order = _order(n, [len(u) for u in un], kept.keys(), math.inf)  # a forest: factors of one node
-    choice = _eliminate(un, kept, order)
-    bound = total(choice, unary, {k: pairs[k] for k in kept})
+    choice = _eliminate(folded, kept, order)
+    bound = float(sum(folded[v][choice[v]] for v in range(n)))
+    bound += sum(float(m[choice[a], choice[b]]) for (a, b), m in kept.items())
     best = None
     for start in [choice, *starts]:  # e.g. the op-by-op choice: never worse than it
         c = _local_search(list(start), un, pw)
@@ -96,23 +106,38 @@ def _neighbours(n: int, edges) -> list[set[int]]:
 
 
 def _order(n: int, sizes: list[int], edges, max_factor: int) -> list[int] | None:
-    """A greedy elimination order (smallest new factor first); None if one grows too big."""
+    """A greedy elimination order (smallest new factor first, ties to the lower vertex);
+    None if one grows too big.
+
+    A vertex's factor size changes only when its neighbourhood does, i.e. when a
+    neighbour is eliminated, so sizes live in a heap and only the eliminated vertex's
+    neighbours are re-pushed (stale entries are skipped): O(fill log n), not a rescan
+    of every live vertex per step.
+    """
+    import heapq
+
     nb = _neighbours(n, edges)
-    alive = set(range(n))
+    size = [math.prod(sizes[u] for u in nb[v]) for v in range(n)]
+    heap = [(size[v], v) for v in range(n)]
+    heapq.heapify(heap)
+    alive = [True] * n
     order = []
-    while alive:
-        best, best_size = None, None
-        for v in alive:
-            size = math.prod(sizes[u] for u in nb[v])
-            if best_size is None or size < best_size or (size == best_size and v < best):
-                best, best_size = v, size
-        if best_size > max_factor:
+    while heap:
+        s, best = heapq.heappop(heap)
+        if not alive[best] or s != size[best]:
+            continue  # eliminated, or a stale size
+        if s > max_factor:
             return None
         order.append(best)
+        alive[best] = False
         for u in nb[best]:
             nb[u] |= nb[best] - {u}
             nb[u].discard(best)
-        alive.remove(best)
+        for u in nb[best]:
+            new = math.prod(sizes[w] for w in nb[u])
+            if new != size[u]:
+                size[u] = new
+                heapq.heappush(heap, (new, u))
     return order
 
 
@@ -120,8 +145,8 @@ def _eliminate(un, pw, order: list[int]) -> tuple[int, ...]:
     import numpy as np
 
     factors: list[tuple[tuple[int, ...], np.ndarray]] = [((v,), u) for v, u in enumerate(un)]
-    for (a, b), m in pw.items():
-        factors.append(((a, b), m))
+    for scope, m in pw.items():  # pairs, or factors over any number of nodes
+        factors.append((tuple(scope), m))
     trail = []
     for v in order:
         mine = [f for f in factors if v in f[0]]
@@ -149,9 +174,17 @@ def _align(vs: tuple[int, ...], arr, scope: list[int]):
     return a.reshape(shape)
 
 
+def _residual(m) -> float:
+    """What a term loses when replaced by its row and column minima (see ``solve``)."""
+    u = m.min(axis=1)
+    v = (m - u[:, None]).min(axis=0)
+    return float((m - u[:, None] - v[None, :]).max())
+
+
 def _forest(n: int, pw: dict) -> dict:
-    """A maximum spanning forest of the pairwise terms, weighted by how much each can cost."""
-    weight = {k: float(m.max() - m.min()) for k, m in pw.items()}
+    """A maximum spanning forest of the pairwise terms, weighted by what each loses when
+    folded into row and column minima."""
+    weight = {k: _residual(m) for k, m in pw.items()}
     parent = list(range(n))
 
     def find(x: int) -> int:

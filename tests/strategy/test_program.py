@@ -28,7 +28,6 @@ from meshplan.placement import Replicate, Shard, Spec, shard, unshard
 from meshplan.runtime import simulate_program
 from meshplan.strategy import ComputeModel, plan_program
 from meshplan.strategy._program import grad_spec
-from meshplan.strategy._solve import total
 
 warnings.filterwarnings("ignore", category=UserWarning, module="meshplan")
 
@@ -121,34 +120,40 @@ def _brute_force(prog_fn, specs, compute):
 @settings(max_examples=min(settings.default.max_examples, 15), deadline=None)
 @given(data=st.data())
 def test_plan_program_matches_exhaustive_search_on_small_graphs(data):
-    """The solver's minimum equals the minimum over all strategy combinations."""
-    import numpy as np  # noqa: F401  (the solver's dependency)
-
-    from meshplan.strategy import _solve
+    """The solver's minimum (a value moved to a layout once for all its readers) equals
+    the minimum over all strategy combinations, and its bound lies below it."""
+    from meshplan.strategy import _program
+    from meshplan.strategy._shared import shared_total
 
     mesh = Mesh.create((2,))
     prog_desc = data.draw(programs(max_ops=2, n_weights=1), label="program")
     specs = data.draw(arg_specs(mesh, 4, 4, 1), label="specs")
     fn = build(prog_desc, 1)
     captured = {}
-    real = _solve.solve
+    real = _program.solve_shared
 
-    def spy(unary, pairs, **kw):
-        captured["problem"] = (unary, pairs)
-        return real(unary, pairs, **kw)
+    def spy(above, below, shared, **kw):
+        captured["problem"] = shared
+        return real(above, below, shared, **kw)
 
-    _solve.solve = spy
+    _program.solve_shared = spy
     try:
         prog = plan_program(fn, *specs, compute=ComputeModel.cpu())
     finally:
-        _solve.solve = real
-    unary, pairs = captured["problem"]
+        _program.solve_shared = real
+    unary, values, ins, outs, price = captured["problem"]
     sizes = [len(u) for u in unary]
     if _prod(sizes) > 200_000:
         return
-    best = min(total(c, unary, pairs) for c in itertools.product(*map(range, sizes)))
-    assert prog.method == "exact"
-    assert abs(prog.cost.total - best) <= 1e-12 + 1e-9 * best, prog.explain()
+    best = min(
+        shared_total(c, unary, values, ins, outs, price)
+        for c in itertools.product(*map(range, sizes))
+    )
+    assert prog.lower_bound <= best + 1e-12 + 1e-9 * best
+    if prog.method == "exact":
+        assert abs(prog.cost.total - best) <= 1e-12 + 1e-9 * best, prog.explain()
+    else:
+        assert prog.cost.total >= best - 1e-12 - 1e-9 * best
 
 
 def _prod(sizes):
@@ -293,3 +298,84 @@ def test_on_a_3d_mesh_the_bounded_search_never_loses_to_op_by_op():
     whole = plan_graph(graph, specs, compute=cm)
     greedy = plan_graph(graph, specs, compute=cm, solver="op_by_op")
     assert whole.lower_bound <= whole.cost.total <= greedy.cost.total * (1 + 1e-12)
+
+
+# -- shared moves ---------------------------------------------------------------------------
+
+
+def _moves_run(prog, case, specs):
+    """The moves ``simulate_program`` runs, as (source spec, target spec) pairs."""
+    from meshplan.runtime import _program as runner
+
+    ran = []
+    real = runner._Sim.move
+
+    def spy(self, plan, value):
+        if plan is not None:
+            ran.append((plan.src, plan.dst))
+        return real(self, plan, value)
+
+    runner._Sim.move = spy
+    try:
+        _check(prog, *case)
+    finally:
+        runner._Sim.move = real
+    return ran
+
+
+def _distinct_moves(prog):
+    keys = {}
+    reads = [zip(op.inputs, op.moves, strict=True) for op in prog.ops]
+    reads.append(zip(prog.graph.outputs, prog.out_moves, strict=True))
+    reads.append(zip(prog.graph.grads, prog.grad_moves, strict=True))
+    for pairs in reads:
+        for v, p in pairs:
+            if p is not None:
+                keys.setdefault((v, p.dst), []).append(p)
+    return keys
+
+
+def test_a_weight_read_forward_and_backward_is_gathered_once():
+    """An FSDP weight (Shard(0) on dp) read by the forward mm and by the backward's
+    transpose in the same layout is all-gathered once; the plan and the run agree."""
+    from meshplan.redistribute import cost as plan_cost
+    from meshplan.strategy._price import check_model
+
+    mesh = Mesh.create((2,))
+    x = Spec(mesh, [Shard(0)], (8, 4), "float64")
+    w = Spec(mesh, [Shard(0)], (4, 6), "float64")
+
+    def fn(x, w):
+        return torch.tanh(x @ w).sum()
+
+    tensors = [torch.randn(8, 4, dtype=torch.float64), torch.randn(4, 6, dtype=torch.float64)]
+    prog = plan_program(fn, x, w, compute=ComputeModel.cpu())
+    keys = _distinct_moves(prog)
+    assert any(len(ps) > 1 for ps in keys.values()), prog.explain()
+    ran = _moves_run(prog, (fn, tensors, [x, w]), [x, w])
+    assert len(ran) == len(keys)
+    model = check_model(None)
+    comm = sum(plan_cost(ps[0], model).total for ps in keys.values())
+    assert prog.cost.comm == pytest.approx(comm, rel=1e-12)
+
+
+@settings(max_examples=min(settings.default.max_examples, 20), deadline=None)
+@given(data=st.data())
+def test_each_value_is_moved_once_per_layout_and_priced_once(data):
+    """simulate_program runs one move per (value, target layout), shared by every
+    reader; the program's modeled communication counts each once; gradients match."""
+    from meshplan.redistribute import cost as plan_cost
+    from meshplan.strategy._price import check_model
+
+    mesh = data.draw(meshes(), label="mesh")
+    prog_desc = data.draw(programs(max_ops=4, n_weights=2), label="program")
+    specs = data.draw(arg_specs(mesh, 4, 4, 2), label="specs")
+    fn = build(prog_desc, 2)
+    tensors = [torch.randn(s.shape, dtype=torch.float64) for s in specs]
+    prog = plan_program(fn, *specs, compute=ComputeModel.cpu())
+    keys = _distinct_moves(prog)
+    ran = _moves_run(prog, (fn, tensors, specs), specs)
+    assert len(ran) == len(keys)
+    model = check_model(None)
+    comm = sum(plan_cost(ps[0], model).total for ps in keys.values())
+    assert prog.cost.comm == pytest.approx(comm, rel=1e-9, abs=1e-15)

@@ -1,0 +1,163 @@
+"""The whole-program solver on random small problems: its minimum equals brute force over
+every choice (a value moved to a layout once for all its readers), its bound is a true
+bound, and the heap elimination order is the greedy one."""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from meshplan.strategy._shared import Reader, SharedValue, shared_total, solve_shared
+from meshplan.strategy._solve import _neighbours, _order
+
+
+@st.composite
+def problems(draw, max_ops: int = 5, max_options: int = 3, layouts: int = 4):
+    """Random ops (options reading/writing layout numbers), values and a price table."""
+    n = draw(st.integers(1, max_ops))
+    sizes = [draw(st.integers(1, max_options)) for _ in range(n)]
+    n_in = [draw(st.integers(0, 2)) for _ in range(n)]
+    layout = st.integers(0, layouts - 1)
+    ins = [[[draw(layout) for _ in range(n_in[c])] for _ in range(sizes[c])] for c in range(n)]
+    outs = [[[draw(layout)] for _ in range(sizes[c])] for c in range(n)]
+    unary = [[draw(st.integers(0, 5)) / 4 for _ in range(sizes[c])] for c in range(n)]
+    readers: dict[int, list] = {}  # value key: -1 - k for fixed value k, c for op c's output
+    n_fixed = draw(st.integers(0, 2))
+    for c in range(n):
+        for i in range(n_in[c]):
+            src = draw(st.integers(-n_fixed, c - 1)) if c or n_fixed else None
+            if src is None:
+                continue
+            readers.setdefault(src, []).append(Reader(c, i))
+    for c in range(n):
+        if draw(st.booleans()):
+            readers.setdefault(c, []).append(Reader(-1, 0, draw(layout)))
+    values = []
+    for key, rs in sorted(readers.items()):
+        if key < 0:
+            values.append(SharedValue(-1, 0, draw(layout), tuple(rs)))
+        else:
+            values.append(SharedValue(key, 0, -1, tuple(rs)))
+    table = [
+        [0.0 if a == b else draw(st.integers(1, 8)) / 2 for b in range(layouts)]
+        for a in range(layouts)
+    ]
+    return unary, values, ins, outs, (lambda a, b: table[a][b])
+
+
+def _pairwise(problem, shared: bool):
+    """The pairwise problems the planner hands the solver: every reader paying its own
+    move (above), or its share of it (below)."""
+    import numpy as np
+
+    from meshplan.strategy._shared import reader_weights
+
+    unary, values, ins, outs, price = problem
+    weights = reader_weights(values, ins)
+    un = [np.array(u, dtype=float) for u in unary]
+    lo = [np.array(u, dtype=float) for u in unary]
+    pairs: dict = {}
+    pairs_lo: dict = {}
+    for v in values:
+        for r in v.readers:
+            if r.op < 0:
+                if v.producer < 0:
+                    continue
+                col = np.array([price(o[v.j], r.layout) for o in outs[v.producer]])
+                lam = weights[("sink", v.producer, v.j)][r.layout]
+                un[v.producer] += col
+                lo[v.producer] += col * lam
+                continue
+            lam = np.array([weights[(r.op, r.i)][row[r.i]] for row in ins[r.op]])
+            if v.producer < 0:
+                row = np.array([price(v.layout, o[r.i]) for o in ins[r.op]])
+                un[r.op] += row
+                lo[r.op] += row * lam
+                continue
+            m = np.array([[price(a[v.j], b[r.i]) for b in ins[r.op]] for a in outs[v.producer]])
+            if v.producer == r.op:  # an op reading its own output cannot happen in a trace
+                continue
+            key = (v.producer, r.op)
+            pairs[key] = pairs.get(key, 0) + m
+            pairs_lo[key] = pairs_lo.get(key, 0) + m * lam[None, :]
+    return (un, pairs), (lo, pairs_lo)
+
+
+def _brute(problem):
+    unary, values, ins, outs, price = problem
+    return min(
+        shared_total(c, unary, values, ins, outs, price)
+        for c in itertools.product(*(range(len(u)) for u in unary))
+    )
+
+
+@settings(max_examples=min(settings.default.max_examples, 100), deadline=None)
+@given(problems(), st.sampled_from([1, 4, 1 << 20]))
+def test_the_solver_equals_brute_force_and_its_bound_is_a_true_bound(problem, max_factor):
+    above, below = _pairwise(problem, True)
+    sol = solve_shared(above, below, problem, max_factor=max_factor)
+    best = _brute(problem)
+    unary, values, ins, outs, price = problem
+    assert sol.cost == shared_total(sol.choice, unary, values, ins, outs, price)
+    assert sol.lower_bound <= best + 1e-9
+    assert sol.cost >= best - 1e-9
+    if sol.method == "exact":
+        assert abs(sol.cost - best) <= 1e-9
+    if max_factor >= 1 << 20:  # every factor fits: the elimination is exact
+        assert sol.method == "exact" and abs(sol.cost - best) <= 1e-9
+
+
+def _scan_order(n, sizes, edges, max_factor):
+    """The elimination order by rescanning every live vertex (the reference)."""
+    nb = _neighbours(n, edges)
+    alive = set(range(n))
+    order = []
+    while alive:
+        best = min(alive, key=lambda v: (math.prod(sizes[u] for u in nb[v]), v))
+        if math.prod(sizes[u] for u in nb[best]) > max_factor:
+            return None
+        order.append(best)
+        for u in nb[best]:
+            nb[u] |= nb[best] - {u}
+            nb[u].discard(best)
+        alive.remove(best)
+    return order
+
+
+@settings(max_examples=min(settings.default.max_examples, 100), deadline=None)
+@given(st.data())
+def test_the_heap_order_is_the_greedy_smallest_factor_order(data):
+    n = data.draw(st.integers(1, 12))
+    sizes = data.draw(st.lists(st.integers(1, 4), min_size=n, max_size=n))
+    edges = data.draw(
+        st.lists(st.tuples(st.integers(0, n - 1), st.integers(0, n - 1)), max_size=3 * n)
+    )
+    max_factor = data.draw(st.sampled_from([1, 8, 64, 1 << 30]))
+    assert _order(n, sizes, edges, max_factor) == _scan_order(n, sizes, edges, max_factor)
+
+
+@settings(max_examples=min(settings.default.max_examples, 100), deadline=None)
+@given(st.data())
+def test_the_forest_bound_with_folded_terms_lies_below_the_pairwise_minimum(data):
+    """With every factor refused, ``solve``'s bound (a spanning forest, the other terms
+    folded into row and column minima) is at most the brute-force minimum."""
+    from meshplan.strategy._solve import solve, total
+
+    n = data.draw(st.integers(2, 6))
+    sizes = data.draw(st.lists(st.integers(1, 3), min_size=n, max_size=n))
+    cost = st.integers(0, 6).map(lambda k: k / 2)
+    unary = [data.draw(st.lists(cost, min_size=k, max_size=k)) for k in sizes]
+    pairs = {}
+    for a, b in data.draw(st.lists(st.tuples(st.integers(0, n - 1), st.integers(0, n - 1)))):
+        if a < b and (a, b) not in pairs:
+            pairs[(a, b)] = [
+                data.draw(st.lists(cost, min_size=sizes[b], max_size=sizes[b]))
+                for _ in range(sizes[a])
+            ]
+    sol = solve(unary, pairs, max_factor=1)
+    best = min(total(c, unary, pairs) for c in itertools.product(*map(range, sizes)))
+    assert sol.lower_bound <= best + 1e-9
+    assert sol.cost >= best - 1e-9
