@@ -355,9 +355,10 @@ def plan_graph(
         )
 
     # the same terms grouped by value: one move per distinct layout its readers want
-    values = shared_values(graph, calls, var, fixed, sid, sinks)
-    weights = reader_weights(values, ins)
-    lams = [_term_weights(t, weights, ins) for t in terms]
+    grad_reads = [(graph.grads[i], var[graph.args[i]]) for i in free if graph.grads[i] is not None]
+    values = shared_values(graph, calls, var, fixed, sid, sinks, grad_reads)
+    shares = reader_weights(values, ins)
+    lams = [_term_weights(t, shares, ins) for t in terms]
 
     # lazy pricing: solve with exact prices where known and lower bounds elsewhere; price
     # exactly the pairs the solution uses; repeat until it uses only exact prices. Then
@@ -483,8 +484,7 @@ def _check_budget(value) -> float | None:
         return None
     if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
         raise StrategyError(
-            f"memory_budget={value!r} must be a number of bytes per rank > 0 (or None: no "
-            "limit)",
+            f"memory_budget={value!r} must be a number of bytes per rank > 0 (or None: no limit)",
             value=value,
         )
     return float(value)
@@ -529,24 +529,28 @@ def _report_missing(fallbacks: Sequence[str], strict: bool) -> None:
     )
 
 
-def _term_weights(t, weights, ins):
+def _term_weights(t, shares, ins):
     """The lower-bound weights of a term's reader, per option of the reader (or one)."""
     import numpy as np
 
     if t[0] == "sink":
         _, c, j, dst = t
-        return weights[("sink", c, j)][dst]
+        return shares[("sink", c, j)][dst]
     c, i = (t[1], t[2]) if t[0] == "fixed" else (t[3], t[4])
-    mine = weights[(c, i)]
+    mine = shares[(c, i)]
     return np.array([mine[row[i]] for row in ins[c]], dtype=float)
 
 
-def shared_values(graph: Graph, calls, var, fixed, sid, sinks) -> list[SharedValue]:
-    """Each value read by an op or a fixed target, with its source and its readers."""
+def shared_values(graph: Graph, calls, var, fixed, sid, sinks, grad_reads=()) -> list[SharedValue]:
+    """Each value read by an op, a fixed target or a free argument (its gradient, moved
+    into the chosen option's grad spec: ``grad_reads`` pairs of value and variable), with
+    its source and its readers."""
     readers: dict[Value, list[Reader]] = {}
     for node in calls:
         for i, v in enumerate(graph.nodes[node].inputs):
             readers.setdefault(v, []).append(Reader(var[node], i))
+    for v, a in grad_reads:
+        readers.setdefault(v, []).append(Reader(a, 0))
     for v, target in sinks:
         readers.setdefault(v, []).append(Reader(-1, 0, sid(target)))
     out = []

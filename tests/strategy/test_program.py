@@ -122,7 +122,7 @@ def _brute_force(prog_fn, specs, compute):
 def test_plan_program_matches_exhaustive_search_on_small_graphs(data):
     """The solver's minimum (a value moved to a layout once for all its readers) equals
     the minimum over all strategy combinations, and its bound lies below it."""
-    from meshplan.strategy import _program
+    from meshplan.strategy import _shared
     from meshplan.strategy._shared import shared_total
 
     mesh = Mesh.create((2,))
@@ -130,17 +130,17 @@ def test_plan_program_matches_exhaustive_search_on_small_graphs(data):
     specs = data.draw(arg_specs(mesh, 4, 4, 1), label="specs")
     fn = build(prog_desc, 1)
     captured = {}
-    real = _program.solve_shared
+    real = _shared.solve_shared
 
     def spy(above, below, shared, **kw):
         captured["problem"] = shared
         return real(above, below, shared, **kw)
 
-    _program.solve_shared = spy
+    _shared.solve_shared = spy
     try:
         prog = plan_program(fn, *specs, compute=ComputeModel.cpu())
     finally:
-        _program.solve_shared = real
+        _shared.solve_shared = real
     unary, values, ins, outs, price = captured["problem"]
     sizes = [len(u) for u in unary]
     if _prod(sizes) > 200_000:
