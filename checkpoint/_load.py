@@ -24,13 +24,13 @@ from meshplan.layout._mesh import first_instance
 from meshplan.placement import Sharded, Spec, local_shape
 from meshplan.placement._tensor import partial_keeps
 
+from ._agree import agree
 from ._encoding import REAL_VIEW, recorded_checksum, restored
+from ._files import reading
 from ._header import Header, read_header
 from ._index import ChunkRecord, Metadata, TensorMeta, missing_tensor
-from ._files import reading
 from ._index_json import checkpoint_path
 from ._plan import check_target, plan_reads
-from ._agree import agree
 from ._ranks import check_groups, resolve_rank
 
 __all__ = ["load", "load_all"]
