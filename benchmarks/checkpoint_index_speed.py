@@ -47,9 +47,7 @@ def _dcp_index(rows: int, directory: str) -> int:
     chunks = []
     for i in range(rows):
         chunks.append(ChunkStorageMetadata(torch.Size([0, i, 0]), torch.Size([1, 1, i + 1])))
-        chunks.append(
-            ChunkStorageMetadata(torch.Size([0, i, i + 1]), torch.Size([1, 1, rows - i]))
-        )
+        chunks.append(ChunkStorageMetadata(torch.Size([0, i, i + 1]), torch.Size([1, 1, rows - i])))
     item = TensorStorageMetadata(
         TensorProperties(dtype=torch.float32), torch.Size([1, rows, rows + 1]), chunks
     )
@@ -75,11 +73,13 @@ def main() -> None:
     opts = ap.parse_args()
     from torch.distributed.checkpoint import FileSystemReader
 
-    from meshplan.checkpoint import read_metadata, read_dcp_metadata
+    from meshplan.checkpoint import read_dcp_metadata, read_metadata
 
     print(f"load average {os.getloadavg()[0]:.1f}; best of {opts.rounds}")
-    print(f"{'chunks':>8} {'index MB':>9} {'meshplan s':>11} {'DCP s':>8} {'ratio':>6}"
-          f" {'meshplan DCP-read s':>20}")
+    print(
+        f"{'chunks':>8} {'index MB':>9} {'meshplan s':>11} {'DCP s':>8} {'ratio':>6}"
+        f" {'meshplan DCP-read s':>20}"
+    )
     for rows in opts.rows:
         with tempfile.TemporaryDirectory() as mine, tempfile.TemporaryDirectory() as theirs:
             size = _meshplan_index(rows, mine)
@@ -89,8 +89,10 @@ def main() -> None:
                 warnings.simplefilter("ignore")
                 peer = _best(lambda: FileSystemReader(theirs).read_metadata(), opts.rounds)
             dcp_checked = _best(lambda: read_dcp_metadata(theirs), opts.rounds)
-        print(f"{2 * rows:>8} {size / 1e6:>9.2f} {ours:>11.3f} {peer:>8.3f} {ours / peer:>6.1f}"
-              f" {dcp_checked:>20.3f}")
+        print(
+            f"{2 * rows:>8} {size / 1e6:>9.2f} {ours:>11.3f} {peer:>8.3f} {ours / peer:>6.1f}"
+            f" {dcp_checked:>20.3f}"
+        )
 
 
 if __name__ == "__main__":

@@ -38,8 +38,10 @@ _ALLOWED = {
     ("collections", "OrderedDict"),
     ("builtins", "set"),
     ("builtins", "frozenset"),
-    *(("pathlib", name) for name in ("Path", "PosixPath", "PurePosixPath", "WindowsPath",
-                                     "PureWindowsPath")),
+    *(
+        ("pathlib", name)
+        for name in ("Path", "PosixPath", "PurePosixPath", "WindowsPath", "PureWindowsPath")
+    ),
 }
 
 

@@ -40,7 +40,7 @@ import torch
 from meshplan.errors import CheckpointError
 
 from ._index import INDEX_NAME, Metadata
-from ._index_json import read_metadata
+from ._index_json import metadata_from_json, read_index, read_metadata
 
 __all__ = [
     "STATE_DIR",
@@ -215,8 +215,10 @@ def reading(directory: str) -> Iterator[Metadata]:
     saves commit meanwhile. If the index changed, it claims the new one. In a directory
     it cannot write to (where no save can run either), it reads without claims.
     """
-    meta = read_metadata(directory)
+    where = os.path.join(directory, INDEX_NAME)
+    text = read_index(directory)
     for _ in range(_READ_ATTEMPTS):
+        meta = metadata_from_json(text, where)
         ids = sorted({i for i in map(save_id_of, meta.files) if i is not None})
         with contextlib.ExitStack() as held:
             try:
@@ -227,11 +229,11 @@ def reading(directory: str) -> Iterator[Metadata]:
                 held.close()
                 yield meta
                 return
-            again = read_metadata(directory)
-            if again.files == meta.files:
-                yield again
+            again = read_index(directory)
+            if again == text:
+                yield meta
                 return
-        meta = again
+        text = again
     raise CheckpointError(
         f"the checkpoint at {directory!r} was replaced {_READ_ATTEMPTS} times while it was "
         "being opened; load again once the saves into it slow down",

@@ -303,9 +303,9 @@ def _tiles_by_corners(boxes: list, shape: tuple[int, ...]) -> bool | None:
     get = counts.get
     for c in boxes:
         bounds = [(c.offsets[d], c.offsets[d] + c.sizes[d]) for d in dims]
-        for corner, sign in zip(itertools.product(*bounds), signs):
+        for corner, sign in zip(itertools.product(*bounds), signs, strict=True):
             counts[corner] = get(corner, 0) + sign
-    whole = dict(zip(itertools.product(*[(0, shape[d]) for d in dims]), signs))
+    whole = dict(zip(itertools.product(*[(0, shape[d]) for d in dims]), signs, strict=True))
     return {k: v for k, v in counts.items() if v} == whole
 
 

@@ -35,6 +35,7 @@ __all__ = [
     "checkpoint_path",
     "metadata_from_json",
     "metadata_to_json",
+    "read_index",
     "read_metadata",
     "read_small_file",
 ]
@@ -224,9 +225,14 @@ def read_metadata(path: str | os.PathLike[str]) -> Metadata:
     meshplan.errors.CheckpointError: no checkpoint at ...: index.json is missing ...
     """
     directory = checkpoint_path(path)
+    return metadata_from_json(read_index(directory), os.path.join(directory, INDEX_NAME))
+
+
+def read_index(directory: str) -> bytes:
+    """The bytes of ``directory``'s committed index (a regular file, of a sane size)."""
     index = os.path.join(directory, INDEX_NAME)
     try:
-        text = read_small_file(index, MAX_INDEX_BYTES, "the index")
+        return read_small_file(index, MAX_INDEX_BYTES, "the index")
     except FileNotFoundError:
         raise CheckpointError(
             f"no checkpoint at {directory!r}: {INDEX_NAME} is missing (the checkpoint was "
@@ -237,7 +243,6 @@ def read_metadata(path: str | os.PathLike[str]) -> Metadata:
         raise CheckpointError(
             f"cannot read {index!r}: {e}; pass the checkpoint's directory", value=index
         ) from None
-    return metadata_from_json(text, index)
 
 
 def read_small_file(path: str, limit: int, what: str) -> bytes:

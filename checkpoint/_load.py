@@ -24,13 +24,13 @@ from meshplan.layout._mesh import first_instance
 from meshplan.placement import Sharded, Spec, local_shape
 from meshplan.placement._tensor import partial_keeps
 
+from ._agree import agree
 from ._encoding import REAL_VIEW, recorded_checksum, restored
+from ._files import reading
 from ._header import Header, read_header
 from ._index import ChunkRecord, Metadata, TensorMeta, missing_tensor
-from ._files import reading
 from ._index_json import checkpoint_path
 from ._plan import check_target, plan_reads
-from ._agree import agree
 from ._ranks import check_groups, resolve_rank
 
 __all__ = ["load", "load_all"]
@@ -208,10 +208,18 @@ def load(
     ``targets`` maps tensor names to the specs to load them as: any mesh, world size,
     placements, shard order or StridedShard, as long as the global shape and dtype are
     the saved ones (Partial targets get meshplan's canonical split). The rank comes
-    from ``groups`` (a :class:`~meshplan.runtime.ProcessGroups`) or ``rank=``; no
-    collective runs. Only chunks overlapping this rank's boxes are read; with ``verify``
-    each is read whole once and its checksum checked. ``device`` places the local
-    tensors (default: the CPU; e.g. ``"cuda"`` for a training loop on NCCL).
+    from ``groups`` (a :class:`~meshplan.runtime.ProcessGroups`) or ``rank=``. Only
+    chunks overlapping this rank's boxes are read; with ``verify`` each is read whole
+    once and its checksum checked. ``device`` places the local tensors (default: the
+    CPU; e.g. ``"cuda"`` for a training loop on NCCL).
+
+    With ``groups``, every rank of ``groups.mesh`` calls ``load``, and the ranks agree on
+    its outcome (one all-gather of a small message, no data): if any rank's load fails
+    (a truncated or missing shard, a bad target), every rank raises, the failing one
+    its own error and the others a :class:`CheckpointError` quoting it, so no rank goes
+    on to a collective the others never reach. With ``rank=`` no collective runs.
+    A load while another process saves into ``path`` gets the checkpoint committed
+    when it started, whole.
 
     >>> import tempfile
     >>> from meshplan.layout import Mesh

@@ -22,8 +22,8 @@ from hypothesis import strategies as st
 
 from meshplan.checkpoint import (
     INDEX_NAME,
-    ChunkRecord,
     CheckpointError,
+    ChunkRecord,
     Metadata,
     TensorMeta,
     check_tiles,
@@ -197,7 +197,7 @@ def test_check_tiles_agrees_with_counting_every_element(case):
     shape, boxes = case
     counts = dict.fromkeys(itertools.product(*map(range, shape)), 0)
     for lo, size in boxes:
-        for point in itertools.product(*(range(o, o + n) for o, n in zip(lo, size))):
+        for point in itertools.product(*(range(o, o + n) for o, n in zip(lo, size, strict=True))):
             counts[point] += 1
     chunks = [ChunkRecord(lo, size, "f", f"w#{i}", "") for i, (lo, size) in enumerate(boxes)]
     meta = TensorMeta("w", shape, "float32", chunks)
@@ -253,8 +253,9 @@ def test_a_dcp_metadata_pointing_outside_its_directory_is_refused(tmp_path):
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        dcp.save({"w": torch.arange(4)}, storage_writer=dcp.FileSystemWriter(tmp_path),
-                 no_dist=True)
+        dcp.save(
+            {"w": torch.arange(4)}, storage_writer=dcp.FileSystemWriter(tmp_path), no_dist=True
+        )
     with open(tmp_path / ".metadata", "rb") as f:
         meta = pickle.load(f)
     for k, info in meta.storage_data.items():
@@ -276,8 +277,11 @@ def test_an_index_declaring_terabytes_fails_on_the_shard_headers_before_allocati
     index = tmp_path / INDEX_NAME
     doc = json.loads(index.read_text())
     chunk = {"offsets": [0, 0], "sizes": list(huge), "file": rec.file, "name": rec.name}
-    doc["tensors"]["w"] = {"shape": list(huge), "dtype": "float32",
-                           "chunks": [chunk | {"checksum": rec.checksum}]}
+    doc["tensors"]["w"] = {
+        "shape": list(huge),
+        "dtype": "float32",
+        "chunks": [chunk | {"checksum": rec.checksum}],
+    }
     index.write_text(json.dumps(doc))
     assert read_metadata(tmp_path)["w"].shape == huge  # the index alone is consistent
     target = Spec(Mesh.create(1), (Replicate(),), huge, "float32")

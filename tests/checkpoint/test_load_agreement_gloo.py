@@ -82,3 +82,43 @@ def test_background_saves_on_new_process_groups_do_not_leak_a_group_each(pool4, 
     got = pool4.run(_async_saves, str(tmp_path), 5)
     for counts in got:
         assert counts[-1] - counts[0] <= 1, got  # was +2 to +5 descriptors per save
+
+
+def _save_with_a_full_disk(path):
+    import errno
+
+    import torch.distributed as dist
+
+    import meshplan.checkpoint._write as write
+    from meshplan.checkpoint import CheckpointError, save
+    from meshplan.runtime import ProcessGroups
+
+    real = write.write_safetensors
+
+    def full(tensors, tmp, metadata):
+        with open(tmp, "wb") as f:
+            f.write(b"partial")
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    if dist.get_rank() == 2:
+        write.write_safetensors = full
+    try:
+        save(_state(), path, ProcessGroups(MESH, timeout=20))
+    except CheckpointError as e:
+        return str(e)
+    finally:
+        write.write_safetensors = real
+    return "saved"
+
+
+def test_a_distributed_save_failing_on_one_rank_removes_every_ranks_files(pool4, tmp_path):
+    from meshplan.checkpoint import INDEX_NAME, read_metadata
+
+    pool4.run(_save, str(tmp_path))
+    before = sorted(os.listdir(tmp_path))
+    got = pool4.run(_save_with_a_full_disk, str(tmp_path))
+    assert all("No space left" in g for g in got), got
+    assert sorted(os.listdir(tmp_path)) == before  # no shard file of the failed save
+    staged = set(os.listdir(tmp_path / ".meshplan")) - {"commit.lock"}
+    assert not staged, staged
+    assert INDEX_NAME in before and len(read_metadata(tmp_path).files) == 4
