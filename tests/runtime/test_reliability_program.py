@@ -112,3 +112,16 @@ def test_a_program_result_back_propagates_twice_with_retain_graph(pool4, program
         for a, b in zip(once, twice, strict=True):
             torch.testing.assert_close(b, 2 * a)
         assert third == "RuntimeError"
+
+
+# -- one process (a fake world): the dtype check itself, with and without the agreement ----
+
+
+@pytest.mark.parametrize("check", [True, False])
+def test_a_float64_argument_of_a_float32_program_is_a_typed_error(fake_world, program, check):
+    _, locals_ = _inputs(program)
+    groups = ProcessGroups(MESH, check_specs=check)
+    xs = [loc[0] for loc in locals_]
+    xs[0] = xs[0].double()
+    with pytest.raises(RuntimeShellError, match="argument 0 has dtype float64 on rank 0"):
+        run_program(program, groups, *xs)
