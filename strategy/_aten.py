@@ -406,10 +406,7 @@ def _sdpa(call: Call) -> list[DimStrategy]:
     out = []
     for d in (0, 1):
         gqa = d == 1 and bool(kv)
-
-        def place(m: Meta | None, lead: bool) -> Any:
-            return Placeholder(d, nonempty=True, even=gqa) if lead else R
-
+        shard = Placeholder(d, nonempty=True, even=gqa)
         ins = []
         for m in call.inputs:
             # q, k, v, out and their gradients are (B, H, T, E); logsumexp is (B, H, T)
@@ -417,11 +414,11 @@ def _sdpa(call: Call) -> list[DimStrategy]:
                 lead = m.ndim >= 3 and m.shape[1] in sizes
             else:
                 lead = m.ndim >= 3 and m.shape[d] == call.inputs[0].shape[d]
-            ins.append(place(m, lead))
+            ins.append(shard if lead else R)
         o = []
         for m in call.outputs:
             lead = m is not None and m.ndim >= 2 and (not gqa or m.shape[1] in sizes)
-            o.append(place(m, lead))
+            o.append(shard if lead else R)
         out.append(DimStrategy(o[:n_out], ins))
     return out
 

@@ -260,7 +260,9 @@ def test_grouped_query_attention_shards_q_and_kv_heads_alike():
     assert sdpa and all(op.input_specs[0].placements == (Shard(1),) for op in sdpa)
     g = torch.Generator().manual_seed(0)
     ts = [torch.randn(s.shape, generator=g, dtype=torch.float64) for s in (q, kv, kv)]
-    outs, grads = simulate_program(prog, *(shard(t, s) for t, s in zip(ts, (q, kv, kv))))
+    outs, grads = simulate_program(
+        prog, *(shard(t, s) for t, s in zip(ts, (q, kv, kv), strict=True))
+    )
     leaves = [t.clone().requires_grad_() for t in ts]
     loss = fn(*leaves)
     loss.backward()
