@@ -49,7 +49,8 @@ def _pieces_model(x, idx, w):
     g = w[idx] + w[:, idx[:, 0]].sum()
     r = torch.arange(1, 2 * x.shape[2] + 1, 2, dtype=x.dtype)
     z = F.pad(p * q, (1, 0), value=0.5) @ torch.ones(q.shape[2] + 1, 3, dtype=x.dtype)
-    return g.sum() + (z.cumsum(1) * r[:3]).sum() + x.flip(0).select(2, 1).sum()
+    safe = torch.ops.aten._safe_softmax(z, -1)  # (what SDPA with a mask calls)
+    return g.sum() + (z.cumsum(1) * r[:3] * safe).sum() + x.flip(0).select(2, 1).sum()
 
 
 def _gqa_model(q, k, v):

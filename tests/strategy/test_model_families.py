@@ -18,6 +18,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 from _model_families import FAMILIES, batch, make, param_specs
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from torch.func import functional_call
 
 from meshplan.errors import StrategyError
@@ -286,3 +288,58 @@ def test_a_constant_of_one_value_built_inside_the_function_is_a_factory():
     outs, grads = simulate_program(prog, shard(t, x))
     assert torch.allclose(unshard(outs[0], prog.out_specs[0]), fn(t))
     assert torch.allclose(unshard(grads[0], prog.grad_specs[0]), 8 * t)
+
+
+PIECE_OPS = ("split", "slice", "select", "unbind", "cat", "pad", "cumsum", "flip", "triu", "index")
+
+
+def _piece_fn(kind: str, dim: int):
+    def fn(x, w):
+        h = x @ w  # a matmul first, so the piece op's input may be sharded or partial
+        if kind == "split":
+            a, b = h.split([1, h.shape[dim] - 1], dim=dim)
+            y = a.sum(dim, keepdim=True) * 2 + b.sum(dim, keepdim=True)
+        elif kind == "slice":
+            y = h.narrow(dim, 1, h.shape[dim] - 1)
+        elif kind == "select":
+            y = h.select(dim, 0)
+        elif kind == "unbind":
+            y = torch.stack(h.unbind(dim)[::-1], dim=dim)
+        elif kind == "cat":
+            y = torch.cat([h, h.sin()], dim=dim)
+        elif kind == "pad":
+            y = F.pad(h, (1, 2) if dim == 1 else (0, 0, 2, 1))
+        elif kind == "cumsum":
+            y = h.cumsum(dim)
+        elif kind == "flip":
+            y = h.flip(dim)
+        elif kind == "triu":
+            y = h.triu(1) + h.tril(-1) * 3
+        else:
+            y = h[torch.arange(h.shape[0] - 1, -1, -1)]
+        return (y * y).sum() + y.mean()
+
+    return fn
+
+
+@settings(max_examples=min(settings.default.max_examples, 12), deadline=None)
+@given(data=st.data())
+def test_programs_of_piece_ops_give_the_single_process_loss_and_gradients(data):
+    mesh = data.draw(st.sampled_from([(2,), (3,), (2, 2)]).map(Mesh.create), label="mesh")
+    kind = data.draw(st.sampled_from(PIECE_OPS), label="op")
+    dim = data.draw(st.integers(0, 1), label="dim")
+    n, k, m = (data.draw(st.integers(2, 6), label=s) for s in ("rows", "inner", "cols"))
+    pls = st.sampled_from([Replicate(), Shard(0), Shard(1)])
+    x = Spec(mesh, [data.draw(pls) for _ in mesh.shape], (n, k), "float64")
+    w = Spec(mesh, [data.draw(pls) for _ in mesh.shape], (k, m), "float64")
+    fn = _piece_fn(kind, dim)
+    prog = plan_program(fn, x, w, strict=True, compute=ComputeModel(1e6, 1e6))
+    g = torch.Generator().manual_seed(data.draw(st.integers(0, 2**16)))
+    ts = [torch.randn(s.shape, generator=g, dtype=torch.float64) for s in (x, w)]
+    outs, grads = simulate_program(prog, *(shard(t, s) for t, s in zip(ts, (x, w), strict=True)))
+    leaves = [t.clone().requires_grad_() for t in ts]
+    loss = fn(*leaves)
+    loss.backward()
+    assert torch.allclose(unshard(outs[0], prog.out_specs[0]), loss.detach(), rtol=1e-10)
+    for grad, spec, leaf in zip(grads, prog.grad_specs, leaves, strict=True):
+        assert torch.allclose(unshard(grad, spec), leaf.grad, rtol=1e-10, atol=1e-12), kind
