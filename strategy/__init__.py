@@ -14,6 +14,7 @@ Never communicates; the planning part never imports torch (the rule checker
 from meshplan.errors import StrategyError
 from meshplan.layout._lazy import lazy_attributes
 
+from ._aten import Call, TensorArg
 from ._constraints import check_constraint
 from ._expand import Strategy, expand
 from ._rule import DimStrategy, Meta, Placeholder, fill, meta_of, replicate_strategy, shard_kinds
@@ -59,6 +60,8 @@ __all__ = [
     "plan_program",
     "grad_spec",
     "OPS",
+    "Call",
+    "TensorArg",
     "Choice",
     "DimStrategy",
     "Failure",
