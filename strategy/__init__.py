@@ -14,6 +14,7 @@ Never communicates; the planning part never imports torch (the rule checker
 from meshplan.errors import StrategyError
 from meshplan.layout._lazy import lazy_attributes
 
+from ._aten import Call, TensorArg
 from ._constraints import check_constraint
 from ._expand import Strategy, expand
 from ._progress import PROGRESS_STAGES
@@ -65,6 +66,8 @@ __all__ = [
     "plan_program",
     "grad_spec",
     "OPS",
+    "Call",
+    "TensorArg",
     "Choice",
     "DimStrategy",
     "Failure",

@@ -395,19 +395,30 @@ def _layer_norm_backward(call: Call) -> list[DimStrategy]:
 
 def _sdpa(call: Call) -> list[DimStrategy]:
     # q, k, v (and an optional mask broadcast over batch/heads) sharded on batch or heads;
-    # every rank's piece non-empty (torch's CPU kernels fault on an empty batch or head)
+    # every rank's piece non-empty (torch's CPU kernels fault on an empty batch or head).
+    # Grouped-query attention (k, v with fewer heads than q): q heads h read kv head
+    # h // (H / KV), so heads are sharded only evenly on q, k, v and their gradients
+    # alike, each rank's q heads then reading its own kv heads
     n_out = len(call.outputs)
+    heads = call.inputs[0].shape[1] if call.inputs[0].ndim >= 3 else None
+    kv = {m.shape[1] for m in call.inputs if m.ndim == 4} - {heads, 1}
+    sizes = {heads} | kv
     out = []
     for d in (0, 1):
+        gqa = d == 1 and bool(kv)
+        shard = Placeholder(d, nonempty=True, even=gqa)
         ins = []
         for m in call.inputs:
             # q, k, v, out and their gradients are (B, H, T, E); logsumexp is (B, H, T)
-            lead = m.ndim >= 3 and m.shape[d] == call.inputs[0].shape[d]
-            ins.append(Placeholder(d, nonempty=True) if lead else R)
-        o = [
-            Placeholder(d, nonempty=True) if m is not None and m.ndim >= 2 else R
-            for m in call.outputs
-        ]
+            if gqa:
+                lead = m.ndim >= 3 and m.shape[1] in sizes
+            else:
+                lead = m.ndim >= 3 and m.shape[d] == call.inputs[0].shape[d]
+            ins.append(shard if lead else R)
+        o = []
+        for m in call.outputs:
+            lead = m is not None and m.ndim >= 2 and (not gqa or m.shape[1] in sizes)
+            o.append(shard if lead else R)
         out.append(DimStrategy(o[:n_out], ins))
     return out
 

@@ -24,7 +24,7 @@ from typing import Any
 
 from meshplan.placement import Partial, Replicate
 
-from ._aten import Call, TensorArg, _named, _norm, _sums_only
+from ._aten import Call, TensorArg, _named, _norm, _softmax, _sums_only
 from ._rule import DimStrategy, Placeholder
 
 __all__ = ["RULES", "local_range"]
@@ -119,7 +119,22 @@ def _select_backward(call: Call) -> list[DimStrategy]:
 
 
 def _cat(call: Call) -> list[DimStrategy]:
-    return _sums_only(_named(call.op, call, dim=call.arg(1, "dim", 0)))
+    # torch.cat skips 1-D empty tensors next to tensors of more dims (a legacy rule that
+    # caches built from torch.tensor([]) rely on): they stay replicated, the rest as cat
+    nd = call.outputs[0].ndim
+    skip = [call.op == "cat" and m.shape == (0,) and nd != 1 for m in call.inputs]
+    kept = tuple(m for m, s in zip(call.inputs, skip, strict=True) if not s)
+    if not kept:
+        return []
+    part = Call(call.target, kept, call.outputs, (), {}, call.tags)
+    out = []
+    for st in _sums_only(_named(call.op, part, dim=call.arg(1, "dim", 0))):
+        it = iter(st.inputs)
+        ins = [R if s else next(it) for s in skip]
+        if any(s for s in skip) and any(p == PSUM for p in ins):
+            ins = [p if not s else PSUM for p, s in zip(ins, skip, strict=True)]
+        out.append(DimStrategy(st.outputs, ins))
+    return out
 
 
 def _complex_view(call: Call) -> list[DimStrategy]:
@@ -298,6 +313,7 @@ RULES: dict[str, Callable[[Call], list[DimStrategy]]] = {
     "new_full": _new_factory,
     "new_empty": _new_factory,
     "arange": _arange,
+    "_safe_softmax": _softmax,  # softmax whose fully masked rows are zeros
     "index": _index,
     "index_put": _index_put,
     "_index_put_impl": _index_put,

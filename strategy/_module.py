@@ -117,8 +117,10 @@ def match_specs(
     used: set[str] = set()
     out = {}
     for name, t in tensors.items():
-        key = name if name in specs else next(
-            (p for p in specs if fnmatch.fnmatchcase(name, p)), None
+        key = (
+            name
+            if name in specs
+            else next((p for p in specs if fnmatch.fnmatchcase(name, p)), None)
         )
         shape = tuple(int(s) for s in t.shape)
         dtype = str(t.dtype).removeprefix("torch.")
@@ -187,9 +189,7 @@ def plan_module(
         )
     for i, s in enumerate(batch_specs):
         if not isinstance(s, Spec):
-            raise StrategyError(
-                f"plan_module: batch spec {i} is {s!r}, not a Spec", value=s
-            )
+            raise StrategyError(f"plan_module: batch spec {i} is {s!r}, not a Spec", value=s)
     mesh = batch_specs[0].mesh
     if isinstance(model, torch.nn.Module):
         if state is not None:

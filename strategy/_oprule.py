@@ -24,9 +24,8 @@ from its inputs' and outputs' metadata, its arguments and its tags."""
 
 
 def _callable(instance, attribute, value) -> None:
-    if value is None and attribute.name != "aten":
-        if getattr(instance, "aten", None) is not None:
-            return  # a rule for traced programs only
+    if value is None and attribute.name != "aten" and getattr(instance, "aten", None) is not None:
+        return  # a rule for traced programs only
     if value is None and attribute.name == "aten":
         if instance.strategies is None or instance.outputs is None:
             raise StrategyError(

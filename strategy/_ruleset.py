@@ -209,7 +209,5 @@ def _default() -> RuleSet:
     aten |= _aten.ATEN_RULES | _aten_pieces.RULES
     for op, fn in aten.items():
         old = table.get(op)
-        table[op] = OpRule(
-            old.strategies if old else None, old.outputs if old else None, aten=fn
-        )
+        table[op] = OpRule(old.strategies if old else None, old.outputs if old else None, aten=fn)
     return RuleSet(table)

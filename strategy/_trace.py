@@ -183,7 +183,16 @@ def _to_graph(gm, arg_specs, requires_grad, n_out: int, fn: Any = None) -> Graph
             out_node = fx
             continue
         if fx.op == "get_attr":
-            raise captured_error(fn, getattr(gm, fx.target, None))
+            # a constant tensor: one of a single value (built inside the function, like
+            # torch.tensor([]) or a filled mask) is a factory call; anything else is a
+            # tensor the function captures instead of taking it as an argument
+            node = _constant_node(fx.name, getattr(gm, fx.target, None))
+            if node is None:
+                raise captured_error(fn, getattr(gm, fx.target, None))
+            nodes.append(node)
+            where[fx] = len(nodes) - 1
+            values[fx] = Value(len(nodes) - 1)
+            continue
         if fx.op != "call_function":
             raise StrategyError(f"unexpected node {fx.op} {fx.target} in the trace", value=fx)
         if fx.target is __import__("operator").getitem:
@@ -251,6 +260,27 @@ def _target_name(target: Any) -> str:
     return name
 
 
+def _constant_node(name: str, t: Any) -> Node | None:
+    """A constant tensor of one value (or none) as the call ``full(shape, value)``; None
+    for a parameter, a buffer, or a tensor of several values."""
+    if not isinstance(t, torch.Tensor) or isinstance(t, torch.nn.Parameter) or t.is_complex():
+        return None
+    if t.numel() > 0 and not bool((t == t.flatten()[0]).all()):
+        return None
+    value = t.flatten()[0].item() if t.numel() else 0
+    meta = _meta(t)
+    call = Call(
+        "aten.full.default",
+        (),
+        (meta,),
+        (tuple(meta.shape), value),
+        {"dtype": _const(t.dtype)},
+        frozenset(),
+        ("size", "fill_value"),
+    )
+    return Node("call", name, (meta,), (), call, "forward")
+
+
 def _holders(fn: Any) -> dict[str, Any]:
     """The modules and tensors ``fn`` can reach by name: its closure, the globals it
     reads, a bound method's owner, a partial's arguments."""
@@ -284,9 +314,13 @@ def _holders(fn: Any) -> dict[str, Any]:
         for name, v in {**cv.globals, **cv.nonlocals}.items():
             if isinstance(v, torch.nn.Module | torch.Tensor):
                 found[name] = v
-            elif callable(v) and not isinstance(v, type) and not inspect.isbuiltin(v):
-                if getattr(v, "__module__", "") == getattr(f, "__module__", None):
-                    todo.append(("", v))
+            elif (
+                callable(v)
+                and not isinstance(v, type)
+                and not inspect.isbuiltin(v)
+                and getattr(v, "__module__", "") == getattr(f, "__module__", None)
+            ):
+                todo.append(("", v))
     return found
 
 
@@ -319,9 +353,13 @@ def captured_name(fn: Any, tensor: Any) -> str | None:
 def captured_error(fn: Any, tensor: Any) -> StrategyError:
     """The error for a tensor the traced function captures instead of taking it as an argument."""
     name = captured_name(fn, tensor)
-    what = "a tensor" if not isinstance(tensor, torch.Tensor) else (
-        f"a {'parameter' if isinstance(tensor, torch.nn.Parameter) else 'tensor'} of shape "
-        f"{tuple(tensor.shape)}"
+    what = (
+        "a tensor"
+        if not isinstance(tensor, torch.Tensor)
+        else (
+            f"a {'parameter' if isinstance(tensor, torch.nn.Parameter) else 'tensor'} of shape "
+            f"{tuple(tensor.shape)}"
+        )
     )
     said = f"{what} ({name!r})" if name else what
     return StrategyError(

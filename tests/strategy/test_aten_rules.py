@@ -49,7 +49,12 @@ def _pieces_model(x, idx, w):
     g = w[idx] + w[:, idx[:, 0]].sum()
     r = torch.arange(1, 2 * x.shape[2] + 1, 2, dtype=x.dtype)
     z = F.pad(p * q, (1, 0), value=0.5) @ torch.ones(q.shape[2] + 1, 3, dtype=x.dtype)
-    return g.sum() + (z.cumsum(1) * r[:3]).sum() + x.flip(0).select(2, 1).sum()
+    safe = torch.ops.aten._safe_softmax(z, -1)  # (what SDPA with a mask calls)
+    return g.sum() + (z.cumsum(1) * r[:3] * safe).sum() + x.flip(0).select(2, 1).sum()
+
+
+def _gqa_model(q, k, v):
+    return F.scaled_dot_product_attention(q, k, v, enable_gqa=True).square().sum()
 
 
 def _family_case(name):
@@ -94,6 +99,8 @@ def _calls():
             ],
         )
     )
+    gqa = [Spec(mesh, [Replicate()], (2, h, 4, 2), "float64") for h in (4, 2, 2)]
+    cases.append((_gqa_model, gqa))
     for name in ("gpt2", "llama", "llama_complex", "encoder", "nanogpt"):
         cases.append(_family_case(name))
     for fn, specs in cases:
@@ -175,5 +182,9 @@ def test_the_sweep_covers_every_rule_of_the_ops_real_models_trace_to():
     # _index_put_impl, the conj/neg resolutions and new_empty share their siblings' code
     # (index_put, _conj, new_zeros); every other rule is traced here
     assert set(RULES) - traced <= {
-        "_index_put_impl", "conj_physical", "resolve_conj", "resolve_neg", "new_empty",
+        "_index_put_impl",
+        "conj_physical",
+        "resolve_conj",
+        "resolve_neg",
+        "new_empty",
     }, sorted(set(RULES) - traced)
