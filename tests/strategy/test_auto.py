@@ -244,3 +244,15 @@ def test_a_bad_budget_is_refused():
             plan_program(mlp, *specs, choose=[1], memory_budget=bad, requires_grad=GRAD)
     with pytest.raises(StrategyError, match="state_bytes_per_param"):
         plan_program(mlp, *specs, state_bytes_per_param=-2, requires_grad=GRAD)
+
+
+def test_free_arguments_plan_op_by_op_and_with_a_bounded_search():
+    # the op-by-op baseline and the bounded search's start both walk the calls only; the
+    # free arguments after them keep their first (replicated) option there
+    mesh = Mesh.create((2, 2), ("dp", "tp"))
+    specs = _mlp_specs(mesh)
+    exact = plan_program(mlp, *specs, choose=[1, 2], requires_grad=GRAD)
+    greedy = plan_graph(exact.graph, specs, choose=[1, 2], solver="op_by_op")
+    assert greedy.cost.total >= exact.cost.total
+    bounded = plan_graph(exact.graph, specs, choose=[1, 2], max_factor=2)
+    assert bounded.lower_bound <= exact.cost.total * (1 + 1e-9) <= bounded.cost.total * (1 + 1e-9)
