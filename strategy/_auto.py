@@ -44,9 +44,18 @@ from meshplan.errors import PlacementError, StrategyError
 from meshplan.placement import Replicate, Shard, Spec
 
 from ._candidates import Option
+from ._memory import state_bytes
 from ._solve import Solution, total
 
-__all__ = ["candidates", "free_options", "resolve_choose", "solve_within", "min_memory_choice"]
+__all__ = [
+    "candidates",
+    "free_options",
+    "free_grad_terms",
+    "memory_weights",
+    "resolve_choose",
+    "solve_within",
+    "min_memory_choice",
+]
 
 _PENALTY = 1e30  # added to the options a branch excludes
 
@@ -134,6 +143,48 @@ def candidates(spec: Spec) -> tuple[Spec, ...]:
 def free_options(spec: Spec) -> tuple[Option, ...]:
     """A free argument's options: read its gradient in a candidate, hand out the candidate."""
     return tuple(Option((c,), (c,), 0.0) for c in candidates(spec))
+
+
+def free_grad_terms(graph, free, fixed, var, sid) -> list[tuple]:
+    """The terms moving each free argument's gradient into its option's grad spec: the
+    option reads it as its one input (from a fixed value, or from the op producing it)."""
+    terms = []
+    for i in free:
+        v, a = graph.grads[i], var[graph.args[i]]
+        if v is None:
+            continue
+        if v.node in fixed:
+            terms.append(("fixed", a, 0, sid(fixed[v.node])))
+        else:
+            terms.append(("pair", var[v.node], v.index, a, 0))
+    return terms
+
+
+def memory_weights(arg_specs, differentiated, free, free_opts, call_sizes, per_param, budget):
+    """(each variable's options' state bytes, the fixed arguments' bytes): the calls weigh
+    nothing, a free argument's option its state in that layout. Raises when even the
+    lightest choice exceeds ``budget``, naming the smallest feasible one."""
+    import numpy as np
+
+    fixed_bytes = sum(
+        state_bytes(s, d, per_param)
+        for i, (s, d) in enumerate(zip(arg_specs, differentiated, strict=True))
+        if i not in free
+    )
+    weights = [np.zeros(k) for k in call_sizes]
+    weights += [
+        np.array([state_bytes(o.output_specs[0], differentiated[i], per_param) for o in opts])
+        for i, opts in zip(free, free_opts, strict=True)
+    ]
+    least = fixed_bytes + min_memory_choice(weights)
+    if budget is not None and least > budget:
+        raise StrategyError(
+            f"memory_budget={budget:.0f} bytes per rank is infeasible: the smallest feasible "
+            f"budget for this program is {least:.0f} bytes (fixed arguments {fixed_bytes:.0f}, "
+            "free ones at their most sharded); raise the budget or free more arguments",
+            value=budget,
+        )
+    return weights, fixed_bytes
 
 
 def min_memory_choice(weights: Sequence[Sequence[float]]) -> float:

@@ -37,11 +37,17 @@ from meshplan.errors import StrategyError
 from meshplan.placement import Replicate, Spec
 from meshplan.redistribute._steps import grad_spec
 
-from ._auto import free_options, min_memory_choice, resolve_choose, solve_within
+from ._auto import (
+    free_grad_terms,
+    free_options,
+    memory_weights,
+    resolve_choose,
+    solve_within,
+)
 from ._candidates import ComputeModel, Option, is_float
 from ._candidates import options as candidate_options
 from ._graph import Graph, Value
-from ._memory import check_state_bytes_per_param, program_memory, state_bytes
+from ._memory import check_state_bytes_per_param, program_memory
 from ._price import _plan, check_model, input_bound, redistribute_cost
 from ._program_terms import all_pairs, greedy, matrix, order_too_wide, pair_count
 from ._program_value import Program, ProgramCost, ProgramOp, ProgramWarning
@@ -311,32 +317,17 @@ def plan_graph(
     for v, target in sinks:
         if v.node not in fixed:
             terms.append(("sink", var[v.node], v.index, sid(target)))
-    for i in free:  # a free argument's gradient moves into the chosen option's grad spec
-        v, a = graph.grads[i], var[graph.args[i]]
-        if v is None:
-            continue
-        if v.node in fixed:
-            terms.append(("fixed", a, 0, sid(fixed[v.node])))
-        else:
-            terms.append(("pair", var[v.node], v.index, a, 0))
+    terms += free_grad_terms(graph, free, fixed, var, sid)
     differentiated = tuple(g is not None for g in graph.grads)
-    fixed_bytes = sum(
-        state_bytes(s, d, per_param)
-        for i, (s, d) in enumerate(zip(arg_specs, differentiated, strict=True))
-        if i not in free
+    weights, fixed_bytes = memory_weights(
+        arg_specs,
+        differentiated,
+        free,
+        options[len(calls) :],
+        [len(o) for o in options[: len(calls)]],
+        per_param,
+        budget,
     )
-    weights = [np.zeros(len(o)) for o in options[: len(calls)]] + [
-        np.array([state_bytes(o.output_specs[0], differentiated[i], per_param) for o in opts])
-        for i, opts in zip(free, options[len(calls) :], strict=True)
-    ]
-    if budget is not None and fixed_bytes + min_memory_choice(weights) > budget:
-        least = fixed_bytes + min_memory_choice(weights)
-        raise StrategyError(
-            f"memory_budget={budget:.0f} bytes per rank is infeasible: the smallest feasible "
-            f"budget for this program is {least:.0f} bytes (fixed arguments {fixed_bytes:.0f}, "
-            "free ones at their most sharded); raise the budget or free more arguments",
-            value=memory_budget,
-        )
 
     # lazy pricing: solve with exact prices where known and lower bounds elsewhere; price
     # exactly the pairs the solution uses; repeat until it uses only exact prices. Then
