@@ -207,6 +207,7 @@ def solve_within(
     budget: float | None,
     *,
     max_branches: int = 64,
+    seeds: Sequence[dict[int, int]] = (),
     **solve_kwargs,
 ) -> Solution:
     """The least-cost choice whose ``sum weights[v][x_v]`` is at most ``budget``.
@@ -214,7 +215,9 @@ def solve_within(
     ``solve(unary, pairs, **solve_kwargs)`` is the unconstrained solver (any, returning a
     :class:`Solution` with a true lower bound); ``budget=None`` calls it once. The
     result's ``lower_bound`` bounds the constrained minimum (exact when the solver is and
-    no gap is left).
+    no gap is left). ``seeds`` are partial choices (variable -> option) completed by one
+    solve each before the search: a known layout that fits (the specs given by hand) is
+    then never beaten by the result.
 
     >>> from meshplan.strategy._solve import solve
     >>> s = solve_within(solve, [[0.0, 5.0]], {}, [[10.0, 1.0]], 4.0)
@@ -235,6 +238,8 @@ def solve_within(
             value=budget,
         )
     search = _Search(solve, un, pairs, w, budget, solve_kwargs)
+    for seed in seeds:
+        search.at(0.0, {v: frozenset({k}) for v, k in seed.items()})
     best, bound, exact = search.run(max_branches)
     gap_free = best.cost - bound <= 1e-12 * max(abs(best.cost), 1e-30)
     method = "exact" if exact and gap_free else "lagrangian bound + branch and bound"

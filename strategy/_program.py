@@ -339,6 +339,14 @@ def plan_graph(
         for a, b in all_pairs(terms, ins, outs_):
             if (a, b) not in exact:
                 exact[(a, b)] = 0.0 if a == b else redistribute_cost(table[a], table[b], model)
+    # the given specs of the free arguments, where they are candidates: a seed of the search
+    given = {
+        var[graph.args[i]]: k
+        for i in free
+        for k, o in enumerate(options[var[graph.args[i]]])
+        if o.output_specs[0] == arg_specs[i]
+    }
+    seeds = (given,) if given and budget is not None else ()
     rounds = 0
     branched = False  # a budget's branch and bound runs once the prices it sees are exact
     while True:
@@ -374,6 +382,7 @@ def plan_graph(
                 weights,
                 free_budget,
                 max_branches=64 if branched else 0,
+                seeds=seeds,
                 max_factor=max_factor,
                 starts=starts,
             )
