@@ -246,6 +246,31 @@ def solve_within(
     return Solution(best.choice, best.cost, min(bound, best.cost), method)
 
 
+def _condition(un: list, pairs: dict, allowed: dict[int, frozenset]) -> tuple[list, dict]:
+    """The problem with the variables a branch decides folded into their neighbours: a
+    pairwise term with a decided side becomes a unary one of the other side (what a fixed
+    argument is to the planner), so the solver sees the smaller problem."""
+    import numpy as np
+
+    decided = {v: next(iter(ks)) for v, ks in allowed.items() if len(ks) == 1}
+    if not decided:
+        return un, pairs
+    un = list(un)
+    kept = {}
+    for (a, b), m in pairs.items():
+        if a not in decided and b not in decided:
+            kept[(a, b)] = m
+            continue
+        m = np.asarray(m, dtype=float)
+        if a in decided and b in decided:
+            un[a] = un[a] + m[decided[a], decided[b]]
+        elif a in decided:
+            un[b] = un[b] + m[decided[a], :]
+        else:
+            un[a] = un[a] + m[:, decided[b]]
+    return un, kept
+
+
 class _Search:
     """The relaxation's solves over one problem, counted (a search's working memory).
 
@@ -309,7 +334,7 @@ class _Search:
         un = self._rows(lam, allowed)
         if un is None:
             return None, math.inf
-        sol = self.solve(un, self.pairs, **self.kwargs)
+        sol = self.solve(*_condition(un, self.pairs, allowed), **self.kwargs)
         self.solves += 1
         self.exact &= sol.method == "exact"
         p = _Point(sol.choice, total(sol.choice, self.un, self.pairs), self.memory(sol.choice))
