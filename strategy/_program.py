@@ -106,7 +106,7 @@ def plan_program(
     (``program.method`` says which, ``program.lower_bound`` bounds the gap).
 
     Auto-sharding: ``choose`` lists argument indices whose layouts the planner picks
-    (their specs give mesh, shape and dtype; their placements are ignored), and
+    (their specs give mesh, shape and dtype; their placements only seed the search), and
     ``memory_budget`` bounds the bytes per rank of the training state, parameters +
     gradients + optimizer state (``state_bytes_per_param`` bytes per element; None: two
     moments in the parameter's dtype, as AdamW keeps). ``program.arg_specs`` holds the
