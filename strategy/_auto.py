@@ -216,8 +216,9 @@ def solve_within(
     :class:`Solution` with a true lower bound); ``budget=None`` calls it once. The
     result's ``lower_bound`` bounds the constrained minimum (exact when the solver is and
     no gap is left). ``seeds`` are partial choices (variable -> option) completed by one
-    solve each before the search: a known layout that fits (the specs given by hand) is
-    then never beaten by the result.
+    solve each before the search: with an exact solver, a known layout that fits (the
+    specs given by hand) is then never beaten by the result (an inexact one completes the
+    seed as well as it can).
 
     >>> from meshplan.strategy._solve import solve
     >>> s = solve_within(solve, [[0.0, 5.0]], {}, [[10.0, 1.0]], 4.0)
