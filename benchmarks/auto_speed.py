@@ -121,7 +121,7 @@ def case(model: str, layers: int, shape: tuple[int, ...]) -> dict:
         warnings.simplefilter("ignore")
         budget = sum(state_bytes(specs[i], True, None) for i in params)  # FSDP x TP's
         # the choice first and cold: tracing included, no price memoized for this mesh
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         chosen = plan_program(make_fn(layers), *specs, choose=params, memory_budget=budget, **effort)
         row["chosen"] = {
             "cost_s": chosen.cost.total,
@@ -129,6 +129,7 @@ def case(model: str, layers: int, shape: tuple[int, ...]) -> dict:
             "method": chosen.method,
             "lower_bound_s": chosen.lower_bound,
             "plan_s": time.perf_counter() - t0,
+            "plan_cpu_s": time.process_time() - c0,
         }
         graph = chosen.graph
 
@@ -190,7 +191,7 @@ def main(argv=None) -> None:
                     f"{r['dp']['cost_s'] * 1e3:>7.3f}ms {r['fsdp']['cost_s'] * 1e3:>7.3f}ms "
                     f"{r['ap_layout']['cost_s'] * 1e3:>7.3f}ms {c['cost_s'] * 1e3:>7.3f}ms "
                     f"{c['cost_s'] / h['cost_s']:>7.3f} {c['cost_s'] / r['ap_layout']['cost_s']:>6.3f} "
-                    f"{c['memory_b'] / h['memory_b']:>11.3f} {c['plan_s']:>7.1f}s "
+                    f"{c['memory_b'] / h['memory_b']:>11.3f} {c['plan_s']:>7.1f}s ({c['plan_cpu_s']:.1f}s CPU) "
                     f"{r['hand']['plan_s']:>5.1f}s {c['method']}",
                     flush=True,
                 )

@@ -44,9 +44,18 @@ from meshplan.errors import PlacementError, StrategyError
 from meshplan.placement import Replicate, Shard, Spec
 
 from ._candidates import Option
+from ._memory import state_bytes
 from ._solve import Solution, total
 
-__all__ = ["candidates", "free_options", "resolve_choose", "solve_within", "min_memory_choice"]
+__all__ = [
+    "candidates",
+    "free_options",
+    "free_grad_terms",
+    "memory_weights",
+    "resolve_choose",
+    "solve_within",
+    "min_memory_choice",
+]
 
 _PENALTY = 1e30  # added to the options a branch excludes
 
@@ -136,6 +145,48 @@ def free_options(spec: Spec) -> tuple[Option, ...]:
     return tuple(Option((c,), (c,), 0.0) for c in candidates(spec))
 
 
+def free_grad_terms(graph, free, fixed, var, sid) -> list[tuple]:
+    """The terms moving each free argument's gradient into its option's grad spec: the
+    option reads it as its one input (from a fixed value, or from the op producing it)."""
+    terms = []
+    for i in free:
+        v, a = graph.grads[i], var[graph.args[i]]
+        if v is None:
+            continue
+        if v.node in fixed:
+            terms.append(("fixed", a, 0, sid(fixed[v.node])))
+        else:
+            terms.append(("pair", var[v.node], v.index, a, 0))
+    return terms
+
+
+def memory_weights(arg_specs, differentiated, free, free_opts, call_sizes, per_param, budget):
+    """(each variable's options' state bytes, the fixed arguments' bytes): the calls weigh
+    nothing, a free argument's option its state in that layout. Raises when even the
+    lightest choice exceeds ``budget``, naming the smallest feasible one."""
+    import numpy as np
+
+    fixed_bytes = sum(
+        state_bytes(s, d, per_param)
+        for i, (s, d) in enumerate(zip(arg_specs, differentiated, strict=True))
+        if i not in free
+    )
+    weights = [np.zeros(k) for k in call_sizes]
+    weights += [
+        np.array([state_bytes(o.output_specs[0], differentiated[i], per_param) for o in opts])
+        for i, opts in zip(free, free_opts, strict=True)
+    ]
+    least = fixed_bytes + min_memory_choice(weights)
+    if budget is not None and least > budget:
+        raise StrategyError(
+            f"memory_budget={budget:.0f} bytes per rank is infeasible: the smallest feasible "
+            f"budget for this program is {least:.0f} bytes (fixed arguments {fixed_bytes:.0f}, "
+            "free ones at their most sharded); raise the budget or free more arguments",
+            value=budget,
+        )
+    return weights, fixed_bytes
+
+
 def min_memory_choice(weights: Sequence[Sequence[float]]) -> float:
     """The least memory any choice takes (each variable at its lightest option)."""
     return float(sum(min(w) for w in weights))
@@ -157,6 +208,7 @@ def solve_within(
     *,
     max_branches: int = 64,
     cost: Callable[[Sequence[int]], float] | None = None,
+    seeds: Sequence[dict[int, int]] = (),
     **solve_kwargs,
 ) -> Solution:
     """The least-cost choice whose ``sum weights[v][x_v]`` is at most ``budget``.
@@ -166,7 +218,10 @@ def solve_within(
     minimizes (default: the pairwise total of ``unary`` and ``pairs``); ``budget=None``
     calls it once. The
     result's ``lower_bound`` bounds the constrained minimum (exact when the solver is and
-    no gap is left).
+    no gap is left). ``seeds`` are partial choices (variable -> option) completed by one
+    solve each before the search: with an exact solver, a known layout that fits (the
+    specs given by hand) is then never beaten by the result (an inexact one completes the
+    seed as well as it can).
 
     >>> from meshplan.strategy._solve import solve
     >>> s = solve_within(solve, [[0.0, 5.0]], {}, [[10.0, 1.0]], 4.0)
@@ -186,16 +241,38 @@ def solve_within(
             f"{least:.0f} bytes per rank, the budget leaves {budget:.0f}",
             value=budget,
         )
-    if cost is None:
-
-        def cost(choice):
-            return total(choice, un, pairs)
-
     search = _Search(solve, un, pairs, w, budget, solve_kwargs, cost)
+    for seed in seeds:
+        search.at(0.0, {v: frozenset({k}) for v, k in seed.items()})
     best, bound, exact = search.run(max_branches)
     gap_free = best.cost - bound <= 1e-12 * max(abs(best.cost), 1e-30)
     method = "exact" if exact and gap_free else "lagrangian bound + branch and bound"
     return Solution(best.choice, best.cost, min(bound, best.cost), method)
+
+
+def _condition(un: list, pairs: dict, allowed: dict[int, frozenset]) -> tuple[list, dict]:
+    """The problem with the variables a branch decides folded into their neighbours: a
+    pairwise term with a decided side becomes a unary one of the other side (what a fixed
+    argument is to the planner), so the solver sees the smaller problem."""
+    import numpy as np
+
+    decided = {v: next(iter(ks)) for v, ks in allowed.items() if len(ks) == 1}
+    if not decided:
+        return un, pairs
+    un = list(un)
+    kept = {}
+    for (a, b), m in pairs.items():
+        if a not in decided and b not in decided:
+            kept[(a, b)] = m
+            continue
+        m = np.asarray(m, dtype=float)
+        if a in decided and b in decided:
+            un[a] = un[a] + m[decided[a], decided[b]]
+        elif a in decided:
+            un[b] = un[b] + m[decided[a], :]
+        else:
+            un[a] = un[a] + m[:, decided[b]]
+    return un, kept
 
 
 class _Search:
@@ -205,8 +282,12 @@ class _Search:
     penalized out of the relaxation).
     """
 
-    def __init__(self, solve, un, pairs, w, budget, solve_kwargs, cost) -> None:
-        self.solve, self.un, self.pairs, self.w, self.cost = solve, un, pairs, w, cost
+    def __init__(self, solve, un, pairs, w, budget, solve_kwargs, cost=None) -> None:
+        self.solve, self.un, self.pairs, self.w = solve, un, pairs, w
+        # a solver of its own objective (``cost``) sees the whole problem: folding a
+        # branch's decided variables into pairwise terms is only right for the pairwise one
+        self.condition = cost is None
+        self.cost = cost or (lambda choice: total(choice, un, pairs))
         self.budget, self.kwargs = budget, solve_kwargs
         self.solves = 0
         self.exact = True
@@ -261,7 +342,8 @@ class _Search:
         un = self._rows(lam, allowed)
         if un is None:
             return None, math.inf
-        sol = self.solve(un, self.pairs, **self.kwargs)
+        problem = _condition(un, self.pairs, allowed) if self.condition else (un, self.pairs)
+        sol = self.solve(*problem, **self.kwargs)
         self.solves += 1
         self.exact &= sol.method == "exact"
         p = _Point(sol.choice, self.cost(sol.choice), self.memory(sol.choice))

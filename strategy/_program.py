@@ -37,11 +37,17 @@ from meshplan.errors import StrategyError
 from meshplan.placement import Replicate, Spec
 from meshplan.redistribute._steps import grad_spec
 
-from ._auto import free_options, min_memory_choice, resolve_choose, solve_within
+from ._auto import (
+    free_grad_terms,
+    free_options,
+    memory_weights,
+    resolve_choose,
+    solve_within,
+)
 from ._candidates import ComputeModel, Option, is_float
 from ._candidates import options as candidate_options
 from ._graph import Graph, Value
-from ._memory import check_state_bytes_per_param, program_memory, state_bytes
+from ._memory import check_state_bytes_per_param, program_memory
 from ._price import _plan, check_model, input_bound, redistribute_cost
 from ._program_terms import all_pairs, greedy, matrix, order_too_wide, pair_count
 from ._program_value import Program, ProgramCost, ProgramOp, ProgramWarning
@@ -112,7 +118,7 @@ def plan_program(
     long plan has come.
 
     Auto-sharding: ``choose`` lists argument indices whose layouts the planner picks
-    (their specs give mesh, shape and dtype; their placements are ignored), and
+    (their specs give mesh, shape and dtype; their placements only seed the search), and
     ``memory_budget`` bounds the bytes per rank of the training state, parameters +
     gradients + optimizer state (``state_bytes_per_param`` bytes per element; None: two
     moments in the parameter's dtype, as AdamW keeps). ``program.arg_specs`` holds the
@@ -327,32 +333,17 @@ def plan_graph(
     for v, target in sinks:
         if v.node not in fixed:
             terms.append(("sink", var[v.node], v.index, sid(target)))
-    for i in free:  # a free argument's gradient moves into the chosen option's grad spec
-        v, a = graph.grads[i], var[graph.args[i]]
-        if v is None:
-            continue
-        if v.node in fixed:
-            terms.append(("fixed", a, 0, sid(fixed[v.node])))
-        else:
-            terms.append(("pair", var[v.node], v.index, a, 0))
+    terms += free_grad_terms(graph, free, fixed, var, sid)
     differentiated = tuple(g is not None for g in graph.grads)
-    fixed_bytes = sum(
-        state_bytes(s, d, per_param)
-        for i, (s, d) in enumerate(zip(arg_specs, differentiated, strict=True))
-        if i not in free
+    weights, fixed_bytes = memory_weights(
+        arg_specs,
+        differentiated,
+        free,
+        options[len(calls) :],
+        [len(o) for o in options[: len(calls)]],
+        per_param,
+        budget,
     )
-    weights = [np.zeros(len(o)) for o in options[: len(calls)]] + [
-        np.array([state_bytes(o.output_specs[0], differentiated[i], per_param) for o in opts])
-        for i, opts in zip(free, options[len(calls) :], strict=True)
-    ]
-    if budget is not None and fixed_bytes + min_memory_choice(weights) > budget:
-        least = fixed_bytes + min_memory_choice(weights)
-        raise StrategyError(
-            f"memory_budget={budget:.0f} bytes per rank is infeasible: the smallest feasible "
-            f"budget for this program is {least:.0f} bytes (fixed arguments {fixed_bytes:.0f}, "
-            "free ones at their most sharded); raise the budget or free more arguments",
-            value=memory_budget,
-        )
 
     # the same terms grouped by value: one move per distinct layout its readers want
     grad_reads = [(graph.grads[i], var[graph.args[i]]) for i in free if graph.grads[i] is not None]
@@ -376,6 +367,14 @@ def plan_graph(
             if (a, b) not in exact:
                 exact[(a, b)] = 0.0 if a == b else redistribute_cost(table[a], table[b], model)
         report(progress, "prices", count, count)
+    # the given specs of the free arguments, where they are candidates: a seed of the search
+    given = {
+        var[graph.args[i]]: k
+        for i in free
+        for k, o in enumerate(options[var[graph.args[i]]])
+        if o.output_specs[0] == arg_specs[i]
+    }
+    seeds = (given,) if given and budget is not None else ()
     rounds = 0
     branched = False  # a budget's branch and bound runs once the prices it sees are exact
     while True:
@@ -424,6 +423,7 @@ def plan_graph(
                 free_budget,
                 max_branches=64 if branched else 0,
                 cost=shared_cost,
+                seeds=seeds,
                 max_factor=max_factor,
                 starts=starts,
             )

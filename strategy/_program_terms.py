@@ -22,7 +22,7 @@ def greedy(calls, var, graph, terms, ins, outs_, unary, pairs, price, exact_pric
     """Each op in order takes its cheapest option given its producers' choices (exact prices)."""
     from ._solve import Solution, total
 
-    choice = [0] * len(calls)
+    choice = [0] * len(unary)  # variables past the calls (free arguments) keep option 0
     inputs_of: dict[int, list] = {}
     for t in terms:
         if t[0] == "fixed":

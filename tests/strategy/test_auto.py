@@ -244,3 +244,23 @@ def test_a_bad_budget_is_refused():
             plan_program(mlp, *specs, choose=[1], memory_budget=bad, requires_grad=GRAD)
     with pytest.raises(StrategyError, match="state_bytes_per_param"):
         plan_program(mlp, *specs, state_bytes_per_param=-2, requires_grad=GRAD)
+
+
+def test_free_arguments_plan_op_by_op_and_with_a_bounded_search():
+    # the op-by-op baseline and the bounded search's start both walk the calls only; the
+    # free arguments after them keep their first (replicated) option there
+    mesh = Mesh.create((2, 2), ("dp", "tp"))
+    specs = _mlp_specs(mesh)
+    exact = plan_program(mlp, *specs, choose=[1, 2], requires_grad=GRAD)
+    greedy = plan_graph(exact.graph, specs, choose=[1, 2], solver="op_by_op")
+    assert greedy.cost.total >= exact.cost.total
+    bounded = plan_graph(exact.graph, specs, choose=[1, 2], max_factor=2)
+    assert bounded.lower_bound <= exact.cost.total * (1 + 1e-9) <= bounded.cost.total * (1 + 1e-9)
+
+
+def test_given_specs_that_fit_seed_the_search_so_the_choice_never_costs_more():
+    # a knapsack whose relaxation stops at a choice dearer than the seed; no branches
+    unary, weights = [[6, 1], [9, 5, 9], [2]], [[1, 8], [3, 7, 3], [5]]
+    unseeded = solve_within(solve, unary, {}, weights, 18, max_branches=0)
+    seeded = solve_within(solve, unary, {}, weights, 18, max_branches=0, seeds=({0: 1, 1: 0},))
+    assert unseeded.cost == 13 and seeded.cost == 12
