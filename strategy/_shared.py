@@ -118,33 +118,49 @@ def local_search(
     ins,
     outs,
     price: Callable[[int, int], float],
-    rounds: int = 50,
+    max_visits: int | None = None,
 ) -> list[int]:
-    """Re-choose each op given the others, on the shared objective, until nothing improves."""
+    """Re-choose each op given the others, on the shared objective, until nothing improves.
+
+    A worklist: every op once, then only the ops sharing a value with one that changed
+    (the others' best options cannot have moved); at most ``max_visits`` visits
+    (default 50 per op).
+    """
+    from collections import deque
+
     choice = list(choice)
     touching: list[list[SharedValue]] = [[] for _ in unary]
+    near: list[set[int]] = [set() for _ in unary]
     for v in values:
         ops = {r.op for r in v.readers if r.op >= 0}
         if v.producer >= 0:
             ops.add(v.producer)
         for c in ops:
             touching[c].append(v)
-    for _ in range(rounds):
-        changed = False
-        for c in range(len(unary)):
-            if len(unary[c]) < 2:
-                continue
-            orig = choice[c]
-            best_k, best = orig, _option_cost(c, orig, choice, unary, touching[c], ins, outs, price)
-            for k in range(len(unary[c])):
-                if k != orig:
-                    s = _option_cost(c, k, choice, unary, touching[c], ins, outs, price)
-                    if s < best - 1e-18:
-                        best_k, best = k, s
-            choice[c] = best_k
-            changed = changed or best_k != orig
-        if not changed:
-            break
+            near[c] |= ops
+    queue = deque(range(len(unary)))
+    queued = [True] * len(unary)
+    visits = 0
+    limit = 50 * len(unary) if max_visits is None else max_visits
+    while queue and visits < limit:
+        c = queue.popleft()
+        queued[c] = False
+        visits += 1
+        if len(unary[c]) < 2:
+            continue
+        orig = choice[c]
+        best_k, best = orig, _option_cost(c, orig, choice, unary, touching[c], ins, outs, price)
+        for k in range(len(unary[c])):
+            if k != orig:
+                s = _option_cost(c, k, choice, unary, touching[c], ins, outs, price)
+                if s < best - 1e-18:
+                    best_k, best = k, s
+        choice[c] = best_k
+        if best_k != orig:
+            for u in sorted(near[c]):
+                if u != c and not queued[u]:
+                    queued[u] = True
+                    queue.append(u)
     return choice
 
 

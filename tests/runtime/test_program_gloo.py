@@ -122,3 +122,28 @@ def test_model_families_planned_from_their_modules_match_autograd_on_gloo(pool4,
         return functional_call(model, dict(zip(mp.names, ts, strict=True)), (ids, labels))
 
     _compare(pool4, [(mp.program, fn, list(mp.arguments(state, ids, labels)))])
+
+
+def _tanh_mm(x, w):
+    return torch.tanh(x @ w).sum()
+
+
+def test_a_move_shared_by_forward_and_backward_gives_the_single_process_gradients(pool):
+    """An FSDP weight gathered once for the forward mm and the backward's transpose: the
+    moved copy kept from forward to backward gives the right gradients."""
+    from meshplan.layout import Mesh
+    from meshplan.placement import Shard, Spec
+
+    mesh = Mesh.create((pool.world_size,))
+    x = Spec(mesh, [Shard(0)], (8, 4), "float64")
+    w = Spec(mesh, [Shard(0)], (4, 6), "float64")
+    prog = plan_program(_tanh_mm, x, w, compute=ComputeModel.cpu())
+    keys = {}
+    for op in prog.ops:
+        for v, p in zip(op.inputs, op.moves, strict=True):
+            if p is not None:
+                keys.setdefault((v, p.dst), []).append(op)
+    assert any(len(ops) > 1 for ops in keys.values()), prog.explain()
+    g = torch.Generator().manual_seed(0)
+    tensors = [torch.randn(s.shape, generator=g, dtype=torch.float64) for s in (x, w)]
+    _compare(pool, [(prog, _tanh_mm, tensors)])
