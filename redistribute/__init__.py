@@ -7,14 +7,14 @@ processes: the shell that runs plans on torch.distributed process groups is
 which touches tensor values, imports torch, when it is first used).
 """
 
-from meshplan.errors import PlanError
+from meshplan.errors import BudgetWarning, PlanError
 from meshplan.layout._lazy import lazy_attributes
 
 from . import exchange
 from ._cost import cost
 from ._merge import MergeWarning, merge, reset_merge_warnings
 from ._plan import Plan, explain
-from ._planner import Planner, check_plannable, clear_plan_cache, plan
+from ._planner import Planner, check_plannable, clear_plan_cache, plan, plan_cost
 from ._profile import CostModel, HardwareProfile, Link
 from ._step_cost import Cost, step_cost, transition_cost
 from ._steps import COLLECTIVES, Step, reduce_op
@@ -29,6 +29,7 @@ __getattr__ = lazy_attributes(__name__, _LAZY)
 
 
 __all__ = [
+    "BudgetWarning",
     "COLLECTIVES",
     "Cost",
     "CostModel",
@@ -46,6 +47,7 @@ __all__ = [
     "explain",
     "merge",
     "plan",
+    "plan_cost",
     "reduce_op",
     "reset_merge_warnings",
     "step_cost",

@@ -38,7 +38,7 @@ from meshplan.redistribute._steps import grad_spec
 from ._candidates import ComputeModel, Option, is_float
 from ._candidates import options as candidate_options
 from ._graph import Graph, Value
-from ._price import _plan, check_model, input_bound, redistribute_cost
+from ._price import _plan, check_model, check_planner, input_bound, redistribute_cost
 from ._program_terms import all_pairs, greedy, matrix, order_too_wide, pair_count
 from ._program_value import Program, ProgramCost, ProgramOp, ProgramWarning
 
@@ -80,6 +80,7 @@ def plan_program(
     strict: bool = False,
     max_factor: int = 1 << 22,
     max_options: int = 32,
+    planner: Any = None,
 ) -> Program:
     """Trace ``fn`` (written for global tensors) and plan it whole, forward and backward.
 
@@ -91,6 +92,8 @@ def plan_program(
     and the most sharded; every candidate on 1-D and 2-D meshes), and the choice over them is
     exact unless a factor of the elimination would exceed ``max_factor`` entries
     (``program.method`` says which, ``program.lower_bound`` bounds the gap).
+    Redistributions are planned and priced by ``planner`` (a
+    :class:`meshplan.redistribute.Planner`; the default one when None).
 
     >>> import torch
     >>> from meshplan.layout import Mesh
@@ -134,6 +137,7 @@ def plan_program(
         strict=strict,
         max_factor=max_factor,
         max_options=max_options,
+        planner=planner,
     )
 
 
@@ -150,6 +154,7 @@ def plan_graph(
     max_rounds: int = 100,
     max_priced: int = 20_000,
     solver: str = "whole",
+    planner: Any = None,
 ) -> Program:
     """Plan an already traced :class:`Graph` (pure: no torch).
 
@@ -190,6 +195,7 @@ def plan_graph(
         ):
             raise StrategyError(f"{name} must be a positive int, got {value!r}", value=value)
     model = check_model(cost_model)
+    planner = check_planner(planner)
     compute = ComputeModel() if compute is None else compute
     if not isinstance(compute, ComputeModel):
         raise StrategyError(f"compute must be a ComputeModel, got {compute!r}", value=compute)
@@ -251,7 +257,9 @@ def plan_graph(
     def learn_exact(a: int, b: int) -> float:
         c = exact.get((a, b))
         if c is None:
-            c = exact[(a, b)] = 0.0 if a == b else redistribute_cost(table[a], table[b], model)
+            c = exact[(a, b)] = (
+                0.0 if a == b else redistribute_cost(table[a], table[b], model, planner)
+            )
         return c
 
     def price(a: int, b: int) -> float:
@@ -289,7 +297,9 @@ def plan_graph(
         # few enough distinct pairs: price them all up front, one round
         for a, b in all_pairs(terms, ins, outs_):
             if (a, b) not in exact:
-                exact[(a, b)] = 0.0 if a == b else redistribute_cost(table[a], table[b], model)
+                exact[(a, b)] = (
+                    0.0 if a == b else redistribute_cost(table[a], table[b], model, planner)
+                )
     rounds = 0
     while True:
         rounds += 1
@@ -322,7 +332,9 @@ def plan_graph(
         def learn(a: int, b: int) -> None:
             nonlocal new
             if (a, b) not in exact:
-                exact[(a, b)] = 0.0 if a == b else redistribute_cost(table[a], table[b], model)
+                exact[(a, b)] = (
+                    0.0 if a == b else redistribute_cost(table[a], table[b], model, planner)
+                )
                 new += 1
 
         used_before = new
@@ -353,7 +365,7 @@ def plan_graph(
         if not new or rounds >= max_rounds:
             break
     return _assemble(
-        graph, arg_specs, outs, cots, grads, fixed, options, var, sol, model, fallbacks
+        graph, arg_specs, outs, cots, grads, fixed, options, var, sol, model, fallbacks, planner
     )
 
 
@@ -379,7 +391,9 @@ def _out_specs(graph: Graph, mesh, out_specs) -> tuple[Spec, ...]:
     return out_specs
 
 
-def _assemble(graph, arg_specs, outs, cots, grads, fixed, options, var, sol, model, fallbacks):
+def _assemble(
+    graph, arg_specs, outs, cots, grads, fixed, options, var, sol, model, fallbacks, planner=None
+):
     from meshplan.redistribute import cost as plan_cost
 
     specs: dict[Value, Spec] = {}
@@ -392,7 +406,7 @@ def _assemble(graph, arg_specs, outs, cots, grads, fixed, options, var, sol, mod
         nonlocal comm, nbytes, collectives
         if src == dst:
             return None
-        p = _plan(src, dst, model)
+        p = _plan(src, dst, model, planner)
         c = plan_cost(p, model)
         comm += c.total
         nbytes += c.bytes
