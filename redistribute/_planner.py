@@ -42,6 +42,11 @@ whose prices are all linear in the tensor's bytes (regular shapes, objective "ti
 a family across tensor sizes (:mod:`._family`): a size between two planned sizes with
 one plan takes it without a search (``tests/redistribute/test_family.py``). Then
 :func:`merge` notes like-kind collectives a missing alias kept apart (for the warning).
+Effort is bounded: a search generates at most ``Planner(max_states=...)`` moves
+(``_store.STATE_BUDGET`` by default); past it a greedy search finds a plan and ``plan``
+warns (:class:`~meshplan.errors.BudgetWarning`) with its proven gap to the cheapest, the
+distance from its price to the least rank left in the first search's queue (or raises a
+:class:`PlanError` naming the limit, with ``on_budget="raise"``).
 ``objective="collectives"`` adds to every collective's price more than any plan's time,
 so the plan has the fewest collectives and, among those, the least time. Plans, contexts,
 tables and every other memo belong to a :class:`~._store.Planner` (the default one
