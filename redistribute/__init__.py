@@ -8,10 +8,8 @@ which touches tensor values, imports torch, when it is first used); the planner'
 engine loads when ``plan``, ``plan_cost`` or ``Planner`` is first asked for.
 """
 
-from meshplan.errors import BudgetWarning, PlanError
+from meshplan.errors import BudgetWarning, MergeWarning, PlanError
 from meshplan.layout._lazy import lazy_attributes
-
-from meshplan.errors import MergeWarning
 
 from . import exchange
 from ._cost import cost
