@@ -61,6 +61,7 @@ import argparse
 import gc
 import json
 import math
+import os
 import platform
 import random
 import statistics
@@ -895,7 +896,27 @@ def main(argv=None) -> int:
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(report, indent=1))
     print(f"\nwrote {out}")
+    print_worst(report)
     return 0
+
+
+def print_worst(report: dict) -> None:
+    """The last lines: the worst ratio of each target over every mesh (new pairs in a warm
+    context vs torch's greedy: target <= 1; a context's first pairs vs torch's graph
+    planner: target >= 100x faster), with the load average they were measured at."""
+    acts = report.get("summary_activations", {})
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
+    if acts:
+        new = max(acts.items(), key=lambda kv: kv[1]["new_over_greedy"])
+        first = min(acts.items(), key=lambda kv: kv[1]["graph_over_first"])
+        print(
+            f"worst new pair in a warm context vs torch greedy: {new[1]['new_over_greedy']:.2f}x "
+            f"slower ({new[0]}; target <= 1x; load average {load:.1f})"
+        )
+        print(
+            f"worst first pair of a context vs torch graph planner: "
+            f"{first[1]['graph_over_first']:.1f}x faster ({first[0]}; target >= 100x)"
+        )
 
 
 if __name__ == "__main__":

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import random
 import statistics
@@ -330,6 +331,13 @@ def main(argv: list[str] | None = None) -> int:
         )
     )
     print(f"wrote {RESULTS}")
+    if rows:
+        worst = min(rows, key=lambda r: r["speedup"])
+        load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
+        print(
+            f"worst selection vs torch's strategy enumeration: {_x(worst['speedup'])} faster "
+            f"({worst['op']} on {tuple(worst['mesh'])}; target >= 100x; load average {load:.1f})"
+        )
     return 1 if worse else 0
 
 

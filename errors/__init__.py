@@ -29,6 +29,7 @@ __all__ = [
     "RemoteError",
     "MergeWarning",
     "ProgramWarning",
+    "BudgetWarning",
 ]
 
 
@@ -105,3 +106,15 @@ class MergeWarning(UserWarning):
 
 class ProgramWarning(UserWarning):
     """An op of a program has no sharding rule and runs replicated."""
+
+
+class BudgetWarning(UserWarning):
+    """A plan was made past the planner's search budget: it may cost up to ``gap`` seconds
+    more than the cheapest (``lower``: a lower bound of every plan's price, ``limit``:
+    the budget)."""
+
+    def __init__(self, message: str, *, gap: float, lower: float, limit: int) -> None:
+        super().__init__(message)
+        self.gap = gap
+        self.lower = lower
+        self.limit = limit

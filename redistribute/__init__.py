@@ -4,23 +4,30 @@ Decides the steps (collectives and local transforms), prices them, merges them o
 flattened meshes, and simulates them on all ranks at once. It never talks to other
 processes: the shell that runs plans on torch.distributed process groups is
 :mod:`meshplan.runtime`. Importing it loads neither torch nor numpy (only ``simulate``,
-which touches tensor values, imports torch, when it is first used).
+which touches tensor values, imports torch, when it is first used); the planner's
+engine loads when ``plan``, ``plan_cost`` or ``Planner`` is first asked for.
 """
 
-from meshplan.errors import PlanError
+from meshplan.errors import BudgetWarning, MergeWarning, PlanError
 from meshplan.layout._lazy import lazy_attributes
 
 from . import exchange
 from ._cost import cost
-from ._merge import MergeWarning, merge, reset_merge_warnings
 from ._plan import Plan, explain
-from ._planner import Planner, check_plannable, clear_plan_cache, plan
 from ._profile import CostModel, HardwareProfile, Link
 from ._step_cost import Cost, step_cost, transition_cost
 from ._steps import COLLECTIVES, Step, reduce_op
 
-# simulate touches tensor values: imported only when it is used.
 _LAZY = {
+    # the planner's engine loads when it is first asked for
+    "Planner": "_planner",
+    "check_plannable": "_planner",
+    "clear_plan_cache": "_planner",
+    "plan": "_planner",
+    "plan_cost": "_planner",
+    "merge": "_merge",
+    "reset_merge_warnings": "_merge",
+    # simulate touches tensor values: imported only when it is used.
     "simulate": "_simulate",
     "simulate_step": "_simulate",
 }
@@ -29,6 +36,7 @@ __getattr__ = lazy_attributes(__name__, _LAZY)
 
 
 __all__ = [
+    "BudgetWarning",
     "COLLECTIVES",
     "Cost",
     "CostModel",
@@ -46,6 +54,7 @@ __all__ = [
     "explain",
     "merge",
     "plan",
+    "plan_cost",
     "reduce_op",
     "reset_merge_warnings",
     "step_cost",

@@ -229,7 +229,7 @@ class Bounds:
         plans taking one."""
         h = dim_bound(self, state, goal)
         if self.general:
-            g = general_bound(self, state, goal)
+            g = general_bound(self, state, goal, h)
             if g < h:
                 return g
         return h

@@ -104,6 +104,7 @@ class Context:
     def __init__(self, problem: Problem, moves: SharedMoves):
         self.problem = problem
         self.moves = moves
+        self.expanded = 0  # moves its searches generated
         mesh, shape, shards = problem.mesh, problem.shape, problem.shards
         self.mesh = mesh
         self.shape = shape

@@ -119,9 +119,10 @@ def hub_edges(ctx, i: int) -> tuple:
     return out
 
 
-def hub_member_edges(ctx, node: tuple, dims, n_send) -> tuple:
+def hub_member_edges(ctx, node: tuple, dims, n_send, room: float = math.inf) -> tuple | None:
     """The edges out of a permute hub node (:func:`hub_edges`): to every state its
-    all_permutes reach, the second half of their prices (the output)."""
+    all_permutes reach, the second half of their prices (the output); None when they
+    are more than ``room`` (and not generated yet)."""
     out = ctx.hub_members.get(node)
     if out is None:
         hub = node[0]
@@ -133,6 +134,8 @@ def hub_member_edges(ctx, node: tuple, dims, n_send) -> tuple:
         targets = shared.get(
             shared.hub_members, ctx.permutes_key, hub, lambda h: hub_members(ctx, h)
         )
+        if len(targets) > room:
+            return None
         found = []
         for t, tie in targets:
             j = ids.get(t)

@@ -106,21 +106,26 @@ def general_kept_bound(b, state: int, goal: int) -> float:
     )
 
 
-def general_bound(b, state: int, goal: int) -> float:
+def general_bound(b, state: int, goal: int, cap: float = math.inf) -> float:
     """:func:`general_kept_bound` plus the largest of three floors of the bytes received:
     what the gathers receive and the permute itself (:func:`permute_bytes_floor`), what
     the neediest rank lacks (when the goal has no Partial dim), each at the least price
     the model charges a received byte, and what must cross one mesh dim
-    (:func:`crossing_floor`)."""
+    (:func:`crossing_floor`). Cheapest floors first: once the bound reaches ``cap`` it is
+    returned as it stands (the caller takes the least of it and ``cap``)."""
     h = general_kept_bound(b, state, goal)
     codes, goal_codes = b.states[state][0], b.states[goal][0]
     _, bw = _gathers(b, codes, goal_codes)
     bw += permute_bytes_floor(b)  # (the permute is no gather: its bytes come on top)
+    if h + bw >= cap:
+        return h + bw
     if not any(type(gb) is int and gb > R for gb in goal_codes):
         reduce = any(_is_partial(codes[m]) and goal_codes[m] != codes[m] for m in b.active)
         missing = most_missing(b, state, goal, reduce) * b.itemsize * b.missing_rate
         if missing > bw:
             bw = missing
+            if h + bw >= cap:
+                return h + bw
     across = crossing_floor(b, state, goal)
     if across > bw:
         bw = across
@@ -239,12 +244,34 @@ def _need_dim(b, d: int, gb) -> tuple:
     key = ("need", d, chain, links)
     out = b.cut_memo.get(key)
     if out is None:
-        where = {m: k for k, m in enumerate(b.active)}
         n = b.shape[d]
-        out = b.cut_memo[key] = tuple(
-            interval_length(piece(n, links, tuple(c[where[m]] for m in chain))) for c in _ranks(b)
-        )
+        out = b.cut_memo[key] = _per_rank(b, chain, lambda c: interval_length(piece(n, links, c)))
     return out
+
+
+def _projection(b, dims: tuple) -> tuple:
+    """Per rank (of the active dims), its coordinates on ``dims``."""
+    key = ("projection", dims)
+    out = b.cut_memo.get(key)
+    if out is None:
+        where = {m: k for k, m in enumerate(b.active)}
+        at = [where[m] for m in dims]
+        out = b.cut_memo[key] = tuple(tuple([c[k] for k in at]) for c in _ranks(b))
+    return out
+
+
+def _per_rank(b, dims: tuple, value) -> tuple:
+    """``value(coordinates on dims)`` per rank, computed once per distinct coordinates
+    (what a rank holds of a tensor dim depends only on its coordinates on the dims of
+    that dim's orders)."""
+    seen: dict = {}
+    out = []
+    for c in _projection(b, dims):
+        v = seen.get(c)
+        if v is None:
+            v = seen[c] = value(c)
+        out.append(v)
+    return tuple(out)
 
 
 def _need(b, gb) -> tuple:
@@ -266,14 +293,12 @@ def _held_dim(b, d: int, a, gb) -> tuple:
     key = ("held", d, x, lx, y, ly)
     out = b.cut_memo.get(key)
     if out is None:
-        where = {m: k for k, m in enumerate(b.active)}
         n = b.shape[d]
-        out = b.cut_memo[key] = tuple(
-            interval_overlap(
-                piece(n, lx, tuple(c[where[m]] for m in x)),
-                piece(n, ly, tuple(c[where[m]] for m in y)),
-            )
-            for c in _ranks(b)
+        nx = len(x)
+        out = b.cut_memo[key] = _per_rank(
+            b,
+            x + y,
+            lambda c: interval_overlap(piece(n, lx, c[:nx]), piece(n, ly, c[nx:])),
         )
     return out
 
@@ -286,20 +311,17 @@ def _lack(b, d: int, a, gb, m: int) -> tuple:
     key = ("lack", d, x, lx, y, ly, m)
     out = b.cut_memo.get(key)
     if out is None:
-        where = {q: k for k, q in enumerate(b.active)}
         n = b.shape[d]
-        k = x.index(m)
         held = {}  # m's coordinate -> what the ranks with it hold together
         for v in range(b.sizes[m]):
             axes = [range(b.sizes[q]) if q != m else (v,) for q in x]
             held[v] = _union([piece(n, lx, c) for c in itertools.product(*axes)])
-        rows = []
-        for c in _ranks(b):
-            goal_piece = piece(n, ly, tuple(c[where[q]] for q in y))
-            rows.append(
-                interval_length(goal_piece) - interval_overlap(held[c[where[x[k]]]], goal_piece)
-            )
-        out = b.cut_memo[key] = tuple(rows)
+
+        def lack(c):
+            goal_piece = piece(n, ly, c[1:])
+            return interval_length(goal_piece) - interval_overlap(held[c[0]], goal_piece)
+
+        out = b.cut_memo[key] = _per_rank(b, (m, *y), lack)
     return out
 
 

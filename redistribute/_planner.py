@@ -42,6 +42,11 @@ whose prices are all linear in the tensor's bytes (regular shapes, objective "ti
 a family across tensor sizes (:mod:`._family`): a size between two planned sizes with
 one plan takes it without a search (``tests/redistribute/test_family.py``). Then
 :func:`merge` notes like-kind collectives a missing alias kept apart (for the warning).
+Effort is bounded: a search generates at most ``Planner(max_states=...)`` moves
+(``_store.STATE_BUDGET`` by default); past it a greedy search finds a plan and ``plan``
+warns (:class:`~meshplan.errors.BudgetWarning`) with its proven gap to the cheapest, the
+distance from its price to the least rank left in the first search's queue (or raises a
+:class:`PlanError` naming the limit, with ``on_budget="raise"``).
 ``objective="collectives"`` adds to every collective's price more than any plan's time,
 so the plan has the fewest collectives and, among those, the least time. Plans, contexts,
 tables and every other memo belong to a :class:`~._store.Planner` (the default one
@@ -60,10 +65,11 @@ The engine, one concept per module: ``_encoding`` (states, moves and edges),
 from __future__ import annotations
 
 import math
+import warnings
 
 import attrs
 
-from meshplan.errors import PlanError
+from meshplan.errors import BudgetWarning, PlanError
 from meshplan.layout._ints import as_bool, as_int
 from meshplan.layout._ranks import short_repr
 from meshplan.placement import (
@@ -75,21 +81,18 @@ from meshplan.placement import (
 from ._aliases import alias_dims, alias_named
 from ._cost import OBJECTIVES, _plan_cost, collective_weight
 from ._encoding import R, universe_of
-from ._exact import exact_covers
 from ._family import family_of
 from ._goals import goal_class
 from ._merge import merge_plan, warn_missed
 from ._plan import Plan
-from ._price import price_coefficients
 from ._problem import Problem
 from ._profile import CostModel, as_model
-from ._search import search
-from ._sequence import sequence_weights
+from ._search import GREEDY, OverBudget, search
 from ._sizes import padded_local_bytes
 from ._store import Planner, default_planner
 from ._table import walk
 
-__all__ = ["plan", "check_plannable", "clear_plan_cache", "Planner"]
+__all__ = ["plan", "plan_cost", "check_plannable", "clear_plan_cache", "Planner"]
 
 # -- input checks ---------------------------------------------------------------------------
 
@@ -168,7 +171,9 @@ def _min_cost_plan(
         src.mesh, src.shape, src.dtype, model, shards, ptargets, bound, objective, merge
     )
     goals = goal_class(goal_state, src.shape, src.mesh.shape, shards)
-    moves = _moves_to(planner, problem, start_state, goals)
+    moves, over = _moves_to(planner, problem, start_state, goals)
+    if over is not None:
+        _past_budget(planner, src, dst, over, moves)
     if moves is None:
         b_start = padded_local_bytes(src)
         b_goal = padded_local_bytes(dst)
@@ -210,11 +215,59 @@ def _may_share_layout(codes_a: tuple, codes_b: tuple, empty: bool) -> bool:
     return True
 
 
+def _past_budget(planner: Planner, src: Spec, dst: Spec, over: OverBudget, moves) -> None:
+    """Raise or warn for a plan the search budget cut short (``moves``: the greedy
+    search's path, None if it found none)."""
+    limit = planner.max_states
+    if planner.on_budget == "raise" or moves is None:
+        raise PlanError(
+            f"planning {src} -> {dst} generated more than max_states={limit} moves "
+            f"without proving a cheapest plan (every plan costs at least {over.lower:.4g} "
+            "s); raise the budget (Planner(max_states=...), None for no bound), or take "
+            "the best plan found (Planner(on_budget='best'))",
+            value=limit,
+        )
+    total = sum(edge.price for _, edge, _ in moves)
+    gap = max(0.0, total - over.lower)
+    warnings.warn(
+        BudgetWarning(
+            f"planning {src} -> {dst} stopped at max_states={limit}: the plan found costs "
+            f"{total:.4g} s, at most {gap:.3g} s above the cheapest (raise "
+            "Planner(max_states=...) for a proven minimum)",
+            gap=gap,
+            lower=over.lower,
+            limit=limit,
+        ),
+        stacklevel=4,
+    )
+
+
+GREEDY_ROOM = 10_000
+"""The least budget of the greedy search that follows a search past the budget."""
+
+
+def _bounded_search(planner: Planner, ctx, start: int, goal):
+    """``search`` within the planner's budget: ``(found, None)``, or past it
+    ``(found by a greedy search within the budget, at least :data:`GREEDY_ROOM` moves,
+    or None, the OverBudget)``."""
+    budget = planner.max_states
+    try:
+        return search(ctx, start, goal, budget=budget), None
+    except OverBudget as over:
+        try:
+            room = max(budget, GREEDY_ROOM)
+            return search(ctx, start, goal, budget=room, weight=GREEDY), over
+        except OverBudget:
+            return None, over
+
+
 def _moves_to(planner: Planner, problem: Problem, start_state, goals: tuple):
     """The cheapest path from ``start_state`` to the nearest of ``goals`` (states of one
     layout) as ``[(state, edge, next state)]`` (None: none within the memory
     bound): shared across the tensor sizes of a family (no context needed), else the
-    context's table (once it has planned enough pairs) or a search."""
+    context's table (once it has planned enough pairs) or a search; and None, or the
+    :class:`OverBudget` of a search past the planner's budget (the path then the best
+    a greedy search found, not proven the cheapest)."""
     key = goals[0] if len(goals) == 1 else ("layout", goals)  # the pair's key in a family
     ctx = planner.context(problem)
     fam = ctx.family
@@ -226,27 +279,28 @@ def _moves_to(planner: Planner, problem: Problem, start_state, goals: tuple):
     if fam is not None and tab is None:
         moves = families.shared(fam, size, start_state, key)
         if moves is not None:
-            return moves
+            return moves, None
         if _extend(planner, fam, ctx, start_state, goals, key):
             moves = families.shared(fam, size, start_state, key)
             if moves is not None:
-                return moves
+                return moves, None
     with ctx.lock:
         ctx.trim()
         start = ctx.intern(start_state)
         goal = _interned(ctx, goals)
         if tab is None:
             tab = tables.table(ctx)
+        over = None
         if tab is not None:
             found = walk(ctx, tab, start, goal)
         else:
-            found = search(ctx, start, goal)
-            if found is not None and fam is not None:
+            found, over = _bounded_search(planner, ctx, start, goal)
+            if found is not None and fam is not None and over is None:
                 families.record(fam, ctx, start_state, key, found)
         if found is None:
-            return None
+            return None, over
         states = ctx.states
-        return [(states[i], edge, states[j]) for i, edge, j in found[1]]
+        return [(states[i], edge, states[j]) for i, edge, j in found[1]], over
 
 
 def _interned(ctx, goals: tuple):
@@ -268,7 +322,11 @@ def _extend(planner: Planner, fam, ctx, start_state, goals, key) -> bool:
             continue
         with other.lock:
             other.trim()
-            found = search(other, other.intern(start_state), _interned(other, goals))
+            start, goal = other.intern(start_state), _interned(other, goals)
+            try:
+                found = search(other, start, goal, budget=planner.max_states)
+            except OverBudget:
+                continue  # (the pair is planned on its own context then)
             if found is not None:
                 planner.families.record(fam, other, start_state, key, found)
     return bool(shapes)
@@ -302,11 +360,59 @@ def _planned(
     return entry
 
 
-def _plan_cached(src: Spec, dst: Spec, model: CostModel, merge: bool, bound, objective: str):
-    """:func:`plan`'s answer on the default planner, and the merges a missing alias kept
-    apart (None: not looked for yet), without the warning (for pricing many candidate
-    redistributions that never run)."""
-    return _planned(default_planner(), src, dst, model, merge, bound, objective)
+def _plan_cached(
+    src: Spec,
+    dst: Spec,
+    model: CostModel,
+    merge: bool,
+    bound,
+    objective: str,
+    planner: Planner | None = None,
+):
+    """:func:`plan`'s answer on ``planner`` (the default one when None), and the merges a
+    missing alias kept apart (None: not looked for yet), without the warning (for pricing
+    many candidate redistributions that never run)."""
+    return _planned(_planner_of(planner), src, dst, model, merge, bound, objective)
+
+
+def _planner_of(planner) -> Planner:
+    """``planner``, or the default planner for None; a PlanError for anything else."""
+    if planner is None:
+        return default_planner()
+    if not isinstance(planner, Planner):
+        raise PlanError(f"planner must be a Planner or None, got {planner!r}", value=planner)
+    return planner
+
+
+def plan_cost(
+    src: Spec, dst: Spec, *, cost_model: CostModel | None = None, planner: Planner | None = None
+) -> float:
+    """The price (seconds) of the minimum-cost plan from ``src`` to ``dst``:
+    ``cost(plan(src, dst)).total``, remembered by ``planner`` (the default one when None),
+    without the warning about merges a missing alias keeps apart (for callers that price
+    many redistributions and run few: strategy selection, whole programs).
+
+    >>> from meshplan.layout import Mesh
+    >>> from meshplan.placement import Replicate, Shard
+    >>> from meshplan.redistribute import cost
+    >>> mesh = Mesh.create(2)
+    >>> a, b = Spec(mesh, [Shard(0)], (8,)), Spec(mesh, [Replicate()], (8,))
+    >>> plan_cost(a, b) == cost(plan(a, b)).total
+    True
+    """
+    model = as_model(cost_model)
+    planner = _planner_of(planner)
+    key = (src, dst, model)
+    price = planner.prices.get(key)
+    if price is None:
+        if src == dst:
+            check_plannable(src, dst)
+            price = 0.0
+        else:
+            p = _planned(planner, src, dst, model, True, None, "time")[0]
+            price = _plan_cost(p, model).total
+        planner.remember_price(key, price)
+    return price
 
 
 def _weight(src: Spec, model: CostModel, objective: str) -> float:
@@ -380,10 +486,7 @@ def plan(
             f"objective must be one of {OBJECTIVES!r}, got {objective!r}", value=objective
         )
     merge = _flag(merge, "merge")
-    if planner is None:
-        planner = default_planner()
-    elif not isinstance(planner, Planner):
-        raise PlanError(f"planner must be a Planner or None, got {planner!r}", value=planner)
+    planner = _planner_of(planner)
     try:
         p, missed = _planned(planner, src, dst, cost_model, merge, max_local_bytes, objective)
     except TypeError:  # unhashable input: validate to raise a clear error
@@ -410,7 +513,20 @@ def clear_plan_cache(*, tables: bool = True) -> None:
     default_planner().clear(tables=tables)
     _plan_cost.cache_clear()
     if tables:
-        exact_covers.cache_clear()
-        universe_of.cache_clear()
-        price_coefficients.cache_clear()
-        sequence_weights.cache_clear()
+        for memo in _shared_memos():
+            memo.cache_clear()
+
+
+def _shared_memos() -> list:
+    """Every ``functools`` memo of the modules of this package that are loaded."""
+    import sys
+
+    prefix = __name__.rpartition(".")[0] + "."
+    out = []
+    for name, module in list(sys.modules.items()):
+        if not name.startswith(prefix) or module is None:
+            continue
+        for value in vars(module).values():
+            if callable(getattr(value, "cache_clear", None)) and hasattr(value, "cache_info"):
+                out.append(value)
+    return out

@@ -26,10 +26,24 @@ from ._goals import admits, is_pattern
 from ._merged_moves import merges_floor
 from ._price import tie
 
-__all__ = ["search"]
+__all__ = ["search", "OverBudget", "GREEDY"]
+
+GREEDY = 1000.0
+"""The heuristic's weight in the search for a plan past the budget: far above 1, so the
+queue ranks by the estimate of the rest and reaches a goal in few expansions."""
 
 
-def search(ctx, start: int, goal, bounds=None):
+class OverBudget(Exception):
+    """A search stopped after generating ``budget`` moves; ``lower`` is a lower bound of every
+    plan's price (the least rank left in its queue)."""
+
+    def __init__(self, budget: int, lower: float) -> None:
+        super().__init__(budget, lower)
+        self.budget = budget
+        self.lower = lower
+
+
+def search(ctx, start: int, goal, bounds=None, *, budget: int | None = None, weight: float = 1.0):
     """A* on context ``ctx`` from state ``start`` to ``goal`` (ids; or a tuple of them,
     states of one layout, the first to reach ends the search), guided by ``bounds`` (the
     context's :class:`~._bounds.Bounds` when None); ``(cost, [(state, edge, next)])``.
@@ -43,6 +57,12 @@ def search(ctx, start: int, goal, bounds=None):
     when two structural single-dim steps on different mesh dims and different shard
     orders commute, only the cheaper order is kept, so independent steps are not tried
     in every order.
+
+    ``budget`` bounds the moves generated (the states reached, each counted once per
+    move leading to it): past it the search raises :class:`OverBudget`.
+    ``weight`` multiplies the heuristic in the queue's ranks: 1 finds the cheapest plan;
+    above 1 (:data:`GREEDY`) a plan, fast, with no proof it is the cheapest (and without
+    the all_permutes that reorder shards, whose targets are many).
     """
     if bounds is None:
         bounds = ctx.bounds
@@ -76,13 +96,17 @@ def search(ctx, start: int, goal, bounds=None):
     best = {start: 0.0}
     parent: dict = {start: None}
     counter = itertools.count()
-    heap = [(memo[start], 0.0, 0, start)]
+    heap = [(weight * memo[start], 0.0, 0, start)]
     closed = set()
     done: dict = {}  # permute hub -> the cost it was expanded at
     push = heapq.heappush
 
+    spent = 0  # moves generated
+
     def relax(i, g, h, succ, floor=0.0):
         # (``floor``: a lower bound of the rest from every state of ``succ``)
+        nonlocal spent
+        spent += len(succ)
         for trans in succ:
             c, t, dims, collective, _, _, touch = trans
             if collective is None and touch == () and len(dims) == 1:
@@ -101,15 +125,20 @@ def search(ctx, start: int, goal, bounds=None):
                 ht = memo.get(t)
                 if ht is None:
                     ht = h - c if h - c > floor else floor
-                push(heap, (ng + ht, -ng, next(counter), t))
+                push(heap, (ng + weight * ht, -ng, next(counter), t))
                 closed.discard(t)
 
-    one = len(goals) == 1 and not pattern
+    one = (len(goals) == 1 and not pattern) or weight != 1.0
     reached = limit = None  # goals reached at the least price, and that price
+    if budget is None:
+        budget = math.inf
     while heap:
         key, neg_g, _, i = heapq.heappop(heap)
         if reached is not None and key > limit:
             break
+        if spent > budget:
+            ctx.expanded += spent
+            raise OverBudget(budget, key)
         g = -neg_g
         if type(i) is tuple:
             # a permute hub, reached at ``g`` with ``key - g`` a lower bound of the rest
@@ -119,7 +148,12 @@ def search(ctx, start: int, goal, bounds=None):
                 kept = kept_bounds.get((source, goal))
                 if kept is None:
                     kept = kept_bounds[(source, goal)] = min([kept_bound(source, x) for x in goals])
-                relax(i, g, key - g, hub_member_edges(ctx, i, via.dims, via.n_send), kept)
+                rest = (key - g) / weight
+                succ = hub_member_edges(ctx, i, via.dims, via.n_send, budget - spent)
+                if succ is None:  # (more members than the budget has left)
+                    ctx.expanded += spent
+                    raise OverBudget(budget, key)
+                relax(i, g, rest, succ, kept)
             continue
         if type(i) is _Merges:
             i = i.state
@@ -145,11 +179,12 @@ def search(ctx, start: int, goal, bounds=None):
         h = memo.get(i)
         if h is None:
             h = memo[i] = h_of(i)
-            if g + h > key:
-                push(heap, (g + h, neg_g, next(counter), i))
+            if g + weight * h > key:
+                push(heap, (g + weight * h, neg_g, next(counter), i))
                 continue
         if i in goals or (pattern and any(admits(states[x], states[i]) for x in goals)):
             if one:
+                ctx.expanded += spent
                 return g, _path(parent, i)
             # of several goals reached at this very price (a tie the tie-breaking factors
             # lost to rounding), the first in ``state_order`` wins, as in a table walk
@@ -176,16 +211,19 @@ def search(ctx, start: int, goal, bounds=None):
             # still be the cheapest (``merges_floor``)
             floor = merges_floor(ctx, i)
             if floor < math.inf:
-                push(heap, (g + (floor if floor > h else h), neg_g, next(counter), _Merges(i)))
-        floor = permute_floor(ctx, i)
+                rank = g + weight * (floor if floor > h else h)
+                push(heap, (rank, neg_g, next(counter), _Merges(i)))
+        floor = permute_floor(ctx, i) if weight == 1.0 else math.inf
         if floor < math.inf:
             # every permute leads to a state ranked at least this
-            push(heap, (g + (floor if floor > h else h), neg_g, next(counter), ~i))
+            push(heap, (g + weight * (floor if floor > h else h), neg_g, next(counter), ~i))
         if general:
             # the general permutes of state i, generated only once one may still be on
             # the cheapest plan (each costs at least a launch, a hop and a copy)
             floor = general_floor + ctx.nbytes(i) * copy
-            push(heap, (g + (floor if floor > h else h), neg_g, next(counter), _General(i)))
+            rank = g + weight * (floor if floor > h else h)
+            push(heap, (rank, neg_g, next(counter), _General(i)))
+    ctx.expanded += spent
     if reached is None:
         return None
     i = min(reached, key=lambda x: state_order(states[x]))

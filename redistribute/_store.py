@@ -28,11 +28,18 @@ from ._problem import Problem
 from ._steps import Step
 from ._table import TABLE_MODES, Tables
 
-__all__ = ["Planner", "default_planner"]
+__all__ = ["Planner", "default_planner", "STATE_BUDGET"]
 
 _PLANS_KEPT = 4096  # plans per planner before the oldest are dropped
+_PRICES_KEPT = 65536  # plan prices (``plan_cost``) per planner
 _CONTEXTS_KEPT = 256  # search contexts per planner
 _ENCODED_KEPT = 65536  # spec encodings (and decodings, steps) per planner
+
+STATE_BUDGET = 1_000_000
+"""The default search budget: moves a search may generate before it settles for the
+best plan it can prove a gap for (``Planner(max_states=...)``)."""
+
+ON_BUDGET = ("best", "raise")
 
 
 class Planner:
@@ -42,6 +49,14 @@ class Planner:
     (the default: once it has planned a few pairs by search, more for bigger state
     spaces: ``_table.lazy_pairs``), ``"eager"`` (before its first plan) or ``"off"``
     (never: every plan is searched). Each gives the very same plans.
+
+    ``max_states`` bounds one plan's search: the moves (states reached) it may generate,
+    :data:`STATE_BUDGET` by default (None: no bound). Past it ``on_budget="best"`` (the
+    default) returns a plan found by a greedy search (within the same budget, or
+    ``_planner.GREEDY_ROOM`` moves if more) and warns
+    with a :class:`~meshplan.errors.BudgetWarning` giving its proven gap to the cheapest
+    plan; ``on_budget="raise"`` raises a :class:`PlanError` naming the limit. A plan made
+    within the budget is the cheapest there is.
 
     >>> from meshplan.layout import Mesh
     >>> from meshplan.placement import Replicate, Shard, Spec
@@ -54,17 +69,37 @@ class Planner:
     >>> mine.clear()
     """
 
-    def __init__(self, *, tables: str = "lazy") -> None:
+    def __init__(
+        self,
+        *,
+        tables: str = "lazy",
+        max_states: int | None = STATE_BUDGET,
+        on_budget: str = "best",
+    ) -> None:
         if not isinstance(tables, str) or tables not in TABLE_MODES:
             raise PlanError(
                 f"Planner(tables=...) must be one of {TABLE_MODES!r}, got {tables!r}",
                 value=tables,
             )
+        if max_states is not None and (type(max_states) is not int or max_states < 1):
+            raise PlanError(
+                f"Planner(max_states=...) must be an int >= 1 or None (no bound), got "
+                f"{max_states!r}",
+                value=max_states,
+            )
+        if not isinstance(on_budget, str) or on_budget not in ON_BUDGET:
+            raise PlanError(
+                f"Planner(on_budget=...) must be one of {ON_BUDGET!r}, got {on_budget!r}",
+                value=on_budget,
+            )
         self.tables_mode = tables
+        self.max_states = max_states
+        self.on_budget = on_budget
         self.lock = threading.Lock()
         # (src, dst, cost model, merge, bound, objective) -> (plan, merges a missing
         # alias kept apart, or None while not looked for)
         self.plans: dict = {}
+        self.prices: dict = {}  # (src, dst, cost model) -> ``plan_cost``'s price
         self.encoded: dict = {}  # Spec -> its State (``_encoding.encode``)
         self.decoded: dict = {}  # (mesh, shape, dtype, state) -> its Spec (``decode``)
         self.steps: dict = {}  # a Step's fields -> the Step
@@ -76,7 +111,8 @@ class Planner:
 
     def __repr__(self) -> str:
         return (
-            f"Planner(tables={self.tables_mode!r}; {len(self.plans)} plans, "
+            f"Planner(tables={self.tables_mode!r}, max_states={self.max_states!r}, "
+            f"on_budget={self.on_budget!r}; {len(self.plans)} plans, "
             f"{len(self.contexts)} contexts)"
         )
 
@@ -130,12 +166,21 @@ class Planner:
                 del plans[next(iter(plans))]
             plans[key] = entry
 
+    def remember_price(self, key: tuple, price: float) -> None:
+        """Keep a plan's price (``plan_cost``) under its arguments (``key``)."""
+        prices = self.prices
+        with self.lock:
+            if len(prices) >= _PRICES_KEPT:
+                prices.clear()
+            prices[key] = price
+
     def clear(self, *, tables: bool = True) -> None:
         """Forget the plans made, and with ``tables`` every other memo too: contexts, plan
         tables, shared moves and sizes, spec encodings (which mesh shapes have warned is
         kept: :meth:`forget_warnings`)."""
         with self.lock:
             self.plans.clear()
+            self.prices.clear()
             if tables:
                 self.encoded.clear()
                 self.decoded.clear()

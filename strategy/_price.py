@@ -39,6 +39,7 @@ __all__ = [
     "input_bound",
     "default_model",
     "check_model",
+    "check_planner",
     "min_local_bytes",
 ]
 
@@ -66,22 +67,35 @@ def check_model(value):
     )
 
 
-@functools.lru_cache(maxsize=65536)
-def redistribute_cost(src: Spec, dst: Spec, model) -> float:
-    """Total price (seconds) of the planner's minimum-cost plan from ``src`` to ``dst``."""
+def redistribute_cost(src: Spec, dst: Spec, model, planner=None) -> float:
+    """Total price (seconds) of the planner's minimum-cost plan from ``src`` to ``dst``
+    (``meshplan.redistribute.plan_cost``: remembered by ``planner``, the default
+    :class:`~meshplan.redistribute.Planner` when None)."""
     if src == dst:
         return 0.0
-    from meshplan.redistribute import cost
+    from meshplan.redistribute._planner import plan_cost
 
-    return cost(_plan(src, dst, model), model).total
+    return plan_cost(src, dst, cost_model=model, planner=planner)
 
 
-def _plan(src: Spec, dst: Spec, model):
+def _plan(src: Spec, dst: Spec, model, planner=None):
     # the plan ``plan()`` returns, without its "flatten to merge" warning: selection
     # prices many candidate redistributions that never run
     from meshplan.redistribute._planner import _plan_cached
 
-    return _plan_cached(src, dst, model, True, None, "time")[0]
+    return _plan_cached(src, dst, model, True, None, "time", planner)[0]
+
+
+def check_planner(value):
+    """``value`` as a planner: None (the default planner) or a Planner; anything else raises."""
+    from meshplan.redistribute._store import Planner
+
+    if value is None or isinstance(value, Planner):
+        return value
+    raise StrategyError(
+        f"planner must be a meshplan.redistribute.Planner (or None for the default), got {value!r}",
+        value=value,
+    )
 
 
 @functools.lru_cache(maxsize=16384)

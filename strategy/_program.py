@@ -48,7 +48,7 @@ from ._candidates import ComputeModel, Option, is_float
 from ._candidates import options as candidate_options
 from ._graph import Graph, Value
 from ._memory import check_state_bytes_per_param, program_memory
-from ._price import _plan, check_model, input_bound, redistribute_cost
+from ._price import _plan, check_model, check_planner, input_bound, redistribute_cost
 from ._program_terms import all_pairs, greedy, matrix, order_too_wide, pair_count
 from ._program_value import Program, ProgramCost, ProgramOp, ProgramWarning
 from ._progress import Progress, check_progress, report
@@ -98,6 +98,7 @@ def plan_program(
     memory_budget: float | None = None,
     state_bytes_per_param: float | None = None,
     progress: Progress | None = None,
+    planner: Any = None,
 ) -> Program:
     """Trace ``fn`` (written for global tensors) and plan it whole, forward and backward.
 
@@ -123,6 +124,9 @@ def plan_program(
     gradients + optimizer state (``state_bytes_per_param`` bytes per element; None: two
     moments in the parameter's dtype, as AdamW keeps). ``program.arg_specs`` holds the
     chosen specs, ``program.memory`` the bytes per rank (see :mod:`._auto`).
+
+    Redistributions are planned and priced by ``planner`` (a
+    :class:`meshplan.redistribute.Planner`; the default one when None).
 
     >>> import torch
     >>> from meshplan.layout import Mesh
@@ -174,6 +178,7 @@ def plan_program(
         memory_budget=memory_budget,
         state_bytes_per_param=state_bytes_per_param,
         progress=progress,
+        planner=planner,
     )
 
 
@@ -195,6 +200,7 @@ def plan_graph(
     memory_budget: float | None = None,
     state_bytes_per_param: float | None = None,
     progress: Progress | None = None,
+    planner: Any = None,
 ) -> Program:
     """Plan an already traced :class:`Graph` (pure: no torch).
 
@@ -239,6 +245,7 @@ def plan_graph(
 
     check_progress(progress)
     model = check_model(cost_model)
+    planner = check_planner(planner)
     compute = ComputeModel() if compute is None else compute
     if not isinstance(compute, ComputeModel):
         raise StrategyError(f"compute must be a ComputeModel, got {compute!r}", value=compute)
@@ -301,7 +308,9 @@ def plan_graph(
     def learn_exact(a: int, b: int) -> float:
         c = exact.get((a, b))
         if c is None:
-            c = exact[(a, b)] = 0.0 if a == b else redistribute_cost(table[a], table[b], model)
+            c = exact[(a, b)] = (
+                0.0 if a == b else redistribute_cost(table[a], table[b], model, planner)
+            )
         return c
 
     def price(a: int, b: int) -> float:
@@ -365,7 +374,9 @@ def plan_graph(
             if done % every == 0:
                 report(progress, "prices", done, count)
             if (a, b) not in exact:
-                exact[(a, b)] = 0.0 if a == b else redistribute_cost(table[a], table[b], model)
+                exact[(a, b)] = (
+                    0.0 if a == b else redistribute_cost(table[a], table[b], model, planner)
+                )
         report(progress, "prices", count, count)
     # the given specs of the free arguments, where they are candidates: a seed of the search
     given = {
@@ -432,7 +443,9 @@ def plan_graph(
         def learn(a: int, b: int) -> None:
             nonlocal new
             if (a, b) not in exact:
-                exact[(a, b)] = 0.0 if a == b else redistribute_cost(table[a], table[b], model)
+                exact[(a, b)] = (
+                    0.0 if a == b else redistribute_cost(table[a], table[b], model, planner)
+                )
                 new += 1
 
         used_before = new
@@ -474,7 +487,7 @@ def plan_graph(
     )
     report(progress, "moves", 0, len(calls))
     program = _assemble(
-        graph, chosen, outs, cots, grads, fixed, options, var, sol, model, fallbacks
+        graph, chosen, outs, cots, grads, fixed, options, var, sol, model, fallbacks, planner
     )
     return attrs.evolve(program, memory=program_memory(chosen, differentiated, per_param))
 
@@ -584,7 +597,9 @@ def _out_specs(graph: Graph, mesh, out_specs) -> tuple[Spec, ...]:
     return out_specs
 
 
-def _assemble(graph, arg_specs, outs, cots, grads, fixed, options, var, sol, model, fallbacks):
+def _assemble(
+    graph, arg_specs, outs, cots, grads, fixed, options, var, sol, model, fallbacks, planner=None
+):
     from meshplan.redistribute import cost as plan_cost
 
     specs: dict[Value, Spec] = {}
@@ -600,7 +615,7 @@ def _assemble(graph, arg_specs, outs, cots, grads, fixed, options, var, sol, mod
         src = specs[v]
         if src == dst:
             return None
-        p = _plan(src, dst, model)
+        p = _plan(src, dst, model, planner)
         if (v, dst) in moved:
             return p
         moved.add((v, dst))

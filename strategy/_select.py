@@ -31,6 +31,7 @@ from ._price import (
     _dim_steps,
     _share,
     check_model,
+    check_planner,
     input_bound,
     redistribute_cost,
     transition_bound,
@@ -97,9 +98,12 @@ class Choice:
 class _Pricer:
     """Exact input prices (memoized per target within one selection) and their bounds."""
 
-    def __init__(self, problem: Problem, model: Any, accept_partial: bool = False) -> None:
+    def __init__(
+        self, problem: Problem, model: Any, accept_partial: bool = False, planner: Any = None
+    ) -> None:
         self.problem = problem
         self.model = model
+        self.planner = planner
         self.accept_partial = accept_partial
         self.futures: dict[Candidate, float] = {}
         self.memo: dict[tuple[int, Spec], float] = {}
@@ -113,7 +117,7 @@ class _Pricer:
         key = (i, spec)
         c = self.memo.get(key)
         if c is None:
-            c = redistribute_cost(self.problem.sources[i], spec, self.model)
+            c = redistribute_cost(self.problem.sources[i], spec, self.model, self.planner)
             self.memo[key] = c
         return c
 
@@ -126,7 +130,7 @@ class _Pricer:
         c = self.futures.get(cand)
         if c is None:
             strategy = realize(self.problem, cand)
-            c = sum(reduction_cost(s, self.model) for s in strategy.output_specs)
+            c = sum(reduction_cost(s, self.model, self.planner) for s in strategy.output_specs)
             self.futures[cand] = c
         return c
 
@@ -144,6 +148,7 @@ def select(
     cost_model: Any = None,
     method: str = "search",
     accept_partial: bool = False,
+    planner: Any = None,
     **args: Any,
 ) -> Choice:
     """The strategy of minimum total cost for ``op`` on inputs laid out as ``input_specs``.
@@ -155,7 +160,9 @@ def select(
     reduction (to Shard or Replicate on each Partial mesh dim): a partial sum is cheap
     now and dear later, and that later is counted. ``accept_partial=True`` says the
     consumer takes Partial values as they are (a linear op, or a whole-program
-    planner pricing the consumer itself).
+    planner pricing the consumer itself). Redistributions are priced by ``planner`` (a
+    :class:`meshplan.redistribute.Planner`; the default one when None), which remembers
+    their plans.
 
     >>> from meshplan.layout import Mesh
     >>> from meshplan.placement import Replicate, Shard
@@ -179,7 +186,7 @@ def select(
         )
     model = check_model(cost_model)
     problem = prepare(op, input_specs, ruleset, args)
-    pricer = _Pricer(problem, model, accept_partial)
+    pricer = _Pricer(problem, model, accept_partial, check_planner(planner))
     if method == "enumerate":
         return _enumerate(problem, pricer)
     return _search(problem, pricer)
@@ -312,7 +319,7 @@ def _future_bound(problem: Problem, m: int, rule: Any, model: Any) -> float:
     return total * (1 - 1e-9)
 
 
-def reduction_cost(spec: Spec, model: Any) -> float:
+def reduction_cost(spec: Spec, model: Any, planner: Any = None) -> float:
     """The cheapest reduction of ``spec``'s Partial dims, each to Replicate or a Shard.
 
     >>> from meshplan.layout import Mesh
@@ -336,7 +343,7 @@ def reduction_cost(spec: Spec, model: Any) -> float:
             target = Spec(spec.mesh, placements, spec.shape, spec.dtype)
         except PlacementError:
             continue
-        c = redistribute_cost(spec, target, model)
+        c = redistribute_cost(spec, target, model, planner)
         if best is None or c < best:
             best = c
     return 0.0 if best is None else best
@@ -350,7 +357,6 @@ def clear_strategy_cache() -> None:
         _problem._prepare,
         _expand.candidates,
         _expand._spec,
-        _price.redistribute_cost,
         _price._dim_bound,
         _price._dim_steps,
         _price.input_bound,

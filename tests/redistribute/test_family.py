@@ -102,7 +102,7 @@ def test_a_plan_shared_across_sizes_is_the_search_plan(pair, model, base, scales
 def _searches(monkeypatch) -> list:
     calls: list = []
     search, walk = P.search, P.walk
-    monkeypatch.setattr(P, "search", lambda *a: calls.append("search") or search(*a))
+    monkeypatch.setattr(P, "search", lambda *a, **k: calls.append("search") or search(*a, **k))
     monkeypatch.setattr(P, "walk", lambda *a: calls.append("walk") or walk(*a))
     return calls
 

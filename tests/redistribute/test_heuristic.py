@@ -452,3 +452,32 @@ def test_a_shard_on_the_slow_dim_is_bounded_by_what_crosses_it():
     # half of the tensor at half price, on the inter-node link
     half = 64 * 64 * 4 / 2 * 0.5 / model.profile.inter.bytes_per_s
     assert math.isclose(floor, half, rel_tol=1e-9)
+
+
+@given(
+    spec_pairs(max_ranks=16, max_dims=4, max_aliases=1, max_side=8),
+    st.sampled_from(MODELS),
+    st.data(),
+)
+def test_the_general_bound_stopped_at_a_cap_gives_the_same_heuristic(pair, model, data):
+    # ``general_bound(cap=h)`` may stop once it reaches ``h``: the least of it and ``h``
+    # (the heuristic) is the least of the whole bound and ``h``
+    from meshplan.redistribute._general_bound import general_bound
+
+    src, dst = pair
+    model = on_mesh(model, src.mesh)
+    shards, ptargets = universe(src, dst)
+    ctx = _fresh(src, model, shards, ptargets, "time")
+    start, goal = ctx.intern(_state(src)), ctx.intern(_state(dst))
+    search(ctx, start, goal)
+    picks = data.draw(
+        st.lists(st.integers(0, len(ctx.states) - 1), min_size=1, max_size=4), label="states"
+    )
+    whole = _fresh(src, model, shards, ptargets, "time")
+    capped = _fresh(src, model, shards, ptargets, "time")
+    for k in [start, *picks]:
+        i, g = whole.intern(ctx.states[k]), whole.intern(ctx.states[goal])
+        j, q = capped.intern(ctx.states[k]), capped.intern(ctx.states[goal])
+        h = dim_bound(whole.bounds, i, g)
+        full = general_bound(whole.bounds, i, g)
+        assert min(h, general_bound(capped.bounds, j, q, h)) == min(h, full)
