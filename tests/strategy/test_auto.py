@@ -15,6 +15,7 @@ import warnings
 
 import pytest
 import torch
+from _program_cases import build, programs
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -26,8 +27,6 @@ from meshplan.strategy import plan_graph, plan_program
 from meshplan.strategy._auto import candidates, resolve_choose, solve_within
 from meshplan.strategy._memory import state_bytes
 from meshplan.strategy._solve import solve
-
-from _program_cases import build, programs
 
 R = Replicate()
 
