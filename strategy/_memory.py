@@ -83,9 +83,15 @@ def state_bytes(spec: Spec, differentiated: bool, state_bytes_per_param: float |
     >>> state_bytes(Spec(mesh, [Replicate()], (8, 2), "float32"), True, None)
     256.0
     """
+    if not isinstance(spec, Spec):
+        raise StrategyError(
+            f"state_bytes takes the argument's Spec, got {spec!r:.80}; e.g. "
+            "state_bytes(Spec(mesh, [Shard(0)], shape, dtype), True, None)",
+            value=spec,
+        )
     if not differentiated:
         return 0.0
-    return sum(_parts(spec, state_bytes_per_param))
+    return sum(_parts(spec, check_state_bytes_per_param(state_bytes_per_param)))
 
 
 def program_memory(

