@@ -37,23 +37,18 @@ from meshplan.errors import StrategyError
 from meshplan.placement import Replicate, Spec
 from meshplan.redistribute._steps import grad_spec
 
-from ._auto import (
-    free_grad_terms,
-    free_options,
-    memory_weights,
-    resolve_choose,
-    solve_within,
-)
+from ._auto import free_options, resolve_choose
 from ._candidates import ComputeModel, Option, is_float
 from ._candidates import options as candidate_options
-from ._graph import Graph, Value
+from ._graph import Graph
 from ._memory import check_state_bytes_per_param, program_memory
-from ._price import _plan, check_model, check_planner, input_bound, redistribute_cost
-from ._program_terms import all_pairs, greedy, matrix, order_too_wide, pair_count
+from ._price import check_model, check_planner
+from ._program_assemble import assemble, chosen_specs
+from ._program_prices import Prices
+from ._program_solve import objective, solve_lazily
 from ._program_value import Program, ProgramCost, ProgramOp, ProgramWarning
 from ._progress import Progress, check_progress, report
 from ._ruleset import RuleSet
-from ._shared import Reader, SharedValue, reader_weights, shared_solver
 
 __all__ = [
     "ComputeModel",
@@ -210,6 +205,72 @@ def plan_graph(
     ``choose``, ``memory_budget`` and ``state_bytes_per_param``: as in :func:`plan_program`.
     ``progress`` as in :func:`plan_program`.
     """
+    limits = {
+        "max_factor": max_factor,
+        "max_options": max_options,
+        "max_rounds": max_rounds,
+        "max_priced": max_priced,
+    }
+    arg_specs = _check_graph_arguments(graph, arg_specs, solver, limits)
+    check_progress(progress)
+    model = check_model(cost_model)
+    planner = check_planner(planner)
+    compute = ComputeModel() if compute is None else compute
+    if not isinstance(compute, ComputeModel):
+        raise StrategyError(f"compute must be a ComputeModel, got {compute!r}", value=compute)
+    mesh = arg_specs[0].mesh
+    _check_traced(graph, arg_specs)
+    outs = _out_specs(graph, mesh, out_specs)
+    cots = tuple(grad_spec(s) for s in outs)
+    grads = _grad_specs(graph, arg_specs)
+    free = resolve_choose(choose, len(arg_specs))
+    budget = _check_budget(memory_budget)
+    per_param = check_state_bytes_per_param(state_bytes_per_param)
+    fixed: dict[int, Spec] = {
+        k: s for i, (k, s) in enumerate(zip(graph.args, arg_specs, strict=True)) if i not in free
+    }
+    fixed.update(zip(graph.cotangents, cots, strict=True))
+    ruleset = _check_ruleset(ruleset)
+    options, fallbacks = _options(graph, mesh, compute, max_options, ruleset, strict, progress)
+    options += [free_options(arg_specs[i]) for i in free]
+
+    prices = Prices(model, planner)
+    memory = (arg_specs, per_param, budget)
+    obj = objective(graph, options, free, fixed, (outs, grads), prices, memory)
+    calls = graph.calls
+    report(progress, "strategies", len(calls), len(calls))
+    prices.price_all(obj.terms, obj.ins, obj.outs, max_priced, progress)
+    # the given specs of the free arguments, where they are candidates: a seed of the search
+    given = {
+        obj.var[graph.args[i]]: k
+        for i in free
+        for k, o in enumerate(options[obj.var[graph.args[i]]])
+        if o.output_specs[0] == arg_specs[i]
+    }
+    seeds = (given,) if given and budget is not None else ()
+    sol = solve_lazily(
+        graph,
+        obj,
+        prices,
+        solver=solver,
+        max_factor=max_factor,
+        max_rounds=max_rounds,
+        budget=budget,
+        seeds=seeds,
+        progress=progress,
+    )
+    chosen, fixed = chosen_specs(graph, arg_specs, free, options, obj.var, sol, fixed)
+    grads = _grad_specs(graph, chosen)
+    report(progress, "moves", 0, len(calls))
+    program = assemble(
+        graph, chosen, outs, cots, grads, fixed, options, obj.var, sol, model, fallbacks, planner
+    )
+    differentiated = tuple(g is not None for g in graph.grads)
+    return attrs.evolve(program, memory=program_memory(chosen, differentiated, per_param))
+
+
+def _check_graph_arguments(graph, arg_specs, solver, limits: dict[str, Any]) -> tuple[Spec, ...]:
+    """``plan_graph``'s graph, argument specs, solver and size limits, checked."""
     if solver not in ("whole", "op_by_op"):
         raise StrategyError(f"solver must be 'whole' or 'op_by_op', got {solver!r}", value=solver)
 
@@ -228,12 +289,7 @@ def plan_graph(
             f"the graph takes {len(graph.args)} arguments, got {len(arg_specs)} specs",
             value=arg_specs,
         )
-    for name, value in (
-        ("max_factor", max_factor),
-        ("max_options", max_options),
-        ("max_rounds", max_rounds),
-        ("max_priced", max_priced),
-    ):
+    for name, value in limits.items():
         if (
             isinstance(value, bool)
             or not isinstance(value, int)
@@ -241,38 +297,28 @@ def plan_graph(
             or (name != "max_priced" and value < 1)
         ):
             raise StrategyError(f"{name} must be a positive int, got {value!r}", value=value)
-    import numpy as np
+    return arg_specs
 
-    check_progress(progress)
-    model = check_model(cost_model)
-    planner = check_planner(planner)
-    compute = ComputeModel() if compute is None else compute
-    if not isinstance(compute, ComputeModel):
-        raise StrategyError(f"compute must be a ComputeModel, got {compute!r}", value=compute)
-    mesh = arg_specs[0].mesh
+
+def _check_traced(graph: Graph, arg_specs: Sequence[Spec]) -> None:
     for i, (k, spec) in enumerate(zip(graph.args, arg_specs, strict=True)):
         m = graph.nodes[k].metas[0]
         if m.shape != spec.shape or m.dtype != spec.dtype:
             raise StrategyError(
                 f"argument {i}'s spec {spec} disagrees with the traced tensor {m}", value=spec
             )
-    outs = _out_specs(graph, mesh, out_specs)
-    cots = tuple(grad_spec(s) for s in outs)
-    grads = tuple(
+
+
+def _grad_specs(graph: Graph, arg_specs: Sequence[Spec]) -> tuple[Spec | None, ...]:
+    """Each differentiated argument's gradient spec (None for the others)."""
+    return tuple(
         grad_spec(s) if g is not None else None for s, g in zip(arg_specs, graph.grads, strict=True)
     )
-    free = resolve_choose(choose, len(arg_specs))
-    budget = _check_budget(memory_budget)
-    per_param = check_state_bytes_per_param(state_bytes_per_param)
-    fixed: dict[int, Spec] = {
-        k: s for i, (k, s) in enumerate(zip(graph.args, arg_specs, strict=True)) if i not in free
-    }
-    fixed.update(zip(graph.cotangents, cots, strict=True))
 
+
+def _options(graph, mesh, compute, max_options, ruleset, strict, progress):
+    """(each call's candidate options, the ops that had no rule and run replicated)."""
     calls = graph.calls
-    free_nodes = tuple(graph.args[i] for i in free)  # free arguments: variables after the calls
-    var = {node: i for i, node in enumerate((*calls, *free_nodes))}
-    ruleset = _check_ruleset(ruleset)
     options: list[tuple[Option, ...]] = []
     fallbacks = []
     for done, node in enumerate(calls):
@@ -284,212 +330,7 @@ def plan_graph(
             fallbacks.append(call.target)
         options.append(opts)
     _report_missing(fallbacks, strict)
-    options += [free_options(arg_specs[i]) for i in free]
-
-    # every distinct spec gets a number once; prices are memoized on pairs of numbers
-    ids: dict[Spec, int] = {}
-    table: list[Spec] = []
-
-    def sid(spec: Spec) -> int:
-        k = ids.get(spec)
-        if k is None:
-            k = ids[spec] = len(table)
-            table.append(spec)
-        return k
-
-    ins = [[[sid(s) for s in o.input_specs] for o in opts] for opts in options]
-    outs_ = [
-        [[sid(s) if s is not None else -1 for s in o.output_specs] for o in opts]
-        for opts in options
-    ]
-    exact: dict[tuple[int, int], float] = {}
-    bounds: dict[tuple[int, int], float] = {}
-
-    def learn_exact(a: int, b: int) -> float:
-        c = exact.get((a, b))
-        if c is None:
-            c = exact[(a, b)] = (
-                0.0 if a == b else redistribute_cost(table[a], table[b], model, planner)
-            )
-        return c
-
-    def price(a: int, b: int) -> float:
-        """The exact price where known, else a lower bound of it (cheap: no planning)."""
-        c = exact.get((a, b))
-        if c is None:
-            c = bounds.get((a, b))
-            if c is None:
-                c = bounds[(a, b)] = (
-                    0.0 if a == b else input_bound(table[a], table[b].placements, model)
-                )
-        return c
-
-    # the terms of the objective: (node, its option's spec numbers) -> which pair it prices
-    terms: list[tuple] = []  # ("fixed", c, i, src) | ("pair", p, j, c, i) | ("sink", c, j, dst)
-    for node in calls:
-        c = var[node]
-        for i, v in enumerate(graph.nodes[node].inputs):
-            if v.node in fixed:
-                terms.append(("fixed", c, i, sid(fixed[v.node])))
-            else:
-                terms.append(("pair", var[v.node], v.index, c, i))
-    sinks = [(v, s) for v, s in zip(graph.outputs, outs, strict=True)]
-    sinks += [
-        (v, s)
-        for i, (v, s) in enumerate(zip(graph.grads, grads, strict=True))
-        if v is not None and i not in free
-    ]
-    for v, target in sinks:
-        if v.node not in fixed:
-            terms.append(("sink", var[v.node], v.index, sid(target)))
-    terms += free_grad_terms(graph, free, fixed, var, sid)
-    differentiated = tuple(g is not None for g in graph.grads)
-    weights, fixed_bytes = memory_weights(
-        arg_specs,
-        differentiated,
-        free,
-        options[len(calls) :],
-        [len(o) for o in options[: len(calls)]],
-        per_param,
-        budget,
-    )
-
-    # the same terms grouped by value: one move per distinct layout its readers want
-    grad_reads = [(graph.grads[i], var[graph.args[i]]) for i in free if graph.grads[i] is not None]
-    values = shared_values(graph, calls, var, fixed, sid, sinks, grad_reads)
-    shares = reader_weights(values, ins)
-    lams = [_term_weights(t, shares, ins) for t in terms]
-
-    # lazy pricing: solve with exact prices where known and lower bounds elsewhere; price
-    # exactly the pairs the solution uses; repeat until it uses only exact prices. Then
-    # no other choice can be cheaper (its every term is at most its true price), so the
-    # solution is the exact minimum whenever the solver's is.
-    compute_cost = [np.array([o.compute for o in opts], dtype=float) for opts in options]
-    report(progress, "strategies", len(calls), len(calls))
-    count = pair_count(terms, ins, outs_)
-    if count <= max_priced:
-        # few enough distinct pairs: price them all up front, one round
-        every = max(1, count // 20)
-        for done, (a, b) in enumerate(all_pairs(terms, ins, outs_)):
-            if done % every == 0:
-                report(progress, "prices", done, count)
-            if (a, b) not in exact:
-                exact[(a, b)] = (
-                    0.0 if a == b else redistribute_cost(table[a], table[b], model, planner)
-                )
-        report(progress, "prices", count, count)
-    # the given specs of the free arguments, where they are candidates: a seed of the search
-    given = {
-        var[graph.args[i]]: k
-        for i in free
-        for k, o in enumerate(options[var[graph.args[i]]])
-        if o.output_specs[0] == arg_specs[i]
-    }
-    seeds = (given,) if given and budget is not None else ()
-    rounds = 0
-    branched = False  # a budget's branch and bound runs once the prices it sees are exact
-    while True:
-        rounds += 1
-        report(progress, "solve", rounds, 0)
-        unary = [u.copy() for u in compute_cost]
-        unary_lo = [u.copy() for u in compute_cost]
-        pairs: dict[tuple[int, int], Any] = {}
-        pairs_lo: dict[tuple[int, int], Any] = {}
-        for t, lam in zip(terms, lams, strict=True):
-            if t[0] == "fixed":
-                _, c, i, src = t
-                row = matrix([src], [row[i] for row in ins[c]], price)[0]
-                unary[c] += row
-                unary_lo[c] += row * lam
-            elif t[0] == "sink":
-                _, c, j, dst = t
-                col = matrix([row[j] for row in outs_[c]], [dst], price)[:, 0]
-                unary[c] += col
-                unary_lo[c] += col * lam
-            else:
-                _, p, j, c, i = t
-                m = matrix([row[j] for row in outs_[p]], [row[i] for row in ins[c]], price)
-                pairs[(p, c)] = m if (p, c) not in pairs else pairs[(p, c)] + m
-                m = m * lam[None, :]
-                pairs_lo[(p, c)] = m if (p, c) not in pairs_lo else pairs_lo[(p, c)] + m
-        if solver == "op_by_op":
-            sol = greedy(calls, var, graph, terms, ins, outs_, unary, pairs, price, learn_exact)
-        else:
-            starts = ()
-            if order_too_wide(unary, pairs, max_factor):
-                starts = (
-                    greedy(
-                        calls, var, graph, terms, ins, outs_, unary, pairs, price, learn_exact
-                    ).choice,
-                )
-            free_budget = None if budget is None else budget - fixed_bytes
-            shared_solve, shared_cost = shared_solver(
-                (unary, pairs), (unary_lo, pairs_lo), (compute_cost, values, ins, outs_, price)
-            )
-            sol = solve_within(
-                shared_solve,
-                unary,
-                pairs,
-                weights,
-                free_budget,
-                max_branches=64 if branched else 0,
-                cost=shared_cost,
-                seeds=seeds,
-                max_factor=max_factor,
-                starts=starts,
-            )
-        new = 0
-
-        def learn(a: int, b: int) -> None:
-            nonlocal new
-            if (a, b) not in exact:
-                exact[(a, b)] = (
-                    0.0 if a == b else redistribute_cost(table[a], table[b], model, planner)
-                )
-                new += 1
-
-        used_before = new
-        for t in terms:
-            if t[0] == "fixed":
-                _, c, i, src = t
-                learn(src, ins[c][sol.choice[c]][i])
-            elif t[0] == "sink":
-                _, c, j, dst = t
-                learn(outs_[c][sol.choice[c]][j], dst)
-            else:
-                _, p, j, c, i = t
-                learn(outs_[p][sol.choice[p]][j], ins[c][sol.choice[c]][i])
-        if new > used_before:
-            # the solution used guessed prices: learn its neighbourhood too (each term's
-            # chosen producer spec against every consumer option, and the reverse), so
-            # the next rounds do not walk through ties one pair at a time
-            for t in terms:
-                if t[0] != "pair":
-                    continue
-                _, p, j, c, i = t
-                a = outs_[p][sol.choice[p]][j]
-                b = ins[c][sol.choice[c]][i]
-                for d in dict.fromkeys(row[i] for row in ins[c]):
-                    learn(a, d)
-                for e in dict.fromkeys(row[j] for row in outs_[p]):
-                    learn(e, b)
-        if rounds >= max_rounds or (
-            not new and (branched or budget is None or sol.method == "exact")
-        ):
-            break
-        branched = branched or not new
-    chosen = list(arg_specs)
-    for i in free:
-        chosen[i] = options[var[graph.args[i]]][sol.choice[var[graph.args[i]]]].output_specs[0]
-        fixed[graph.args[i]] = chosen[i]
-    grads = tuple(
-        grad_spec(s) if g is not None else None for s, g in zip(chosen, graph.grads, strict=True)
-    )
-    report(progress, "moves", 0, len(calls))
-    program = _assemble(
-        graph, chosen, outs, cots, grads, fixed, options, var, sol, model, fallbacks, planner
-    )
-    return attrs.evolve(program, memory=program_memory(chosen, differentiated, per_param))
+    return options, fallbacks
 
 
 def _check_budget(value) -> float | None:
@@ -538,41 +379,8 @@ def _report_missing(fallbacks: Sequence[str], strict: bool) -> None:
         f"no sharding rule for {len(counts)} ops, {len(fallbacks)} calls run replicated "
         f"(correct, maybe slow): {listing}; {add}, or pass strict=True to refuse",
         ProgramWarning,
-        stacklevel=4,
+        stacklevel=5,
     )
-
-
-def _term_weights(t, shares, ins):
-    """The lower-bound weights of a term's reader, per option of the reader (or one)."""
-    import numpy as np
-
-    if t[0] == "sink":
-        _, c, j, dst = t
-        return shares[("sink", c, j)][dst]
-    c, i = (t[1], t[2]) if t[0] == "fixed" else (t[3], t[4])
-    mine = shares[(c, i)]
-    return np.array([mine[row[i]] for row in ins[c]], dtype=float)
-
-
-def shared_values(graph: Graph, calls, var, fixed, sid, sinks, grad_reads=()) -> list[SharedValue]:
-    """Each value read by an op, a fixed target or a free argument (its gradient, moved
-    into the chosen option's grad spec: ``grad_reads`` pairs of value and variable), with
-    its source and its readers."""
-    readers: dict[Value, list[Reader]] = {}
-    for node in calls:
-        for i, v in enumerate(graph.nodes[node].inputs):
-            readers.setdefault(v, []).append(Reader(var[node], i))
-    for v, a in grad_reads:
-        readers.setdefault(v, []).append(Reader(a, 0))
-    for v, target in sinks:
-        readers.setdefault(v, []).append(Reader(-1, 0, sid(target)))
-    out = []
-    for v, rs in readers.items():
-        if v.node in fixed:
-            out.append(SharedValue(-1, 0, sid(fixed[v.node]), tuple(rs)))
-        else:
-            out.append(SharedValue(var[v.node], v.index, -1, tuple(rs)))
-    return out
 
 
 def _out_specs(graph: Graph, mesh, out_specs) -> tuple[Spec, ...]:
@@ -595,75 +403,3 @@ def _out_specs(graph: Graph, mesh, out_specs) -> tuple[Spec, ...]:
                 value=s,
             )
     return out_specs
-
-
-def _assemble(
-    graph, arg_specs, outs, cots, grads, fixed, options, var, sol, model, fallbacks, planner=None
-):
-    from meshplan.redistribute import cost as plan_cost
-
-    specs: dict[Value, Spec] = {}
-    for node, spec in fixed.items():
-        specs[Value(node)] = spec
-    comm = compute = nbytes = 0.0
-    collectives = 0
-
-    moved: set[tuple[Value, Spec]] = set()  # a value moved to a layout once serves all
-
-    def move(v: Value, dst: Spec):
-        nonlocal comm, nbytes, collectives
-        src = specs[v]
-        if src == dst:
-            return None
-        p = _plan(src, dst, model, planner)
-        if (v, dst) in moved:
-            return p
-        moved.add((v, dst))
-        c = plan_cost(p, model)
-        comm += c.total
-        nbytes += c.bytes
-        collectives += sum(1 for s in p.steps if s.collective is not None)
-        return p
-
-    ops = []
-    for node in graph.calls:
-        n = graph.nodes[node]
-        o = options[var[node]][sol.choice[var[node]]]
-        compute += o.compute
-        moves = tuple(move(v, o.input_specs[i]) for i, v in enumerate(n.inputs))
-        for j, s in enumerate(o.output_specs):
-            if s is not None:
-                specs[Value(node, j)] = s
-        ops.append(
-            ProgramOp(
-                node,
-                n.call,
-                n.inputs,
-                o.input_specs,
-                o.output_specs,
-                moves,
-                n.phase,
-                n.call.target in fallbacks,
-            )
-        )
-    out_moves = tuple(move(v, s) for v, s in zip(graph.outputs, outs, strict=True))
-    grad_moves = tuple(
-        move(v, s) if v is not None else None for v, s in zip(graph.grads, grads, strict=True)
-    )
-    cost = ProgramCost(comm, compute, nbytes, collectives)
-    bound = sol.lower_bound if sol.method != "exact" else cost.total
-    return Program(
-        graph,
-        tuple(arg_specs),
-        outs,
-        cots,
-        grads,
-        tuple(ops),
-        tuple(specs.items()),
-        out_moves,
-        grad_moves,
-        cost,
-        min(bound, cost.total),
-        sol.method,
-        tuple(sorted(set(fallbacks))),
-    )

@@ -1,0 +1,113 @@
+"""A planned program put together: the chosen options, their moves and their cost.
+
+Given the solver's choice, :func:`chosen_specs` reads off the free arguments' layouts
+and :func:`assemble` walks the calls in order, planning each move of a value into the
+layout its reader wants once (a value moved to a layout once serves all its readers) and
+summing the moves' communication and the calls' compute into a :class:`Program`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from meshplan.placement import Spec
+
+from ._graph import Graph, Value
+from ._price import _plan
+from ._program_value import Program, ProgramCost, ProgramOp
+from ._solve import Solution
+
+__all__ = ["assemble", "chosen_specs"]
+
+
+def chosen_specs(
+    graph: Graph,
+    arg_specs: Sequence[Spec],
+    free: Sequence[int],
+    options: Sequence,
+    var: dict[int, int],
+    sol: Solution,
+    fixed: dict[int, Spec],
+) -> tuple[list[Spec], dict[int, Spec]]:
+    """(every argument's spec, every fixed node's spec): the free arguments take the
+    layouts of their chosen options."""
+    chosen = list(arg_specs)
+    fixed = dict(fixed)
+    for i in free:
+        chosen[i] = options[var[graph.args[i]]][sol.choice[var[graph.args[i]]]].output_specs[0]
+        fixed[graph.args[i]] = chosen[i]
+    return chosen, fixed
+
+
+def assemble(
+    graph, arg_specs, outs, cots, grads, fixed, options, var, sol, model, fallbacks, planner=None
+):
+    """The :class:`Program` of the choice ``sol``: each call's option, its moves (one per
+    value and layout) and the total cost."""
+    from meshplan.redistribute import cost as plan_cost
+
+    specs: dict[Value, Spec] = {}
+    for node, spec in fixed.items():
+        specs[Value(node)] = spec
+    comm = compute = nbytes = 0.0
+    collectives = 0
+
+    moved: set[tuple[Value, Spec]] = set()  # a value moved to a layout once serves all
+
+    def move(v: Value, dst: Spec):
+        nonlocal comm, nbytes, collectives
+        src = specs[v]
+        if src == dst:
+            return None
+        p = _plan(src, dst, model, planner)
+        if (v, dst) in moved:
+            return p
+        moved.add((v, dst))
+        c = plan_cost(p, model)
+        comm += c.total
+        nbytes += c.bytes
+        collectives += sum(1 for s in p.steps if s.collective is not None)
+        return p
+
+    ops = []
+    for node in graph.calls:
+        n = graph.nodes[node]
+        o = options[var[node]][sol.choice[var[node]]]
+        compute += o.compute
+        moves = tuple(move(v, o.input_specs[i]) for i, v in enumerate(n.inputs))
+        for j, s in enumerate(o.output_specs):
+            if s is not None:
+                specs[Value(node, j)] = s
+        ops.append(
+            ProgramOp(
+                node,
+                n.call,
+                n.inputs,
+                o.input_specs,
+                o.output_specs,
+                moves,
+                n.phase,
+                n.call.target in fallbacks,
+            )
+        )
+    out_moves = tuple(move(v, s) for v, s in zip(graph.outputs, outs, strict=True))
+    grad_moves = tuple(
+        move(v, s) if v is not None else None for v, s in zip(graph.grads, grads, strict=True)
+    )
+    cost = ProgramCost(comm, compute, nbytes, collectives)
+    bound = sol.lower_bound if sol.method != "exact" else cost.total
+    return Program(
+        graph,
+        tuple(arg_specs),
+        outs,
+        cots,
+        grads,
+        tuple(ops),
+        tuple(specs.items()),
+        out_moves,
+        grad_moves,
+        cost,
+        min(bound, cost.total),
+        sol.method,
+        tuple(sorted(set(fallbacks))),
+    )

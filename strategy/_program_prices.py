@@ -1,0 +1,124 @@
+"""A program's spec numbers and the memo of their prices (no torch; numpy when used).
+
+Every distinct spec a program's candidates read or write gets a number once
+(:meth:`Prices.sid`); the objective's terms price pairs of numbers. A pair's exact price
+plans the redistribution with the planner's cost model; where it is not known yet the
+solver sees the strategy search's cheap lower bound of it
+(:func:`~meshplan.strategy._price.input_bound`). :meth:`Prices.learn_used` prices
+exactly the pairs a solution uses (and their neighbours): the step of lazy pricing.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from meshplan.placement import Spec
+
+from ._price import input_bound, redistribute_cost
+from ._program_terms import all_pairs, pair_count
+from ._progress import Progress, report
+
+__all__ = ["Prices"]
+
+
+class Prices:
+    """The spec numbering and price memo of one planning (its working memory)."""
+
+    def __init__(self, model: Any, planner: Any) -> None:
+        self.model, self.planner = model, planner
+        self.ids: dict[Spec, int] = {}
+        self.table: list[Spec] = []
+        self.exact: dict[tuple[int, int], float] = {}
+        self.bounds: dict[tuple[int, int], float] = {}
+
+    def sid(self, spec: Spec) -> int:
+        """The number of ``spec`` (a new one the first time it is seen)."""
+        k = self.ids.get(spec)
+        if k is None:
+            k = self.ids[spec] = len(self.table)
+            self.table.append(spec)
+        return k
+
+    def number(self, options) -> tuple[list, list]:
+        """(``ins``, ``outs``): each option's input and output spec numbers (-1: none)."""
+        ins = [[[self.sid(s) for s in o.input_specs] for o in opts] for opts in options]
+        outs = [
+            [[self.sid(s) if s is not None else -1 for s in o.output_specs] for o in opts]
+            for opts in options
+        ]
+        return ins, outs
+
+    def _plan_price(self, a: int, b: int) -> float:
+        if a == b:
+            return 0.0
+        return redistribute_cost(self.table[a], self.table[b], self.model, self.planner)
+
+    def learn_exact(self, a: int, b: int) -> float:
+        """The exact price of moving spec ``a`` to spec ``b`` (planned once)."""
+        c = self.exact.get((a, b))
+        if c is None:
+            c = self.exact[(a, b)] = self._plan_price(a, b)
+        return c
+
+    def price(self, a: int, b: int) -> float:
+        """The exact price where known, else a lower bound of it (cheap: no planning)."""
+        c = self.exact.get((a, b))
+        if c is None:
+            c = self.bounds.get((a, b))
+            if c is None:
+                c = self.bounds[(a, b)] = (
+                    0.0
+                    if a == b
+                    else input_bound(self.table[a], self.table[b].placements, self.model)
+                )
+        return c
+
+    def price_all(self, terms, ins, outs, max_priced: int, progress: Progress | None) -> None:
+        """Price every pair the terms may use up front, when there are at most
+        ``max_priced`` of them (else pricing stays lazy)."""
+        count = pair_count(terms, ins, outs)
+        if count > max_priced:
+            return
+        every = max(1, count // 20)
+        for done, (a, b) in enumerate(all_pairs(terms, ins, outs)):
+            if done % every == 0:
+                report(progress, "prices", done, count)
+            if (a, b) not in self.exact:
+                self.exact[(a, b)] = self._plan_price(a, b)
+        report(progress, "prices", count, count)
+
+    def learn_used(self, terms, ins, outs, choice) -> int:
+        """Price exactly the pairs ``choice`` uses; when some were guessed, their
+        neighbourhood too (each term's chosen producer spec against every consumer option,
+        and the reverse, so later rounds do not walk through ties one pair at a time).
+        Returns how many pairs were newly priced."""
+        new = 0
+
+        def learn(a: int, b: int) -> None:
+            nonlocal new
+            if (a, b) not in self.exact:
+                self.exact[(a, b)] = self._plan_price(a, b)
+                new += 1
+
+        for t in terms:
+            if t[0] == "fixed":
+                _, c, i, src = t
+                learn(src, ins[c][choice[c]][i])
+            elif t[0] == "sink":
+                _, c, j, dst = t
+                learn(outs[c][choice[c]][j], dst)
+            else:
+                _, p, j, c, i = t
+                learn(outs[p][choice[p]][j], ins[c][choice[c]][i])
+        if new:
+            for t in terms:
+                if t[0] != "pair":
+                    continue
+                _, p, j, c, i = t
+                a = outs[p][choice[p]][j]
+                b = ins[c][choice[c]][i]
+                for d in dict.fromkeys(row[i] for row in ins[c]):
+                    learn(a, d)
+                for e in dict.fromkeys(row[j] for row in outs[p]):
+                    learn(e, b)
+        return new
