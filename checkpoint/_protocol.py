@@ -190,12 +190,10 @@ def save_distributed(state: Mapping[str, Sharded], directory: str, groups: Any) 
     rank = groups.rank
     coordinator = group.ranks[0]
     # Phase 0: one save id for every rank (it names the files and the claims).
-    ids: list[Any] = [new_save_id() if rank == coordinator else None]
     try:
-        dist.broadcast_object_list(ids, src=coordinator, group=group.pg)
+        save_id = _broadcast_id(new_save_id() if rank == coordinator else None, coordinator, group)
     except RuntimeError as e:  # a peer is gone or stuck: nothing is written yet
         raise _lost_peer(directory, rank, e, committed=False, when="before writing") from None
-    save_id = ids[0]
     with contextlib.ExitStack() as held:
         # Phase 1: every rank writes its own file under a fresh name (errors travel, no
         # hang); its claim keeps the file from any sweep until this save is over.
@@ -238,7 +236,7 @@ def save_distributed(state: Mapping[str, Sharded], directory: str, groups: Any) 
             result[0] = str(e) if isinstance(e, CheckpointError) else f"{type(e).__name__}: {e}"
             own_error = e
         try:
-            dist.broadcast_object_list(result, src=coordinator, group=group.pg)
+            result[0] = _broadcast_result(result[0], coordinator, group)
         except RuntimeError as e:
             raise _resolve(directory, save_id, rank, coordinator, groups, e) from None
         if own_error is not None or result[0] != "ok":
@@ -249,6 +247,34 @@ def save_distributed(state: Mapping[str, Sharded], directory: str, groups: Any) 
         raise CheckpointError(f"commit on rank {coordinator} failed: {result[0]}")
     assert meta is not None
     return meta
+
+
+def _broadcast_id(save_id: str | None, coordinator: int, group: Any) -> str:
+    """The coordinator's save id (16 hex digits) on every rank: one broadcast of its 8
+    bytes (an object broadcast would take two collectives and a pickle)."""
+    import torch
+    import torch.distributed as dist
+
+    buf = torch.zeros(8, dtype=torch.uint8)
+    if save_id is not None:
+        buf.copy_(torch.frombuffer(bytearray.fromhex(save_id), dtype=torch.uint8))
+    dist.broadcast(buf, src=coordinator, group=group.pg)
+    return bytes(buf.tolist()).hex()
+
+
+def _broadcast_result(result: str, coordinator: int, group: Any) -> str:
+    """The coordinator's outcome of the commit on every rank: ``"ok"`` costs one
+    broadcast of a flag; a failure's message follows in a second one."""
+    import torch
+    import torch.distributed as dist
+
+    failed = torch.tensor([int(result != "ok")], dtype=torch.int64)
+    dist.broadcast(failed, src=coordinator, group=group.pg)
+    if not failed.item():
+        return "ok"
+    message: list[Any] = [result]
+    dist.broadcast_object_list(message, src=coordinator, group=group.pg)
+    return message[0]
 
 
 def _lost_peer(
