@@ -24,6 +24,7 @@ from typing import Any
 from meshplan.errors import CheckpointError
 from meshplan.placement import Sharded, Spec
 
+from ._exchange import all_gather_small, broadcast_id, broadcast_result
 from ._files import (
     STATE_DIR,
     commit_lock,
@@ -178,7 +179,6 @@ def _fsync_dir(directory: str) -> None:
 def save_distributed(state: Mapping[str, Sharded], directory: str, groups: Any) -> Metadata | None:
     """Save this rank's ``state`` with every rank of ``groups.mesh`` (each calls it) and
     commit on the coordinator; the index, or None on a rank outside the mesh."""
-    import torch.distributed as dist
 
     check_whole_mesh(groups.mesh)  # every rank sees this: no collective is left waiting
     group = groups.create(None)
@@ -191,7 +191,7 @@ def save_distributed(state: Mapping[str, Sharded], directory: str, groups: Any) 
     coordinator = group.ranks[0]
     # Phase 0: one save id for every rank (it names the files and the claims).
     try:
-        save_id = _broadcast_id(new_save_id() if rank == coordinator else None, coordinator, group)
+        save_id = broadcast_id(new_save_id() if rank == coordinator else None, coordinator, group)
     except RuntimeError as e:  # a peer is gone or stuck: nothing is written yet
         raise _lost_peer(directory, rank, e, committed=False, when="before writing") from None
     with contextlib.ExitStack() as held:
@@ -209,9 +209,8 @@ def save_distributed(state: Mapping[str, Sharded], directory: str, groups: Any) 
         except Exception as e:  # reported to every rank below
             outcome = ("error", f"{type(e).__name__}: {e}")
             own_error = e
-        gathered: list[Any] = [None] * group.size
         try:
-            dist.all_gather_object(gathered, (rank, outcome), group=group.pg)
+            gathered = all_gather_small((rank, outcome), group)
         except RuntimeError as e:
             raise _resolve(directory, save_id, rank, coordinator, groups, e) from None
         failures = [(r, o[1]) for r, o in gathered if o[0] == "error"]
@@ -236,7 +235,7 @@ def save_distributed(state: Mapping[str, Sharded], directory: str, groups: Any) 
             result[0] = str(e) if isinstance(e, CheckpointError) else f"{type(e).__name__}: {e}"
             own_error = e
         try:
-            result[0] = _broadcast_result(result[0], coordinator, group)
+            result[0] = broadcast_result(result[0], coordinator, group)
         except RuntimeError as e:
             raise _resolve(directory, save_id, rank, coordinator, groups, e) from None
         if own_error is not None or result[0] != "ok":
@@ -247,34 +246,6 @@ def save_distributed(state: Mapping[str, Sharded], directory: str, groups: Any) 
         raise CheckpointError(f"commit on rank {coordinator} failed: {result[0]}")
     assert meta is not None
     return meta
-
-
-def _broadcast_id(save_id: str | None, coordinator: int, group: Any) -> str:
-    """The coordinator's save id (16 hex digits) on every rank: one broadcast of its 8
-    bytes (an object broadcast would take two collectives and a pickle)."""
-    import torch
-    import torch.distributed as dist
-
-    buf = torch.zeros(8, dtype=torch.uint8)
-    if save_id is not None:
-        buf.copy_(torch.frombuffer(bytearray.fromhex(save_id), dtype=torch.uint8))
-    dist.broadcast(buf, src=coordinator, group=group.pg)
-    return bytes(buf.tolist()).hex()
-
-
-def _broadcast_result(result: str, coordinator: int, group: Any) -> str:
-    """The coordinator's outcome of the commit on every rank: ``"ok"`` costs one
-    broadcast of a flag; a failure's message follows in a second one."""
-    import torch
-    import torch.distributed as dist
-
-    failed = torch.tensor([int(result != "ok")], dtype=torch.int64)
-    dist.broadcast(failed, src=coordinator, group=group.pg)
-    if not failed.item():
-        return "ok"
-    message: list[Any] = [result]
-    dist.broadcast_object_list(message, src=coordinator, group=group.pg)
-    return message[0]
 
 
 def _lost_peer(
