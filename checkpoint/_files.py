@@ -400,6 +400,10 @@ def write_safetensors(
                 f.write(data)
             views.append((name, data))
         f.flush()
+        if offset < _OVERLAP_BYTES:  # checksums of a small file cost less than a thread
+            crcs = {name: _crc32(data, int(seeds.get(name, 0))) for name, data in views}
+            os.fsync(f.fileno())
+            return crcs
         # the fsync waits on the disk, the checksums on the CPU: run them side by side
         # (both release the GIL), so the checksums add no time when the disk is slower
         with ThreadPoolExecutor(1) as pool:
@@ -407,6 +411,9 @@ def write_safetensors(
             crcs = {name: _crc32(data, int(seeds.get(name, 0))) for name, data in views}
             synced.result()
     return crcs
+
+
+_OVERLAP_BYTES = 1 << 18  # from this many bytes on, the checksums run beside the fsync
 
 
 def _crc32(data: memoryview | None, seed: int) -> int:

@@ -11,6 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from safetensors.torch import load_file
 
+import meshplan.checkpoint._files as files
 from meshplan.checkpoint._encoding import checksum, digest_text, place_seed
 from meshplan.checkpoint._files import write_safetensors
 
@@ -30,13 +31,20 @@ def _tensors(draw):
 
 
 @settings(max_examples=40, deadline=None)
-@given(_tensors())
-def test_checksums_taken_beside_the_fsync_match_the_bytes_written(tmp_path_factory, tensors):
+@given(_tensors(), st.booleans())
+def test_checksums_taken_beside_the_fsync_match_the_bytes_written(
+    tmp_path_factory, tensors, overlap
+):
     path = os.path.join(tmp_path_factory.mktemp("s"), "f.safetensors")
     seeds = {
         name: place_seed(name, (i,), tuple(t.shape)) for i, (name, t) in enumerate(tensors.items())
     }
-    crcs = write_safetensors(tensors, path, {"k": "v"}, seeds)
+    real = files._OVERLAP_BYTES
+    files._OVERLAP_BYTES = 0 if overlap else real  # small tensors: serial unless forced
+    try:
+        crcs = write_safetensors(tensors, path, {"k": "v"}, seeds)
+    finally:
+        files._OVERLAP_BYTES = real
     back = load_file(path)
     for i, (name, t) in enumerate(tensors.items()):
         assert torch.equal(back[name], t)
@@ -50,10 +58,11 @@ def test_without_seeds_a_checksum_covers_the_bytes_only(tmp_path):
     assert digest_text(crcs["w#0"], boxed=False) == checksum(t)
 
 
-def test_a_failed_fsync_raises(tmp_path, monkeypatch):
+@pytest.mark.parametrize("numel", [64, files._OVERLAP_BYTES])  # serial, beside the fsync
+def test_a_failed_fsync_raises(tmp_path, monkeypatch, numel):
     def failing(fd):
         raise OSError(errno.EIO, "Input/output error")
 
     monkeypatch.setattr(os, "fsync", failing)
     with pytest.raises(OSError, match="Input/output"):
-        write_safetensors({"w#0": torch.randn(64)}, str(tmp_path / "x.safetensors"), {})
+        write_safetensors({"w#0": torch.randn(numel)}, str(tmp_path / "x.safetensors"), {})
