@@ -14,23 +14,22 @@ from typing import Any
 
 from meshplan.errors import CheckpointError
 
+from ._exchange import all_gather_small
+
 __all__ = ["agree"]
 
 
 def agree(groups: Any, directory: str, error: BaseException | None) -> None:
     """Share this rank's load outcome with every rank of ``groups.mesh``; raise on every
     rank when any rank's load failed (``error``: this rank's, or None)."""
-    import torch.distributed as dist
-
     group = groups.create(None)
     if group is None:  # outside the mesh: it took part in creating the group only
         if error is not None:
             raise error
         return
     text = None if error is None else f"{type(error).__name__}: {error}"
-    gathered: list[Any] = [None] * group.size
     try:
-        dist.all_gather_object(gathered, (groups.rank, text), group=group.pg)
+        gathered = all_gather_small((groups.rank, text), group)
     except RuntimeError as e:
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise CheckpointError(

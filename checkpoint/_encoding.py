@@ -16,7 +16,15 @@ from meshplan.errors import CheckpointError
 
 from ._index import ChunkRecord, TensorMeta
 
-__all__ = ["REAL_VIEW", "checksum", "recorded_checksum", "restored", "stored"]
+__all__ = [
+    "REAL_VIEW",
+    "checksum",
+    "digest_text",
+    "place_seed",
+    "recorded_checksum",
+    "restored",
+    "stored",
+]
 
 
 def checksum(
@@ -52,13 +60,32 @@ def checksum(
                 "name (a str) and its global offsets; pass both or neither",
                 value=key,
             )
-        place = f"{key}\0{[int(o) for o in offsets]}\0{list(tensor.shape)}\0"
-        seed = zlib.crc32(place.encode("utf-8"))
+        seed = place_seed(key, offsets, tuple(tensor.shape))
     flat = tensor.detach().contiguous().reshape(-1)
     crc = seed
     if flat.numel():
         crc = zlib.crc32(memoryview(flat.view(torch.uint8).cpu().numpy()), seed)
-    return f"crc32+box:{crc:08x}" if key is not None else f"crc32:{crc:08x}"
+    return digest_text(crc, boxed=key is not None)
+
+
+def place_seed(key: str, offsets: tuple[int, ...], shape: tuple[int, ...]) -> int:
+    """The crc32 a box's checksum starts from: it covers the tensor's name, the box's
+    global offsets and its sizes. A writer that checksums bytes as it streams them
+    continues ``zlib.crc32(data, seed)`` from here and gets :func:`checksum`'s value.
+
+    >>> t = torch.arange(4, dtype=torch.int32)
+    >>> crc = zlib.crc32(t.numpy().tobytes(), place_seed("w", (0,), (4,)))
+    >>> digest_text(crc, boxed=True) == checksum(t, key="w", offsets=(0,))
+    True
+    """
+    place = f"{key}\0{[int(o) for o in offsets]}\0{[int(n) for n in shape]}\0"
+    return zlib.crc32(place.encode("utf-8"))
+
+
+def digest_text(crc: int, *, boxed: bool) -> str:
+    """The recorded form of a crc32: ``"crc32+box:<hex>"`` when it covers the box's place
+    (it started from :func:`place_seed`), else ``"crc32:<hex>"``."""
+    return f"crc32+box:{crc:08x}" if boxed else f"crc32:{crc:08x}"
 
 
 def recorded_checksum(tensor: torch.Tensor, meta: TensorMeta, rec: ChunkRecord) -> str:

@@ -24,6 +24,7 @@ from typing import Any
 from meshplan.errors import CheckpointError
 from meshplan.placement import Sharded, Spec
 
+from ._exchange import all_gather_small, broadcast_id, broadcast_result
 from ._files import (
     STATE_DIR,
     commit_lock,
@@ -178,7 +179,6 @@ def _fsync_dir(directory: str) -> None:
 def save_distributed(state: Mapping[str, Sharded], directory: str, groups: Any) -> Metadata | None:
     """Save this rank's ``state`` with every rank of ``groups.mesh`` (each calls it) and
     commit on the coordinator; the index, or None on a rank outside the mesh."""
-    import torch.distributed as dist
 
     check_whole_mesh(groups.mesh)  # every rank sees this: no collective is left waiting
     group = groups.create(None)
@@ -190,12 +190,10 @@ def save_distributed(state: Mapping[str, Sharded], directory: str, groups: Any) 
     rank = groups.rank
     coordinator = group.ranks[0]
     # Phase 0: one save id for every rank (it names the files and the claims).
-    ids: list[Any] = [new_save_id() if rank == coordinator else None]
     try:
-        dist.broadcast_object_list(ids, src=coordinator, group=group.pg)
+        save_id = broadcast_id(new_save_id() if rank == coordinator else None, coordinator, group)
     except RuntimeError as e:  # a peer is gone or stuck: nothing is written yet
         raise _lost_peer(directory, rank, e, committed=False, when="before writing") from None
-    save_id = ids[0]
     with contextlib.ExitStack() as held:
         # Phase 1: every rank writes its own file under a fresh name (errors travel, no
         # hang); its claim keeps the file from any sweep until this save is over.
@@ -211,9 +209,8 @@ def save_distributed(state: Mapping[str, Sharded], directory: str, groups: Any) 
         except Exception as e:  # reported to every rank below
             outcome = ("error", f"{type(e).__name__}: {e}")
             own_error = e
-        gathered: list[Any] = [None] * group.size
         try:
-            dist.all_gather_object(gathered, (rank, outcome), group=group.pg)
+            gathered = all_gather_small((rank, outcome), group)
         except RuntimeError as e:
             raise _resolve(directory, save_id, rank, coordinator, groups, e) from None
         failures = [(r, o[1]) for r, o in gathered if o[0] == "error"]
@@ -238,7 +235,7 @@ def save_distributed(state: Mapping[str, Sharded], directory: str, groups: Any) 
             result[0] = str(e) if isinstance(e, CheckpointError) else f"{type(e).__name__}: {e}"
             own_error = e
         try:
-            dist.broadcast_object_list(result, src=coordinator, group=group.pg)
+            result[0] = broadcast_result(result[0], coordinator, group)
         except RuntimeError as e:
             raise _resolve(directory, save_id, rank, coordinator, groups, e) from None
         if own_error is not None or result[0] != "ok":

@@ -19,7 +19,7 @@ import torch
 from meshplan.errors import CheckpointError
 from meshplan.placement import Sharded, Spec
 
-from ._encoding import checksum, stored
+from ._encoding import digest_text, place_seed, stored
 from ._files import STATE_DIR, Claim, shard_name, write_safetensors
 from ._index import ChunkRecord
 from ._plan import local_boxes, writes
@@ -131,19 +131,21 @@ def write_rank(
                 if n != local.shape[d]:
                     piece = piece.narrow(d, lo, n)
             pieces.append((key, value.spec, i, box, piece))
+    seeds: dict[str, int] = {}
     for (key, spec, i, box, _), piece in zip(pieces, to_host([p[4] for p in pieces]), strict=True):
         piece = _unshared(piece, spans)
         name = f"{key}#{i}"
-        tensors[name] = stored(piece)
-        digest = checksum(piece, key=key, offsets=box.chunk.offsets)
-        record = ChunkRecord(box.chunk.offsets, box.chunk.sizes, file, name, digest)
-        out.append((key, spec, record))
+        tensors[name] = stored(piece)  # the same bytes as piece
+        seeds[name] = place_seed(key, box.chunk.offsets, tuple(piece.shape))
+        out.append((key, spec, box, name))
     if not tensors:
-        return out
+        return []
     final = os.path.join(directory, file)
     tmp = os.path.join(directory, STATE_DIR, f"{save_id}-{rank}.tmp")
     try:
-        write_safetensors(tensors, tmp, {"format": "pt", "rank": str(rank)})
+        # the checksums are taken as the bytes are written (continuing from each
+        # box's place): what checksum(piece, key=, offsets=) gives, without a second pass
+        crcs = write_safetensors(tensors, tmp, {"format": "pt", "rank": str(rank)}, seeds)
         os.replace(tmp, final)
     except BaseException as e:
         with contextlib.suppress(OSError):  # a failed save leaves no partial file behind
@@ -151,7 +153,13 @@ def write_rank(
         if not isinstance(e, OSError):
             raise
         raise CheckpointError(f"cannot write shard file {final!r}: {e}", value=final) from None
-    return out
+    records: list[Entry] = []
+    for key, spec, box, name in out:
+        digest = digest_text(crcs[name], boxed=True)
+        records.append(
+            (key, spec, ChunkRecord(box.chunk.offsets, box.chunk.sizes, file, name, digest))
+        )
+    return records
 
 
 def to_host(pieces: list[torch.Tensor]) -> list[torch.Tensor]:
