@@ -95,21 +95,40 @@ def run(plan: Plan | Step, local: torch.Tensor, groups: ProcessGroups) -> torch.
     meshplan.errors.PlanError: run needs a Plan (meshplan.redistribute.plan(src, dst)) or a Step, got str 'S(0) -> R'
     """
     _check_plan(plan, "run")
-    steps = (plan,) if isinstance(plan, Step) else plan.steps
     _check_local(local, plan.src, groups)
-    _prepare_every(groups)
-    if getattr(groups, "check_specs", False):
+    resolved = None if torch.compiler.is_compiling() else groups._runs.get(plan)
+    if resolved is None:
+        _prepare_every(groups)
+    if groups.check_specs:
         check_same_plan(plan, groups)
+    if resolved is None:
+        resolved = _resolve(plan, groups)
     # the data, not its autograd history (``redistribute`` is the differentiable form): a
     # parameter's buffers may not be written in place under grad mode
     data = local.detach()
     out = data
     with torch.no_grad():
-        for step in steps:
-            out = _run_step(step, out, groups)
+        for step, group in resolved:
+            out = _run_step(step, out, groups, group)
     if out is data:
         out = data.clone(memory_format=torch.contiguous_format)
     return out
+
+
+_RESOLVED = 4096  # plans whose steps' groups a ProcessGroups keeps resolved, at most
+
+
+def _resolve(plan: Plan | Step, groups: ProcessGroups) -> tuple[tuple[Step, Group | None], ...]:
+    """The plan's steps with their groups (created here on first use, in step order),
+    kept on ``groups`` so a repeated run looks up nothing but the plan."""
+    steps = (plan,) if isinstance(plan, Step) else plan.steps
+    resolved = tuple((s, None if s.collective is None else _group(s, groups)) for s in steps)
+    if not torch.compiler.is_compiling():
+        runs = groups._runs
+        if len(runs) >= _RESOLVED:
+            runs.clear()
+        runs[plan] = resolved
+    return resolved
 
 
 def prepare_groups(plan: Plan | Step, groups: ProcessGroups) -> None:
@@ -201,12 +220,16 @@ def run_step(step: Step, local: torch.Tensor, groups: ProcessGroups) -> torch.Te
         return _run_step(step, local.detach(), groups)
 
 
-def _run_step(step: Step, local: torch.Tensor, groups: ProcessGroups) -> torch.Tensor:
+def _run_step(
+    step: Step, local: torch.Tensor, groups: ProcessGroups, group: Group | None = None
+) -> torch.Tensor:
+    """One step; ``group``: the step's group when the caller resolved it already."""
     me = groups.rank
     kind = step.collective
     if kind is None:
         return apply_local(step, me, local)
-    group = _group(step, groups)
+    if group is None:
+        group = _group(step, groups)
     local = local.contiguous()
     dtype = local.dtype
     if kind in ("all_gather", "all_to_all", "all_permute"):
@@ -364,8 +387,54 @@ def _is_concat(pieces, shapes, target) -> bool:
     return row == target[0]
 
 
+@functools.lru_cache(maxsize=16384)
+def _gather_grid(step: Step, rank: int, group_of_position: tuple[int, ...]):
+    """(view, permutation) that turn the gathered buffer (whole equal pieces in torch group
+    order) into the target when the pieces tile it as a grid enumerated row-major over
+    some order of its dims; None otherwise."""
+    plan = _gather_schedule(step, rank)
+    block, target = plan.shapes[0], plan.target
+    if len(set(plan.shapes)) != 1 or len(plan.pieces) != len(plan.shapes) or not target:
+        return None
+    if len(block) != len(target) or 0 in block or any(t % b for t, b in zip(target, block)):
+        return None
+    counts = [t // b for t, b in zip(target, block)]
+    coords: list[Any] = [None] * len(plan.shapes)
+    for pos, segs in plan.pieces:
+        if any(len(sg) != 1 or sg[0][0] != 0 or sg[0][2] != b for sg, b in zip(segs, block)):
+            return None
+        coords[group_of_position[pos]] = tuple(sg[0][1] // b for sg, b in zip(segs, block))
+    axes = [d for d, c in enumerate(counts) if c > 1]
+    if _prod(counts) != len(coords):
+        return None
+    for order in itertools.permutations(axes):
+        if all(coords[k] == _unravel(k, order, counts) for k in range(len(coords))):
+            perm: list[int] = []
+            for d in range(len(target)):
+                perm += [order.index(d)] if d in order else []
+                perm.append(len(order) + d)
+            return (*[counts[d] for d in order], *block), tuple(perm)
+    return None
+
+
+_gather_grid = traced_as_constant(_gather_grid)
+
+
+def _unravel(k: int, order: tuple[int, ...], counts: list[int]) -> tuple[int, ...]:
+    out = [0] * len(counts)
+    for d in reversed(order):
+        k, out[d] = divmod(k, counts[d])
+    return tuple(out)
+
+
 def _all_gather(step: Step, me: int, local: torch.Tensor, group: Group) -> torch.Tensor:
     plan = _gather_schedule(step, me)
+    grid = _gather_grid(step, me, group._group_of_position)
+    if grid is not None and group.size > 1:
+        view, perm = grid
+        gathered = local.new_empty((group.size * local.shape[0], *local.shape[1:]))
+        C.all_gather_into(gathered, local, group)
+        return gathered.view(view).permute(perm).reshape(plan.target)
     if plan.concat and len(set(plan.sizes)) == 1:
         out = C.all_gather_concat(local, group)
         if tuple(out.shape) == plan.target:
@@ -381,32 +450,84 @@ def _all_gather(step: Step, me: int, local: torch.Tensor, group: Group) -> torch
     return target
 
 
-@traced_as_constant
-def _recv_numels(step: Step, me: int, size: int) -> tuple[int, ...]:
-    """Elements each position sends this rank (0 when it sends nothing)."""
-    out = [0] * size
-    for t in _exchange.transfers_to(step, me):
-        out[t.sender_pos] = t.numel()
-    return tuple(out)
+@attrs.frozen
+class _AllToAll:
+    """One rank's side of an all_to_all, with both flat buffers in torch group order."""
+
+    sends: tuple[tuple[int, int, tuple[Segments, ...]], ...]  # (offset, numel, segments)
+    send_sizes: tuple[int, ...]  # numel sent to each group rank
+    recvs: tuple[tuple[int, int, tuple[Segments, ...]], ...]  # (offset, numel, segments)
+    recv_sizes: tuple[int, ...]  # numel received from each group rank
+    target: tuple[int, ...]
+    concat: bool  # the receive buffer, as it lands, is the target
+
+
+@functools.lru_cache(maxsize=16384)
+def _all_to_all_schedule(step: Step, rank: int, group_of_position: tuple[int, ...]) -> _AllToAll:
+    """What ``rank`` packs where and reads from where; ``group_of_position[p]`` is the torch
+    group rank of position ``p``."""
+    size = len(group_of_position)
+    target = local_shape(step.dst, rank)
+    out = {}
+    for side, transfers, pos_of in (
+        ("send", _exchange.transfers_from(step, rank), lambda t: t.receiver_pos),
+        ("recv", _exchange.transfers_to(step, rank), lambda t: t.sender_pos),
+    ):
+        sizes = [0] * size
+        by_group = {}
+        for t in transfers:
+            g = group_of_position[pos_of(t)]
+            sizes[g] = t.numel()
+            by_group[g] = t.segments
+        offsets = [sum(sizes[:g]) for g in range(size)]
+        pieces = tuple((offsets[g], sizes[g], by_group[g]) for g in sorted(by_group))
+        out[side] = (pieces, tuple(sizes))
+    recvs = out["recv"][0]
+    return _AllToAll(*out["send"], *out["recv"], target, _lands_as_target(recvs, target))
+
+
+_all_to_all_schedule = traced_as_constant(_all_to_all_schedule)
+
+
+def _lands_as_target(pieces, target) -> bool:
+    """Whether pieces (in buffer order) are consecutive whole dim-0 slabs of the target."""
+    if not target:
+        return False
+    row = 0
+    for _, numel, segs in pieces:
+        if numel == 0:
+            continue
+        if len(segs[0]) != 1 or segs[0][0][1] != row:
+            return False
+        for d in range(1, len(target)):
+            if len(segs[d]) != 1 or segs[d][0][1:] != (0, target[d]):
+                return False
+        row += segs[0][0][2]
+    return row == target[0]
+
+
+def _all_to_all(step: Step, me: int, local: torch.Tensor, group: Group) -> torch.Tensor:
+    plan = _all_to_all_schedule(step, me, group._group_of_position)
+    send = local.new_empty((sum(plan.send_sizes),))
+    for offset, numel, segs in plan.sends:
+        piece = pack(local, segs)
+        send[offset : offset + numel].view(piece.shape).copy_(piece)
+    if plan.concat:
+        target = local.new_empty(plan.target)
+        C.all_to_all_flat(send, target.view(-1), plan.send_sizes, plan.recv_sizes, group)
+        return target
+    received = local.new_empty((sum(plan.recv_sizes),))
+    C.all_to_all_flat(send, received, plan.send_sizes, plan.recv_sizes, group)
+    target = local.new_empty(plan.target)
+    for offset, numel, segs in plan.recvs:
+        unpack_into(target, segs, received[offset : offset + numel])
+    return target
 
 
 @traced_as_constant
 def _recv_shapes(step: Step, me: int) -> tuple[tuple[int, tuple[int, ...]], ...]:
     """(sender position, shape) of each piece this rank receives."""
     return tuple((t.sender_pos, t.shape) for t in _exchange.transfers_to(step, me))
-
-
-def _all_to_all(step: Step, me: int, local: torch.Tensor, group: Group) -> torch.Tensor:
-    blocks = [local.new_empty(0) for _ in group.ranks]
-    for t in transfers_from(step, me):
-        blocks[t.receiver_pos] = pack(local, t.segments).reshape(-1)
-    incoming = transfers_to(step, me)
-    recv_shapes = [(n,) for n in _recv_numels(step, me, len(group.ranks))]
-    received = C.all_to_all(blocks, group, recv_shapes)
-    target = local.new_empty(_local_shape(step.dst, me))
-    for t in incoming:
-        unpack_into(target, t.segments, received[t.sender_pos])
-    return target
 
 
 def _all_permute(step: Step, me: int, local: torch.Tensor, group: Group) -> torch.Tensor:
