@@ -21,7 +21,7 @@ from meshplan.layout import Mesh
 from meshplan.placement import Spec, shard_one
 from meshplan.redistribute import plan
 from meshplan.redistribute.exchange import step_group
-from meshplan.runtime._run import (
+from meshplan.runtime._schedules import (
     _all_to_all_schedule,
     _gather_grid,
     _gather_schedule,
@@ -29,7 +29,7 @@ from meshplan.runtime._run import (
 from meshplan.testing import meshes, specs
 
 _SETTINGS = settings(
-    max_examples=60, deadline=None, suppress_health_check=[HealthCheck.filter_too_much]
+    max_examples=25, deadline=None, suppress_health_check=[HealthCheck.filter_too_much]
 )
 
 
@@ -66,7 +66,9 @@ def _index(segs, which: int):
     """The elements segments cover, as an open-mesh index (``which``: 0 the sender's
     side, 1 the receiver's)."""
     idx = [
-        torch.tensor([i for seg in sg for i in range(seg[which], seg[which] + seg[2])], dtype=torch.long)
+        torch.tensor(
+            [i for seg in sg for i in range(seg[which], seg[which] + seg[2])], dtype=torch.long
+        )
         for sg in segs
     ]
     return torch.meshgrid(*idx, indexing="ij") if idx else ()
@@ -77,7 +79,7 @@ def _row_major(sched) -> bool:
     order over the dims the target is split along (e.g. a plain dim-0 concatenation)."""
     block = sched.shapes[0]
     starts = [tuple(sg[0][1] for sg in segs) for _, segs in sorted(sched.pieces)]
-    grid = [range(0, t, b) for t, b in zip(sched.target, block)]
+    grid = [range(0, t, b) for t, b in zip(sched.target, block, strict=True)]
     return any(block) and starts == list(itertools.product(*grid))
 
 
@@ -138,9 +140,7 @@ def test_the_gather_grid_turns_the_gathered_buffer_into_the_target(data):
         order = orders[members]
         grid = _gather_grid(step, r, order)
         sched = _gather_schedule(step, r)
-        whole = all(
-            all(len(sg) == 1 and sg[0][0] == 0 for sg in segs) for _, segs in sched.pieces
-        )
+        whole = all(all(len(sg) == 1 and sg[0][0] == 0 for sg in segs) for _, segs in sched.pieces)
         tiles = len(set(sched.shapes)) == 1 and 0 not in sched.shapes[0] and sched.target
         if tiles and whole and order == tuple(range(len(order))) and _row_major(sched):
             # whole equal pieces tiling the target in position order: a grid exists
