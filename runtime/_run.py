@@ -350,14 +350,20 @@ def dtype_of(tensor: torch.Tensor) -> str:
     return str(tensor.dtype).removeprefix("torch.")
 
 
+def _from_grid(gathered: torch.Tensor, grid, target) -> torch.Tensor:
+    """The target, a new contiguous tensor, from a gathered buffer tiling it as ``grid``
+    (a reshape alone may return a strided view of the buffer)."""
+    view, perm = grid
+    return gathered.view(view).permute(perm).reshape(target).contiguous()
+
+
 def _all_gather(step: Step, me: int, local: torch.Tensor, group: Group) -> torch.Tensor:
     plan = _gather_schedule(step, me)
     grid = _gather_grid(step, me, group._group_of_position)
     if grid is not None and group.size > 1:
-        view, perm = grid
         gathered = local.new_empty((group.size * local.shape[0], *local.shape[1:]))
         C.all_gather_into(gathered, local, group)
-        return gathered.view(view).permute(perm).reshape(plan.target)
+        return _from_grid(gathered, grid, plan.target)
     if plan.concat and len(set(plan.sizes)) == 1:
         out = C.all_gather_concat(local, group)
         if tuple(out.shape) == plan.target:

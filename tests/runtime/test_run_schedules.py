@@ -21,6 +21,7 @@ from meshplan.layout import Mesh
 from meshplan.placement import Spec, shard_one
 from meshplan.redistribute import plan
 from meshplan.redistribute.exchange import step_group
+from meshplan.runtime._run import _from_grid
 from meshplan.runtime._schedules import (
     _all_to_all_schedule,
     _gather_grid,
@@ -151,10 +152,10 @@ def test_the_gather_grid_turns_the_gathered_buffer_into_the_target(data):
         by_group = [None] * len(members)
         for p, m in enumerate(members):
             by_group[order[p]] = local[m]
-        gathered = torch.stack(by_group)
-        view, perm = grid
-        got = gathered.view(view).permute(perm).reshape(sched.target)
+        gathered = torch.cat(by_group)
+        got = _from_grid(gathered, grid, sched.target)
         assert torch.equal(got, shard_one(x, step.dst, r)), (step, r)
+        assert got.is_contiguous(), (step, r)
     assume(seen_grid)
 
 
@@ -167,3 +168,17 @@ def test_a_two_by_two_gather_onto_an_alias_is_one_grid():
     (step,) = plan(src, dst).steps
     assert step.collective == "all_gather"
     assert _gather_grid(step, 0, (0, 1, 2, 3)) == ((2, 2, 8, 32), (0, 2, 1, 3))
+
+
+def test_a_gather_along_an_inner_dim_gives_a_contiguous_target():
+    # regression: gathering (9, 1, 9) pieces along dim 1 reshaped to a strided view of
+    # the gathered buffer, not the new contiguous tensor run promises
+    mesh = Mesh.create(2, ("a",))
+    from meshplan.placement import Replicate, Shard
+
+    src = Spec(mesh, (Shard(1),), (9, 2, 9))
+    (step,) = plan(src, Spec(mesh, (Replicate(),), (9, 2, 9))).steps
+    grid = _gather_grid(step, 0, (0, 1))
+    x = torch.arange(162.0).reshape(9, 2, 9)
+    got = _from_grid(torch.cat([shard_one(x, src, r) for r in (0, 1)]), grid, (9, 2, 9))
+    assert torch.equal(got, x) and got.is_contiguous()
