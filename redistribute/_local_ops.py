@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from meshplan.placement import local_shape
@@ -40,9 +42,11 @@ def traced_as_constant(lookup):
     return torch._dynamo.assume_constant_result(constant)
 
 
-local_shape = traced_as_constant(local_shape)
-local_transform = traced_as_constant(_exchange.local_transform)
-partial_actions = traced_as_constant(_exchange.partial_actions)
+# cached: a local step asks the same of its (frozen) step or spec and rank on every run
+_cached = functools.lru_cache(maxsize=16384)
+local_shape = traced_as_constant(_cached(local_shape))
+local_transform = traced_as_constant(_cached(_exchange.local_transform))
+partial_actions = traced_as_constant(_cached(_exchange.partial_actions))
 target_partial_op = traced_as_constant(_exchange.target_partial_op)
 
 

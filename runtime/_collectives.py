@@ -23,9 +23,8 @@ naming the collective, the group and the rank.
 
 from __future__ import annotations
 
-import contextlib
 import math
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 
 import torch
 import torch.distributed as dist
@@ -38,8 +37,10 @@ __all__ = [
     "REDUCE_OPS",
     "all_gather",
     "all_gather_concat",
+    "all_gather_into",
     "all_reduce",
     "all_to_all",
+    "all_to_all_flat",
     "all_to_all_single",
     "reduce_scatter",
 ]
@@ -57,31 +58,45 @@ _TORCH_OPS = {
 # -- shared checks ------------------------------------------------------------------------
 
 
-@contextlib.contextmanager
-def guard(what: str, group: Group) -> Iterator[None]:
+class guard:
     """Turn a torch.distributed failure inside the block into a RuntimeShellError naming
-    what failed (every collective here and in :mod:`._p2p` runs in one)."""
-    try:
-        yield
-    except RuntimeShellError:
-        raise
-    except (RuntimeError, ValueError) as exc:
-        text = str(exc).strip()
-        first = text.splitlines()[0] if text else type(exc).__name__
-        if "Invalid scalar type" in text or "Unsupported data type" in text:
-            raise RuntimeShellError(
-                f"{what} on group {group.name!r} failed on rank {group.rank}: the process "
-                f"group's backend cannot carry this dtype ({first}; gloo lacks e.g. int16 "
-                "and the float8 types). View the tensor as a same-size dtype it carries "
-                "(meshplan's run() does) or convert it",
-                value=group,
-            ) from exc
-        raise RuntimeShellError(
-            f"{what} on group {group.name!r} (ranks {group.ranks!r}) failed on rank "
-            f"{group.rank}: {first}. A peer rank died, did not join within the group's "
-            f"{group.timeout:g}s timeout, or called a different collective or shape",
+    what failed (every collective here and in :mod:`._p2p` runs in one). A plain class:
+    entering it costs next to nothing on the per-call path."""
+
+    __slots__ = ("what", "group")
+
+    def __init__(self, what: str, group: Group) -> None:
+        self.what = what
+        self.group = group
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, kind, exc, tb) -> bool:
+        if exc is None or isinstance(exc, RuntimeShellError):
+            return False
+        if isinstance(exc, RuntimeError | ValueError):
+            raise _shell_error(self.what, self.group, exc) from exc
+        return False
+
+
+def _shell_error(what: str, group: Group, exc: BaseException) -> RuntimeShellError:
+    text = str(exc).strip()
+    first = text.splitlines()[0] if text else type(exc).__name__
+    if "Invalid scalar type" in text or "Unsupported data type" in text:
+        return RuntimeShellError(
+            f"{what} on group {group.name!r} failed on rank {group.rank}: the process "
+            f"group's backend cannot carry this dtype ({first}; gloo lacks e.g. int16 "
+            "and the float8 types). View the tensor as a same-size dtype it carries "
+            "(meshplan's run() does) or convert it",
             value=group,
-        ) from exc
+        )
+    return RuntimeShellError(
+        f"{what} on group {group.name!r} (ranks {group.ranks!r}) failed on rank "
+        f"{group.rank}: {first}. A peer rank died, did not join within the group's "
+        f"{group.timeout:g}s timeout, or called a different collective or shape",
+        value=group,
+    )
 
 
 def _check_op(op: str) -> str:
@@ -224,6 +239,25 @@ def all_gather_concat(
     return torch.cat(all_gather(tensor, group, sizes=sizes, dim=dim), dim=dim)
 
 
+def all_gather_into(out: torch.Tensor, tensor: torch.Tensor, group: Group) -> None:
+    """Gather every member's ``tensor`` (equal shapes, at least one dim) into ``out``
+    (their concatenation along dim 0, written in place) in torch group-rank order, not
+    position order: for callers that map the order themselves.
+
+    >>> from meshplan.runtime._group import Group
+    >>> alone = Group("d0", ranks=(0,), pg_ranks=(0,), rank=0, pg=None)
+    >>> out = torch.empty(2, dtype=torch.long)
+    >>> all_gather_into(out, torch.arange(2), alone)
+    >>> out
+    tensor([0, 1])
+    """
+    if group.size == 1:
+        out.copy_(tensor)
+        return
+    with guard("all_gather", group):
+        dist.all_gather_single(out, tensor.contiguous(), group=group.pg)
+
+
 def _moved(piece: torch.Tensor, dim: int) -> torch.Tensor:
     return piece if dim == 0 else piece.movedim(0, dim).contiguous()
 
@@ -357,6 +391,31 @@ def all_to_all(
         dist.all_to_all_single(out, inp, recv_numels, [t.numel() for t in send], group=group.pg)
     by_group = out.split(recv_numels)
     return [by_group[group.group_rank(p)].view(shapes[p]) for p in range(n)]
+
+
+def all_to_all_flat(
+    send: torch.Tensor,
+    recv: torch.Tensor,
+    send_sizes: Sequence[int],
+    recv_sizes: Sequence[int],
+    group: Group,
+) -> None:
+    """Exchange flat buffers already laid out in torch group-rank order: ``send_sizes[g]``
+    elements of ``send`` go to group rank ``g``, ``recv_sizes[g]`` elements from it land
+    in ``recv`` (written in place). The caller sizes both buffers; a group of one copies.
+
+    >>> from meshplan.runtime._group import Group
+    >>> alone = Group("d0", ranks=(0,), pg_ranks=(0,), rank=0, pg=None)
+    >>> out = torch.empty(3, dtype=torch.long)
+    >>> all_to_all_flat(torch.arange(3), out, [3], [3], alone)
+    >>> out
+    tensor([0, 1, 2])
+    """
+    if group.size == 1:
+        recv.copy_(send)
+        return
+    with guard("all_to_all", group):
+        dist.all_to_all_single(recv, send, list(recv_sizes), list(send_sizes), group=group.pg)
 
 
 def all_to_all_single(

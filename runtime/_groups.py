@@ -129,6 +129,7 @@ class ProcessGroups:
         self.mesh = mesh
         self.check_specs = check_specs
         self._agreed_plans: set[Any] = set()
+        self._runs: dict[Any, Any] = {}  # plan -> its steps with their groups (see _run)
         self.timeout = float(timeout)
         self.backend = backend
         self.local = bool(local)

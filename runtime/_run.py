@@ -22,7 +22,6 @@ import functools
 import itertools
 from typing import Any
 
-import attrs
 import torch
 
 from meshplan.errors import PlanError, RuntimeShellError
@@ -38,13 +37,20 @@ from meshplan.redistribute._local_ops import (
 )
 from meshplan.redistribute._plan import Plan
 from meshplan.redistribute._steps import Step, reduce_op
-from meshplan.redistribute.exchange import Segments, step_group
+from meshplan.redistribute.exchange import step_group
 
 from . import _collectives as C
 from . import _p2p
 from ._agree import check_same_plan
 from ._group import Group
 from ._groups import ProcessGroups
+from ._schedules import (
+    _all_to_all_schedule,
+    _gather_grid,
+    _gather_schedule,
+    _recv_shapes,
+    _scatter_rows,
+)
 
 # the per-rank bookkeeping, kept as constants by torch.compile (see traced_as_constant)
 transfers_from = traced_as_constant(_exchange.transfers_from)
@@ -84,7 +90,9 @@ def run(plan: Plan | Step, local: torch.Tensor, groups: ProcessGroups) -> torch.
     or disagreed).
 
     Unless ``ProcessGroups(mesh, check_specs=False)``, every rank first checks, once per
-    plan, that all ranks run the same plan (see :mod:`meshplan.runtime._agree`).
+    plan, that all ranks run the same plan (see :mod:`meshplan.runtime._agree`). The
+    first run of a plan on ``groups`` also resolves its steps' groups and keeps them
+    there, so a repeated run looks up only the plan itself.
 
     Every rank of a running world calls it (see ``tests/runtime``); it checks what it
     is given before any collective, so a wrong call fails on the spot:
@@ -95,21 +103,40 @@ def run(plan: Plan | Step, local: torch.Tensor, groups: ProcessGroups) -> torch.
     meshplan.errors.PlanError: run needs a Plan (meshplan.redistribute.plan(src, dst)) or a Step, got str 'S(0) -> R'
     """
     _check_plan(plan, "run")
-    steps = (plan,) if isinstance(plan, Step) else plan.steps
     _check_local(local, plan.src, groups)
-    _prepare_every(groups)
-    if getattr(groups, "check_specs", False):
+    resolved = None if torch.compiler.is_compiling() else groups._runs.get(plan)
+    if resolved is None:
+        _prepare_every(groups)
+    if groups.check_specs:
         check_same_plan(plan, groups)
+    if resolved is None:
+        resolved = _resolve(plan, groups)
     # the data, not its autograd history (``redistribute`` is the differentiable form): a
     # parameter's buffers may not be written in place under grad mode
     data = local.detach()
     out = data
     with torch.no_grad():
-        for step in steps:
-            out = _run_step(step, out, groups)
+        for step, group in resolved:
+            out = _run_step(step, out, groups, group)
     if out is data:
         out = data.clone(memory_format=torch.contiguous_format)
     return out
+
+
+_RESOLVED = 4096  # plans whose steps' groups a ProcessGroups keeps resolved, at most
+
+
+def _resolve(plan: Plan | Step, groups: ProcessGroups) -> tuple[tuple[Step, Group | None], ...]:
+    """The plan's steps with their groups (created here on first use, in step order),
+    kept on ``groups`` so a repeated run looks up nothing but the plan."""
+    steps = (plan,) if isinstance(plan, Step) else plan.steps
+    resolved = tuple((s, None if s.collective is None else _group(s, groups)) for s in steps)
+    if not torch.compiler.is_compiling():
+        runs = groups._runs
+        if len(runs) >= _RESOLVED:
+            runs.clear()
+        runs[plan] = resolved
+    return resolved
 
 
 def prepare_groups(plan: Plan | Step, groups: ProcessGroups) -> None:
@@ -201,12 +228,16 @@ def run_step(step: Step, local: torch.Tensor, groups: ProcessGroups) -> torch.Te
         return _run_step(step, local.detach(), groups)
 
 
-def _run_step(step: Step, local: torch.Tensor, groups: ProcessGroups) -> torch.Tensor:
+def _run_step(
+    step: Step, local: torch.Tensor, groups: ProcessGroups, group: Group | None = None
+) -> torch.Tensor:
+    """One step; ``group``: the step's group when the caller resolved it already."""
     me = groups.rank
     kind = step.collective
     if kind is None:
         return apply_local(step, me, local)
-    group = _group(step, groups)
+    if group is None:
+        group = _group(step, groups)
     local = local.contiguous()
     dtype = local.dtype
     if kind in ("all_gather", "all_to_all", "all_permute"):
@@ -319,53 +350,20 @@ def dtype_of(tensor: torch.Tensor) -> str:
     return str(tensor.dtype).removeprefix("torch.")
 
 
-# -- per-rank schedules (pure, cached on the frozen step) -----------------------------------
-
-
-@attrs.frozen
-class _Gather:
-    sizes: tuple[int, ...]  # numel each position contributes
-    shapes: tuple[tuple[int, ...], ...]  # its local shape
-    pieces: tuple[tuple[int, tuple[Segments, ...]], ...]  # (sender position, segments)
-    target: tuple[int, ...]
-    concat: bool  # target = the pieces concatenated in position order, row-major
-
-
-@functools.lru_cache(maxsize=16384)
-def _gather_schedule(step: Step, rank: int) -> _Gather:
-    src = step.src
-    group = step_group(step, rank)
-    shapes = tuple(local_shape(src, r) for r in group.ranks)
-    sizes = tuple(_prod(s) for s in shapes)
-    target = local_shape(step.dst, rank)
-    pieces = tuple((t.sender_pos, t.segments) for t in transfers_to(step, rank))
-    return _Gather(sizes, shapes, pieces, target, _is_concat(pieces, shapes, target))
-
-
-_gather_schedule = traced_as_constant(_gather_schedule)
-
-
-def _is_concat(pieces, shapes, target) -> bool:
-    """Whether every position's whole piece lands, in position order, one after another
-    along dim 0 of the target (so the gathered buffer is the target)."""
-    if not target or len(pieces) != len(shapes):
-        return False
-    row = 0
-    for pos, (sender_pos, segs) in enumerate(pieces):
-        shape = shapes[sender_pos]
-        if sender_pos != pos or shape[1:] != target[1:]:
-            return False
-        if len(segs[0]) != 1 or segs[0][0] != (0, row, shape[0]):
-            return False
-        for d in range(1, len(target)):
-            if segs[d] != ((0, 0, target[d]),):
-                return False
-        row += shape[0]
-    return row == target[0]
+def _from_grid(gathered: torch.Tensor, grid, target) -> torch.Tensor:
+    """The target, a new contiguous tensor, from a gathered buffer tiling it as ``grid``
+    (a reshape alone may return a strided view of the buffer)."""
+    view, perm = grid
+    return gathered.view(view).permute(perm).reshape(target).contiguous()
 
 
 def _all_gather(step: Step, me: int, local: torch.Tensor, group: Group) -> torch.Tensor:
     plan = _gather_schedule(step, me)
+    grid = _gather_grid(step, me, group._group_of_position)
+    if grid is not None and group.size > 1:
+        gathered = local.new_empty((group.size * local.shape[0], *local.shape[1:]))
+        C.all_gather_into(gathered, local, group)
+        return _from_grid(gathered, grid, plan.target)
     if plan.concat and len(set(plan.sizes)) == 1:
         out = C.all_gather_concat(local, group)
         if tuple(out.shape) == plan.target:
@@ -381,31 +379,21 @@ def _all_gather(step: Step, me: int, local: torch.Tensor, group: Group) -> torch
     return target
 
 
-@traced_as_constant
-def _recv_numels(step: Step, me: int, size: int) -> tuple[int, ...]:
-    """Elements each position sends this rank (0 when it sends nothing)."""
-    out = [0] * size
-    for t in _exchange.transfers_to(step, me):
-        out[t.sender_pos] = t.numel()
-    return tuple(out)
-
-
-@traced_as_constant
-def _recv_shapes(step: Step, me: int) -> tuple[tuple[int, tuple[int, ...]], ...]:
-    """(sender position, shape) of each piece this rank receives."""
-    return tuple((t.sender_pos, t.shape) for t in _exchange.transfers_to(step, me))
-
-
 def _all_to_all(step: Step, me: int, local: torch.Tensor, group: Group) -> torch.Tensor:
-    blocks = [local.new_empty(0) for _ in group.ranks]
-    for t in transfers_from(step, me):
-        blocks[t.receiver_pos] = pack(local, t.segments).reshape(-1)
-    incoming = transfers_to(step, me)
-    recv_shapes = [(n,) for n in _recv_numels(step, me, len(group.ranks))]
-    received = C.all_to_all(blocks, group, recv_shapes)
-    target = local.new_empty(_local_shape(step.dst, me))
-    for t in incoming:
-        unpack_into(target, t.segments, received[t.sender_pos])
+    plan = _all_to_all_schedule(step, me, group._group_of_position)
+    send = local.new_empty((sum(plan.send_sizes),))
+    for offset, numel, segs in plan.sends:
+        piece = pack(local, segs)
+        send[offset : offset + numel].view(piece.shape).copy_(piece)
+    if plan.concat:
+        target = local.new_empty(plan.target)
+        C.all_to_all_flat(send, target.view(-1), plan.send_sizes, plan.recv_sizes, group)
+        return target
+    received = local.new_empty((sum(plan.recv_sizes),))
+    C.all_to_all_flat(send, received, plan.send_sizes, plan.recv_sizes, group)
+    target = local.new_empty(plan.target)
+    for offset, numel, segs in plan.recvs:
+        unpack_into(target, segs, received[offset : offset + numel])
     return target
 
 
@@ -434,28 +422,6 @@ def _as(tensor: torch.Tensor, dtype) -> torch.Tensor:
     return tensor if dtype is None else tensor.to(dtype)
 
 
-@functools.lru_cache(maxsize=16384)
-def _scatter_rows(step: Step, rank: int) -> tuple[int, ...] | None:
-    """Rows of dim 0 each position keeps when the blocks are consecutive dim-0 slices
-    covering the whole local tensor (so the local tensor is the wire buffer), else None."""
-    blocks = reduce_blocks(step, rank)
-    shape = local_shape(step.src, rank)
-    if not shape:
-        return None
-    rows, start = [], 0
-    for segs in blocks:
-        if len(segs[0]) != 1 or segs[0][0][:2] != (start, 0):
-            return None
-        if any(segs[d] != ((0, 0, shape[d]),) for d in range(1, len(shape))):
-            return None
-        rows.append(segs[0][0][2])
-        start += rows[-1]
-    return tuple(rows) if start == shape[0] else None
-
-
-_scatter_rows = traced_as_constant(_scatter_rows)
-
-
 def _reduce_scatter(
     step: Step, me: int, local: torch.Tensor, group: Group, op: str, dtype=None
 ) -> torch.Tensor:
@@ -472,10 +438,3 @@ def _reduce_scatter(
 
 _MOVES = {"all_gather": _all_gather, "all_to_all": _all_to_all, "all_permute": _all_permute}
 _REDUCES = {"all_reduce": _all_reduce, "reduce_scatter": _reduce_scatter}
-
-
-def _prod(shape) -> int:
-    out = 1
-    for n in shape:
-        out *= n
-    return out

@@ -17,6 +17,7 @@ import pytest
 import torch
 import torch.distributed as dist
 from _shell_cases import (
+    GROUP_TIMEOUT,
     contiguous_strides,
     groups_for,
     make_locals,
@@ -510,3 +511,42 @@ def test_run_agrees_with_torch_dtensor_where_torch_is_right(pool, data):
     outcomes = {_classify(p, locals_, results, i) for i, (p, locals_) in enumerate(cases)}
     for outcome in sorted(outcomes):
         event(outcome)
+
+
+def _repeat_and_count_lookups(plans, locals_):
+    from meshplan.runtime import ProcessGroups
+
+    rank = dist.get_rank()
+    groups = ProcessGroups(plans[0].src.mesh, timeout=GROUP_TIMEOUT)  # nothing resolved yet
+    looked_up = []
+    real_get = groups.get
+
+    def counting_get(dims=None):
+        looked_up.append(dims)
+        return real_get(dims)
+
+    groups.get = counting_get
+    out = []
+    for p in plans:
+        first = run(p, locals_[rank], groups)
+        before = len(looked_up)
+        again = run(p, locals_[rank], groups)
+        out.append((first, again, before > 0, len(looked_up) - before))
+    return out
+
+
+def test_a_repeated_plan_runs_without_looking_up_its_groups(pool4):
+    # the first run of a plan on a ProcessGroups resolves its steps' groups (and agrees
+    # on the plan); later runs reuse them and still give the simulator's tensors
+    mesh = Mesh.create((2, 2), ("a", "b")).flatten(("a", "b"), "ab")
+    S = lambda pl: _spec(mesh, pl, (8, 4))  # noqa: E731
+    src = S([Shard(0), Shard(1)])
+    plans = [plan(src, S(d)) for d in ([Replicate(), Replicate()], [Shard(1), Shard(0)])]
+    locals_ = shard(torch.arange(32.0).reshape(8, 4), src)
+    results = pool4.run(_repeat_and_count_lookups, plans, locals_)
+    for i, p in enumerate(plans):
+        want = simulate(p, locals_)
+        for rank in range(4):
+            first, again, resolved, repeated_lookups = results[rank][i]
+            assert same(first, want[rank]) and same(again, want[rank]), (rank, p)
+            assert resolved and repeated_lookups == 0, (rank, p)
