@@ -202,7 +202,9 @@ def plan_graph(
     ``solver="whole"`` (default) minimizes over the whole graph; ``"op_by_op"`` picks
     each op's cheapest strategy given its inputs' layouts as they come, in order (what
     a planner without look-ahead does): the baseline whole-program planning beats.
-    ``choose``, ``memory_budget`` and ``state_bytes_per_param``: as in :func:`plan_program`.
+    ``choose``, ``memory_budget`` and ``state_bytes_per_param``: as in :func:`plan_program`;
+    a choice the solver does not prove optimal is compared with the given layouts (planned
+    as fixed ones) and the cheaper is returned: never worse than the specs given.
     ``progress`` as in :func:`plan_program`.
     """
     limits = {
@@ -266,7 +268,34 @@ def plan_graph(
         graph, chosen, outs, cots, grads, fixed, options, obj.var, sol, model, fallbacks, planner
     )
     differentiated = tuple(g is not None for g in graph.grads)
-    return attrs.evolve(program, memory=program_memory(chosen, differentiated, per_param))
+    program = attrs.evolve(program, memory=program_memory(chosen, differentiated, per_param))
+    if not free or solver != "whole" or program.method == "exact":
+        return program
+    # an unproven choice is never worse than the layouts given: plan those too, keep the
+    # cheaper (the free problem's bound holds for both)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", ProgramWarning)  # warned above already
+            given_plan = plan_graph(
+                graph,
+                arg_specs,
+                out_specs=out_specs,
+                cost_model=model,
+                compute=compute,
+                max_factor=max_factor,
+                max_options=max_options,
+                max_rounds=max_rounds,
+                max_priced=max_priced,
+                ruleset=ruleset,
+                memory_budget=memory_budget,
+                state_bytes_per_param=state_bytes_per_param,
+                planner=planner,
+            )
+    except StrategyError:  # the given layouts do not fit the budget
+        return program
+    if given_plan.cost.total >= program.cost.total:
+        return program
+    return attrs.evolve(given_plan, lower_bound=program.lower_bound, method=program.method)
 
 
 def _check_graph_arguments(graph, arg_specs, solver, limits: dict[str, Any]) -> tuple[Spec, ...]:

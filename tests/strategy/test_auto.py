@@ -271,3 +271,22 @@ def test_given_specs_that_fit_seed_the_search_so_the_choice_never_costs_more():
     unseeded = solve_within(solve, unary, {}, weights, 18, max_branches=0)
     seeded = solve_within(solve, unary, {}, weights, 18, max_branches=0, seeds=({0: 1, 1: 0},))
     assert unseeded.cost == 13 and seeded.cost == 12
+
+
+@settings(max_examples=25, deadline=None)
+@given(programs(max_ops=3), st.data())
+def test_an_unproven_choice_never_costs_more_than_the_given_layouts(program, data):
+    # max_factor=2 leaves the solver no exact elimination: the search is bounded
+    graph, specs = _traced(program, (2, 2))
+    free = [i for i in (1, 2) if graph.grads[i] is not None]
+    if not free:
+        return
+    given_ = list(specs)
+    for i in free:
+        given_[i] = data.draw(st.sampled_from(candidates(specs[i])), label=f"given {i}")
+    hand = plan_graph(graph, given_, max_factor=2)
+    chosen = plan_graph(graph, given_, choose=free, max_factor=2)
+    assert chosen.cost.total <= hand.cost.total * (1 + 1e-12), (chosen.method, hand.method)
+    assert chosen.lower_bound <= chosen.cost.total
+    again = plan_graph(graph, list(chosen.arg_specs), max_factor=2)
+    assert again.cost.total <= chosen.cost.total * (1 + 1e-12)
