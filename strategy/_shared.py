@@ -174,12 +174,12 @@ def solve_shared(above, below, shared, *, max_factor: int, starts=()) -> Solutio
     """The shared minimum: pairwise problems ``above`` and ``below`` (``(unary, pairs)``,
     see the module docstring) solved, their answers improved on the ``shared`` objective
     (``(unary, values, ins, outs, price)``) by :func:`local_search`; the bound is
-    ``below``'s (its exact minimum, or its forest bound)."""
+    ``below``'s (its exact minimum, or a bound of it: see :func:`._solve.solve`)."""
     unary, values, ins, outs, price = shared
     exact = solve_exact(unary, values, ins, outs, price, max_factor=max_factor)
     if exact is not None:
         return exact
-    up = solve(*above, max_factor=max_factor, starts=starts)
+    up = solve(*above, max_factor=max_factor, starts=starts, prove=False)
     lo = solve(*below, max_factor=max_factor)
     best = None
     for start in dict.fromkeys([up.choice, lo.choice, *map(tuple, starts)]):
@@ -191,10 +191,10 @@ def solve_shared(above, below, shared, *, max_factor: int, starts=()) -> Solutio
     bound = min(lo.lower_bound, cost)
     if cost - bound <= 1e-12 * max(cost, 1e-300):
         method = "exact"
-    elif lo.method == "exact":
+    elif lo.method.startswith("exact"):
         method = "exact relaxation bound + local search"
     else:
-        method = "forest bound + local search"
+        method = lo.method
     return Solution(choice, cost, bound, method)
 
 

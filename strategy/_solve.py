@@ -57,8 +57,13 @@ def solve(
     *,
     max_factor: int = 1 << 21,
     starts: Sequence[Sequence[int]] = (),
+    prove: bool = True,
 ) -> Solution:
     """The minimum of ``sum unary[v][x_v] + sum pairs[a, b][x_a][x_b]`` over choices ``x``.
+
+    Exact by elimination when no factor exceeds ``max_factor`` entries; else the best
+    choice found, with a true lower bound (see :func:`_bounded`; ``prove=False`` when only
+    the choice matters: the bound is then the cheaper, looser one).
 
     >>> solve([[1, 0], [0, 3]], {(0, 1): [[0, 5], [5, 0]]})
     Solution(choice=(0, 0), cost=1.0, lower_bound=1.0, method='exact')
@@ -73,6 +78,17 @@ def solve(
         choice = _eliminate(un, pw, order)
         c = total(choice, unary, pairs)
         return Solution(choice, c, c, "exact")
+    return _bounded(un, pw, unary, pairs, starts, prove)
+
+
+def _bounded(un, pw, unary, pairs, starts, prove: bool = True) -> Solution:
+    """A problem too wide to eliminate: the best of local searches from the choices the
+    bounds read off (and ``starts``), with the better of two true lower bounds: the
+    linear-programming relaxation's dual (:mod:`._messages`) and a spanning forest with
+    the rest folded into unary minima."""
+    from ._messages import lp_bound
+
+    n = len(un)
     kept = _forest(n, pw)
     # a dropped term m[x_a, x_b] is at least u[x_a] + v[x_b] (u its row minima, v the
     # column minima of what is left): kept as unary terms, the forest's minimum stays a
@@ -93,7 +109,16 @@ def solve(
         cost = total(c, unary, pairs)
         if best is None or cost < best[0]:
             best = (cost, tuple(c))
-    return Solution(best[1], best[0], bound, "forest bound + local search")
+    relaxed = lp_bound(un, pw, target=best[0], max_passes=400 if prove else 0)
+    c = _local_search(list(relaxed.choice), un, pw)
+    cost = total(c, unary, pairs)
+    if cost < best[0]:
+        best = (cost, tuple(c))
+    bound = max(bound, relaxed.bound)
+    if best[0] - bound <= 1e-9 * max(abs(best[0]), 1e-300):
+        return Solution(best[1], best[0], min(bound, best[0]), "exact")
+    method = "LP bound + local search" if relaxed.bound >= bound else "forest bound + local search"
+    return Solution(best[1], best[0], bound, method)
 
 
 def _neighbours(n: int, edges) -> list[set[int]]:
