@@ -31,11 +31,13 @@ __all__ = ["Relaxation", "lp_bound"]
 @attrs.frozen
 class Relaxation:
     """What message passing found: a true lower ``bound``, the ``choice`` read off the
-    messages, and the number of passes over the terms it took."""
+    messages, the number of passes over the terms it took, and the ``messages`` (to start
+    a nearby problem from: see :func:`lp_bound`)."""
 
     bound: float
     choice: tuple[int, ...]
     passes: int
+    messages: dict = attrs.field(eq=False, repr=False, factory=dict)
 
 
 def lp_bound(
@@ -46,11 +48,14 @@ def lp_bound(
     max_passes: int = 400,
     tol: float = 1e-8,
     target: float | None = None,
+    start: dict | None = None,
 ) -> Relaxation:
     """The dual bound of the pairwise problem: ``sequential`` passes of
     :func:`_sequential` to start, then term-by-term ascent until the bound gains less
     than ``tol`` (relative) over ten passes, meets ``target`` (a known cost: nothing to
     prove beyond it) or ``max_passes`` passes ran (0: the start's bound and choice).
+    ``start``: the ``messages`` of an earlier call on a problem over the same terms (the
+    ascent starts from them instead; any messages give a true bound).
 
     >>> r = lp_bound([[0.0, 1.0], [1.0, 0.0]], {(0, 1): [[0.0, 3.0], [3.0, 0.0]]})
     >>> round(r.bound, 9), r.choice
@@ -65,28 +70,99 @@ def lp_bound(
     un = [u / scale for u in un]
     terms = {k: m / scale for k, m in terms.items()}
     edges = list(terms)
-    msg = _sequential(un, terms, sequential)
-    belief = [u.copy() for u in un]
-    for a, b in edges:
-        belief[a] = belief[a] + msg[(a, b)]
-        belief[b] = belief[b] + msg[(b, a)]
+    if start is not None and all(k in start for k in terms):
+        msg = {}
+        for a, b in edges:
+            msg[(a, b)] = np.asarray(start[(a, b)], dtype=float) / scale
+            msg[(b, a)] = np.asarray(start[(b, a)], dtype=float) / scale
+    else:
+        msg = _sequential(un, terms, sequential)
+    batches = _Batches(un, terms, msg)
     goal = None if target is None else target / scale
     last = -np.inf
     passes = 0
     while passes < max_passes:
         for _ in range(10):
             passes += 1
-            for a, b in edges:
-                _update(terms[(a, b)], a, b, belief, msg)
-        bound = _dual(belief, terms, msg)
+            batches.ascend()
+        bound = batches.dual()
         if goal is not None and bound >= goal - 1e-12 * abs(goal):
             break
         if bound - last <= tol * max(abs(bound), 1e-30):
             break
         last = bound
-    bound = _dual(belief, terms, msg)
+    bound = batches.dual()
+    msg, belief = batches.messages(), batches.beliefs()
     choice = _read_off(un, terms, msg, belief)
-    return Relaxation(float(bound * scale), choice, passes)
+    messages = {k: m * scale for k, m in msg.items()}
+    return Relaxation(float(bound * scale), choice, passes, messages)
+
+
+class _Batches:
+    """The terms in batches of one shape with no node twice in a batch, updated a batch
+    at a time (the updates within a batch touch different nodes, so together they are
+    the term-by-term ascent, in numpy calls per batch rather than per term). Beliefs are
+    rows of one table, padded with infinity past each node's options."""
+
+    def __init__(self, un, terms: dict, msg: dict) -> None:
+        import numpy as np
+
+        self.sizes = [len(u) for u in un]
+        width = max(self.sizes, default=1)
+        self.belief = np.full((len(un), width), np.inf)
+        for v, u in enumerate(un):
+            self.belief[v, : len(u)] = u
+        groups: dict[tuple[int, int], list[tuple[list, list, set]]] = {}
+        for (a, b), m in terms.items():
+            for batch in groups.setdefault(m.shape, []):
+                if a not in batch[2] and b not in batch[2]:
+                    left, right, seen = batch
+                    break
+            else:
+                left, right, seen = [], [], set()
+                groups[m.shape].append((left, right, seen))
+            left.append(a)
+            right.append(b)
+            seen.update((a, b))
+        self.batches = []
+        for (sa, sb), bs in groups.items():
+            for left, right, _ in bs:
+                ia, ib = np.array(left), np.array(right)
+                m = np.stack([terms[(a, b)] for a, b in zip(left, right, strict=True)])
+                ma = np.stack([msg[(a, b)] for a, b in zip(left, right, strict=True)])
+                mb = np.stack([msg[(b, a)] for a, b in zip(left, right, strict=True)])
+                self.belief[ia, :sa] += ma
+                self.belief[ib, :sb] += mb
+                self.batches.append((ia, ib, sa, sb, m, ma, mb))
+
+    def ascend(self) -> None:
+        bel = self.belief
+        for ia, ib, sa, sb, m, ma, mb in self.batches:
+            rest_a = bel[ia, :sa] - ma
+            rest_b = bel[ib, :sb] - mb
+            new_a = 0.5 * ((m + rest_b[:, None, :]).min(axis=2) - rest_a)
+            new_b = 0.5 * ((m + rest_a[:, :, None]).min(axis=1) - rest_b)
+            bel[ia, :sa] = rest_a + new_a
+            bel[ib, :sb] = rest_b + new_b
+            ma[...] = new_a
+            mb[...] = new_b
+
+    def dual(self) -> float:
+        s = float(self.belief.min(axis=1).sum())
+        for _, _, _, _, m, ma, mb in self.batches:
+            s += float((m - ma[:, :, None] - mb[:, None, :]).min(axis=(1, 2)).sum())
+        return s
+
+    def messages(self) -> dict:
+        out = {}
+        for ia, ib, _, _, _, ma, mb in self.batches:
+            for k, (a, b) in enumerate(zip(ia.tolist(), ib.tolist(), strict=True)):
+                out[(a, b)] = ma[k].copy()
+                out[(b, a)] = mb[k].copy()
+        return out
+
+    def beliefs(self) -> list:
+        return [self.belief[v, :s].copy() for v, s in enumerate(self.sizes)]
 
 
 def _sequential(un, terms, passes: int) -> dict:
@@ -142,25 +218,6 @@ def _terms(un, pairs) -> dict[tuple[int, int], Any]:
             a, b, m = b, a, m.T
         out[(a, b)] = out[(a, b)] + m if (a, b) in out else m
     return out
-
-
-def _update(m, a: int, b: int, belief: list, msg: dict) -> None:
-    """One term's messages set to the even split of its min-marginals (MPLP)."""
-    rest_a = belief[a] - msg[(a, b)]
-    rest_b = belief[b] - msg[(b, a)]
-    new_a = 0.5 * ((m + rest_b[None, :]).min(axis=1) - rest_a)
-    new_b = 0.5 * ((m + rest_a[:, None]).min(axis=0) - rest_b)
-    belief[a] = rest_a + new_a
-    belief[b] = rest_b + new_b
-    msg[(a, b)] = new_a
-    msg[(b, a)] = new_b
-
-
-def _dual(belief: list, terms: dict, msg: dict) -> float:
-    s = sum(float(b.min()) for b in belief if b.size)
-    for (a, b), m in terms.items():
-        s += float((m - msg[(a, b)][:, None] - msg[(b, a)][None, :]).min())
-    return s
 
 
 def _read_off(un, terms, msg, belief) -> tuple[int, ...]:

@@ -172,11 +172,11 @@ def _pairwise(obj: Objective, price) -> tuple[tuple[list, dict], tuple[list, dic
     return (unary, pairs), (unary_lo, pairs_lo)
 
 
-def _solve_round(
-    graph, obj: Objective, prices: Prices, solver, max_factor, budget, seeds, branches
-):
+def _solve_round(graph, obj: Objective, prices: Prices, solver, max_factor, budget, seeds, effort):
     """One solve at the current prices: op by op, or the whole graph (within the budget,
-    with up to ``branches`` branches of its search)."""
+    with up to ``effort[0]`` branches of its search and ``effort[1]`` steps tightening
+    the shared bound)."""
+    branches, steps = effort
     (unary, pairs), below = _pairwise(obj, prices.price)
     greedy_args = (obj.calls, obj.var, graph, obj.terms, obj.ins, obj.outs, unary, pairs)
     if solver == "op_by_op":
@@ -199,6 +199,7 @@ def _solve_round(
         seeds=seeds,
         max_factor=max_factor,
         starts=starts,
+        steps=steps,
     )
 
 
@@ -217,15 +218,18 @@ def solve_lazily(
     """Solve, price exactly what the answer uses, and again, until the answer uses exact
     prices only (or ``max_rounds`` rounds ran)."""
     rounds = 0
-    branched = False  # a budget's branch and bound runs once the prices it sees are exact
+    # a budget's branch and bound, and the tightening of the shared bound, run once the
+    # prices the solver sees are exact
+    settled = False
     while True:
         rounds += 1
         report(progress, "solve", rounds, 0)
-        branches = 64 if branched else 0
-        sol = _solve_round(graph, obj, prices, solver, max_factor, budget, seeds, branches)
+        branches = 64 if settled else 0
+        steps = (30 if budget is None else 8) if settled else 0  # a budget: many solves
+        sol = _solve_round(
+            graph, obj, prices, solver, max_factor, budget, seeds, (branches, steps)
+        )
         new = prices.learn_used(obj.terms, obj.ins, obj.outs, sol.choice)
-        if rounds >= max_rounds or (
-            not new and (branched or budget is None or sol.method == "exact")
-        ):
+        if rounds >= max_rounds or (not new and (settled or sol.method == "exact")):
             return sol
-        branched = branched or not new
+        settled = settled or not new

@@ -26,6 +26,7 @@ from typing import Any
 
 import attrs
 
+from ._sharing import pairwise_min, tighten
 from ._solve import Solution, solve
 
 __all__ = [
@@ -170,11 +171,29 @@ def _option_cost(c, k, choice, unary, touching, ins, outs, price) -> float:
     return float(unary[c][k]) + sum(_value_cost(v, choice, ins, outs, price) for v in touching)
 
 
-def solve_shared(above, below, shared, *, max_factor: int, starts=()) -> Solution:
+def _improver(unary, values, ins, outs, price, best: list[float]):
+    """Local search from a choice that costs at most 10% over the best one seen (others
+    rarely end below it), on the shared objective."""
+
+    def improve(x) -> tuple[float, Sequence[int]]:
+        c = shared_total(x, unary, values, ins, outs, price)
+        if c <= best[0] * 1.1:
+            x = local_search(x, unary, values, ins, outs, price)
+            c = shared_total(x, unary, values, ins, outs, price)
+        best[0] = min(best[0], c)
+        return c, x
+
+    return improve
+
+
+def solve_shared(
+    above, below, shared, *, max_factor: int, starts=(), steps: int = 30
+) -> Solution:
     """The shared minimum: pairwise problems ``above`` and ``below`` (``(unary, pairs)``,
     see the module docstring) solved, their answers improved on the ``shared`` objective
     (``(unary, values, ins, outs, price)``) by :func:`local_search`; the bound is
-    ``below``'s (its exact minimum, or a bound of it: see :func:`._solve.solve`)."""
+    ``below``'s (its exact minimum, or a bound of it: see :func:`._solve.solve`), raised
+    and the choice improved by up to ``steps`` steps of :func:`._sharing.tighten`."""
     unary, values, ins, outs, price = shared
     exact = solve_exact(unary, values, ins, outs, price, max_factor=max_factor)
     if exact is not None:
@@ -189,13 +208,24 @@ def solve_shared(above, below, shared, *, max_factor: int, starts=()) -> Solutio
             best = (cost, tuple(c))
     cost, choice = best
     bound = min(lo.lower_bound, cost)
+    method = "exact relaxation bound" if lo.method.startswith("exact") else lo.method
+    method = method.replace(" + local search", "")
+    if steps and cost - bound > 1e-9 * max(cost, 1e-300):
+        t = tighten(
+            unary,
+            (values, ins, outs, price),
+            (cost, choice),
+            bound,
+            pairwise_min=pairwise_min(max_factor),
+            improve=_improver(unary, values, ins, outs, price, [cost]),
+            steps=steps,
+        )
+        if t.bound > bound:
+            method = f"sharing dual bound ({t.steps} steps)"
+        cost, choice, bound = t.cost, t.choice, t.bound
     if cost - bound <= 1e-12 * max(cost, 1e-300):
-        method = "exact"
-    elif lo.method.startswith("exact"):
-        method = "exact relaxation bound + local search"
-    else:
-        method = lo.method
-    return Solution(choice, cost, bound, method)
+        return Solution(choice, cost, bound, "exact")
+    return Solution(choice, cost, bound, method + " + local search")
 
 
 def shared_solver(above, below, shared) -> tuple[Callable[..., Solution], Callable]:
