@@ -172,7 +172,7 @@ def _option_cost(c, k, choice, unary, touching, ins, outs, price) -> float:
 
 
 def _improver(unary, values, ins, outs, price, best: list[float]):
-    """Local search from a choice that costs at most 10% over the best one seen (others
+    """Local search from a choice that costs at most 5% over the best one seen (others
     rarely end below it), on the shared objective."""
 
     def improve(x) -> tuple[float, Sequence[int]]:
@@ -193,13 +193,14 @@ def solve_shared(
     see the module docstring) solved, their answers improved on the ``shared`` objective
     (``(unary, values, ins, outs, price)``) by :func:`local_search`; the bound is
     ``below``'s (its exact minimum, or a bound of it: see :func:`._solve.solve`), raised
-    and the choice improved by up to ``steps`` steps of :func:`._sharing.tighten`."""
+    and the choice improved by up to ``steps`` steps of :func:`._sharing.tighten`
+    (``steps=0``: a draft, whose bound is the cheaper, looser one)."""
     unary, values, ins, outs, price = shared
     exact = solve_exact(unary, values, ins, outs, price, max_factor=max_factor)
     if exact is not None:
         return exact
     up = solve(*above, max_factor=max_factor, starts=starts, prove=False)
-    lo = solve(*below, max_factor=max_factor)
+    lo = solve(*below, max_factor=max_factor, prove=steps > 0)  # no steps: a rough draft
     best = None
     for start in dict.fromkeys([up.choice, lo.choice, *map(tuple, starts)]):
         c = local_search(start, unary, values, ins, outs, price)

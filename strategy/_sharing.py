@@ -139,9 +139,9 @@ def tighten(
     """Raise ``bound`` (a true bound of the shared minimum) and lower ``best`` (a cost and
     its choice) for up to ``steps`` steps or until they meet within ``tol`` (relative).
 
-    ``shared`` is ``(values, ins, outs, price)``; ``pairwise_min(unary, pairs, start)``
-    returns a true lower bound of a pairwise problem, a choice for it and what to start
-    a nearby problem from; ``improve(choice)`` returns a (cost, choice) on the shared
+    ``shared`` is ``(values, ins, outs, price)``; ``pairwise_min(unary, pairs, start,
+    passes)`` returns a true lower bound of a pairwise problem, a choice for it and what
+    to start a nearby problem from (after about ``passes`` passes of work); ``improve(choice)`` returns a (cost, choice) on the shared
     objective no worse than ``choice``.
     """
     values, ins, outs, price = shared
@@ -150,16 +150,17 @@ def tighten(
     cost, choice = best
     seen = {tuple(choice)}
     theta, stale, start = 1.0, 0, None
+    kept = None  # the weights of the best bound, and the messages it ended with
     taken = 0
     while taken < steps:
         taken += 1
         if cost - bound <= tol * max(abs(cost), 1e-300):
             break
         un, pairs, const = _problem(unary, splits, weights)
-        low, x, start = pairwise_min(un, pairs, start)
+        low, x, start = pairwise_min(un, pairs, start, 40)
         low += const
         if low > bound + 1e-12 * max(abs(bound), 1e-300):
-            bound, stale = low, 0
+            bound, stale, kept = low, 0, (weights, start)
         else:
             stale += 1
             if stale >= 4:  # no gain for a while: shorter steps
@@ -174,6 +175,10 @@ def tighten(
             break
         t = theta * max(cost - low, 0.0) / norm
         weights = [_project(w + t * g, a) for w, g, a in zip(weights, grads, able, strict=True)]
+    if kept is not None and kept[1] is not None and cost - bound > tol * max(abs(cost), 1e-300):
+        # the steps run few passes each: the best weights' bound, raised to convergence
+        un, pairs, const = _problem(unary, splits, kept[0])
+        bound = max(bound, pairwise_min(un, pairs, kept[1], 200)[0] + const)
     return Tightened(min(bound, cost), cost, tuple(choice), taken)
 
 
@@ -183,12 +188,12 @@ def pairwise_min(max_factor: int) -> Callable:
     from ._messages import lp_bound
     from ._solve import _eliminate, _order, total
 
-    def run(un, pairs, start):
+    def run(un, pairs, start, passes):
         order = _order(len(un), [len(u) for u in un], pairs.keys(), max_factor)
         if order is not None:
             x = _eliminate(un, pairs, order)
             return total(x, un, pairs), x, None
-        r = lp_bound(un, pairs, start=start, max_passes=30)
+        r = lp_bound(un, pairs, start=start, max_passes=passes)
         return r.bound, r.choice, r.messages
 
     return run
