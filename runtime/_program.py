@@ -29,6 +29,7 @@ from meshplan.strategy._program import Program, ProgramOp
 from meshplan.strategy._trace import to_torch_const
 
 from ._agree import check_same_call, program_fingerprint
+from ._overlap import BUCKET_BYTES, PREFETCH, Launch, check_options, launches
 
 __all__ = ["run_program", "simulate_program"]
 
@@ -101,7 +102,7 @@ def _outputs(result: Any, op: ProgramOp) -> tuple[Any, ...]:
 
 
 class _Shell:
-    def __init__(self, groups: Any) -> None:
+    def __init__(self, groups: Any, bucket_bytes: int, prefetch: int | None) -> None:
         from ._groups import ProcessGroups
 
         if not isinstance(groups, ProcessGroups):
@@ -113,6 +114,12 @@ class _Shell:
         self.groups = groups
         self.rank = groups.rank
         self.device = None
+        self.bucket_bytes, self.prefetch = bucket_bytes, prefetch
+
+    def start(self, launch: Launch, values: Sequence[torch.Tensor]) -> Any:
+        from ._buckets import start
+
+        return start(launch, values, self.groups)
 
     def move(self, plan: Any, value: torch.Tensor) -> torch.Tensor:
         if plan is None:
@@ -137,6 +144,11 @@ class _Sim:
 
         return simulate(plan, {r: t.contiguous() for r, t in value.items()})
 
+    def start(self, launch: Launch, values: Sequence[dict[int, torch.Tensor]]) -> Any:
+        return _Done(
+            [self.move(plan, v) for (_, plan), v in zip(launch.moves, values, strict=True)]
+        )
+
     def call(self, op: ProgramOp, tensors: Sequence[dict[int, torch.Tensor]]):
         per_rank = {}
         for r in self.ranks:
@@ -145,6 +157,16 @@ class _Sim:
             per_rank[r] = _outputs(_local_call(op, local, r, device), op)
         n = len(next(iter(per_rank.values())))
         return tuple({r: per_rank[r][j] for r in self.ranks} for j in range(n))
+
+
+class _Done:
+    """A simulated launch: its results exist at once (a bucket changes no value)."""
+
+    def __init__(self, results: list[Any]) -> None:
+        self.results = results
+
+    def wait(self) -> list[Any]:
+        return self.results
 
 
 class _Moved:
@@ -162,12 +184,20 @@ class _Moved:
                     key = (v, plan.dst)
                     self.left[key] = self.left.get(key, 0) + 1
         self.held: dict[tuple[Value, Spec], Any] = {}
+        # started launches not yet read: key -> (the launch's handle, its index there)
+        self.pending: dict[tuple[Value, Spec], tuple[Any, int]] = {}
 
     def fork(self) -> _Moved:
         """A copy to run the backward on (a retained graph may run it again)."""
         other = object.__new__(_Moved)
-        other.left, other.held = dict(self.left), dict(self.held)
+        other.left, other.held, other.pending = dict(self.left), dict(self.held), {}
         return other
+
+    def start(self, backend: Any, launch: Launch, env: dict[Value, Any]) -> None:
+        """Start a launch's moves as one collective; each is waited for where first read."""
+        started = backend.start(launch, [env[key[0]] for key, _ in launch.moves])
+        for i, (key, _) in enumerate(launch.moves):
+            self.pending[key] = (started, i)
 
     def read(self, backend: Any, plan: Any, v: Value, env: dict[Value, Any]) -> Any:
         if plan is None:
@@ -175,20 +205,36 @@ class _Moved:
         key = (v, plan.dst)
         moved = self.held.pop(key, None)
         if moved is None:
-            moved = backend.move(plan, env[v])
+            started = self.pending.pop(key, None)
+            if started is not None:
+                moved = started[0].wait()[started[1]]
+            else:
+                moved = backend.move(plan, env[v])
         self.left[key] -= 1
         if self.left[key] > 0:
             self.held[key] = moved
         return moved
 
 
-def _run_ops(ops: Sequence[ProgramOp], env: dict[Value, Any], backend: Any, moved: _Moved) -> None:
-    for op in ops:
+def _run_ops(
+    ops: Sequence[ProgramOp],
+    env: dict[Value, Any],
+    backend: Any,
+    moved: _Moved,
+    launched: Sequence[Sequence[Launch]],
+) -> None:
+    """Run ``ops``, starting ``launched[i]`` before op ``i`` and the last entry after the
+    ops (for the final reads); each started move is waited for where it is read."""
+    for op, starts in zip(ops, launched, strict=False):
+        for launch in starts:
+            moved.start(backend, launch, env)
         ins = [moved.read(backend, p, v, env) for p, v in zip(op.moves, op.inputs, strict=True)]
         outs = backend.call(op, ins)
         for j, o in enumerate(outs):
             if j < len(op.output_specs) and op.output_specs[j] is not None:
                 env[Value(op.node, j)] = o
+    for launch in launched[len(ops)]:
+        moved.start(backend, launch, env)
 
 
 def _grads(
@@ -237,7 +283,7 @@ def simulate_program(
     for k, c in zip(program.graph.cotangents, cotangents, strict=True):
         env[Value(k)] = dict(c)
     moved = _Moved(program)
-    _run_ops(program.ops, env, backend, moved)
+    _run_ops(program.ops, env, backend, moved, launches(program, "all"))
     outs = tuple(
         moved.read(backend, p, v, env)
         for v, p in zip(program.graph.outputs, program.out_moves, strict=True)
@@ -259,7 +305,8 @@ class _RunProgram(torch.autograd.Function):
         for k, t in zip(program.graph.args, locals_, strict=True):
             env[Value(k)] = t.detach()
         moved = _Moved(program)
-        _run_ops(program.forward_ops, env, backend, moved)
+        options = {"bucket_bytes": backend.bucket_bytes, "prefetch": backend.prefetch}
+        _run_ops(program.forward_ops, env, backend, moved, launches(program, "forward", **options))
         outs = tuple(
             moved.read(backend, p, v, env)
             for v, p in zip(program.graph.outputs, program.out_moves, strict=True)
@@ -281,7 +328,10 @@ class _RunProgram(torch.autograd.Function):
                 g = torch.zeros(local_shape(spec, backend.rank), dtype=getattr(torch, spec.dtype))
             env[Value(k)] = g.contiguous()
         moved = ctx.moved.fork()
-        _run_ops(program.backward_ops, env, backend, moved)
+        options = {"bucket_bytes": backend.bucket_bytes, "prefetch": backend.prefetch}
+        _run_ops(
+            program.backward_ops, env, backend, moved, launches(program, "backward", **options)
+        )
 
         def zeros(spec: Spec) -> torch.Tensor:
             return torch.zeros(local_shape(spec, backend.rank), dtype=getattr(torch, spec.dtype))
@@ -290,7 +340,13 @@ class _RunProgram(torch.autograd.Function):
         return (None, None, *grads)
 
 
-def run_program(program: Program, groups: Any, *locals_: torch.Tensor) -> Any:
+def run_program(
+    program: Program,
+    groups: Any,
+    *locals_: torch.Tensor,
+    bucket_bytes: int = BUCKET_BYTES,
+    prefetch: int | None = PREFETCH,
+) -> Any:
     """Run ``program`` on this rank's local tensors over ``groups``; differentiable.
 
     Returns the local outputs (one tensor, or a tuple for several), each in its
@@ -306,9 +362,19 @@ def run_program(program: Program, groups: Any, *locals_: torch.Tensor) -> Any:
     call: if one rank's tensors do not fit, or the ranks run different programs, every
     rank raises :class:`RuntimeShellError` at once instead of waiting for that rank
     until the groups' timeout.
+
+    Collectives overlap the ops between them and small ones travel together (see
+    :mod:`meshplan.runtime._overlap`): a move that is one all_reduce, reduce_scatter or
+    all_gather starts as soon as its input exists, at most ``prefetch`` ops ahead of its
+    first reader (None: no limit; what it moves is held from then on), and is waited for
+    where that reader runs. Such moves of one kind on one group that can start at the
+    same point start as one collective on one flat buffer of at most ``bucket_bytes``
+    (default 25 MiB; 0 starts each alone). Results equal unbucketed runs (reductions are
+    elementwise); every rank starts the same collectives in the same order.
     """
     _check_program(program)
-    backend = _Shell(groups)
+    check_options(bucket_bytes, prefetch)
+    backend = _Shell(groups, bucket_bytes, prefetch)
     problem = _misfit(program, backend.rank, locals_)
     if groups.check_specs:  # every rank stops here if one does (see _agree)
         check_same_call(groups, program_fingerprint(program), problem, "program")
