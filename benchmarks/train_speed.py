@@ -80,13 +80,14 @@ def mlp(x, y, *ws):
     return ((x - y) ** 2).mean()
 
 
-def init_weights(layers: int, seed: int = 0) -> list[torch.Tensor]:
+def init_weights(layers: int, seed: int = 0):
+    """Each layer's global (w1, w2) in turn: every rank (and both frameworks) holds one
+    layer's global weights at a time while it builds its shards."""
     g = torch.Generator().manual_seed(seed)
-    out = []
     for _ in range(layers):
-        out.append(torch.randn(D, H, generator=g) / D**0.5)
-        out.append(torch.randn(H, D, generator=g) / H**0.5 / math.sqrt(2 * layers))
-    return out
+        w1 = torch.randn(D, H, generator=g) / D**0.5
+        w2 = torch.randn(H, D, generator=g) / H**0.5 / math.sqrt(2 * layers)
+        yield w1, w2
 
 
 def batch(step: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -145,12 +146,11 @@ def _count_bytes() -> None:
 # -- the two frameworks, one step each -------------------------------------------------------
 
 
-def setup(framework: str, layers: int, program=None) -> None:
+def setup(framework: str, layers: int, program=None, run_options=None) -> None:
     torch.manual_seed(0)
     torch.set_num_threads(1)
     _STATE["rss0"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     _count_bytes()
-    ws = init_weights(layers)
     rank = dist.get_rank()
     if framework == "torch":
         from torch.distributed.device_mesh import init_device_mesh
@@ -174,13 +174,16 @@ def setup(framework: str, layers: int, program=None) -> None:
                 return x + self.fc2(torch.nn.functional.gelu(self.fc1(x)))
 
         mesh = init_device_mesh("cpu", MESH, mesh_dim_names=("dp", "tp"))
-        model = torch.nn.Sequential(*(Block(a, b) for a, b in zip(ws[::2], ws[1::2], strict=True)))
-        for blk in model:
+        blocks = []
+        for w1, w2 in init_weights(layers):
+            blk = Block(w1, w2)
             parallelize_module(
                 blk, mesh["tp"], {"fc1": ColwiseParallel(), "fc2": RowwiseParallel()}
             )
-        for blk in model:
             fully_shard(blk, mesh=mesh["dp"])
+            blocks.append(blk)
+            del w1, w2, blk
+        model = torch.nn.Sequential(*blocks)
         fully_shard(model, mesh=mesh["dp"])
         opt = torch.optim.AdamW(
             model.parameters(), lr=LR, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1, foreach=False
@@ -194,10 +197,11 @@ def setup(framework: str, layers: int, program=None) -> None:
         groups = ProcessGroups(program.arg_specs[0].mesh, timeout=300)
         groups.create_all()
         specs = program.arg_specs[2:]
-        params = [
-            Sharded.from_global(w, s, rank).local.clone().requires_grad_()
-            for w, s in zip(ws, specs, strict=True)
-        ]
+        params = []
+        for w1, w2 in init_weights(layers):
+            for w, s in zip((w1, w2), specs[len(params) : len(params) + 2], strict=True):
+                params.append(Sharded.from_global(w, s, rank).local.clone().requires_grad_())
+            del w1, w2
         import train as example
 
         _STATE.update(
@@ -210,7 +214,7 @@ def setup(framework: str, layers: int, program=None) -> None:
             adamw=example.adamw_,
         )
         assert isinstance(program.arg_specs[0].mesh, Mesh)
-    _STATE.update(framework=framework, step=0)
+    _STATE.update(framework=framework, step=0, run_options=dict(run_options or {}))
 
 
 def _torch_step(x, y):
@@ -239,7 +243,7 @@ def _meshplan_step(x, y):
     prog, groups, params, rank = s["program"], s["groups"], s["params"], dist.get_rank()
     lx = Sharded.from_global(x, prog.arg_specs[0], rank).local
     ly = Sharded.from_global(y, prog.arg_specs[1], rank).local
-    loss = run_program(prog, groups, lx, ly, *params)
+    loss = run_program(prog, groups, lx, ly, *params, **s["run_options"])
     loss.backward()
     with torch.no_grad():
         sq = sum(
@@ -325,14 +329,14 @@ def profile_steps(n: int) -> dict:
     }
 
 
-def profile(layers: int, program, n: int) -> None:
+def profile(layers: int, program, n: int, run_options: dict) -> None:
     from meshplan.runtime import WorkerPool
 
     pool = WorkerPool(
         8, "gloo", timeout=1800, preload=("meshplan.runtime._run", "meshplan.runtime._program")
     )
     try:
-        pool.run(setup, "meshplan", layers, program)
+        pool.run(setup, "meshplan", layers, program, run_options)
         pool.run(steps, 3)  # warm up
         plain = pool.run(steps, n)
         got = pool.run(profile_steps, n)
@@ -359,11 +363,21 @@ def profile(layers: int, program, n: int) -> None:
 def main() -> None:
     from meshplan.layout import Mesh
     from meshplan.placement import Replicate, Shard, Spec
+    from meshplan.redistribute import CostModel, HardwareProfile
     from meshplan.runtime import WorkerPool
     from meshplan.strategy import ComputeModel, plan_program
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true", help="2 layers, 3 rounds of 3 steps")
+    ap.add_argument(
+        "--cost-model",
+        choices=("gloo", "default"),
+        default="gloo",
+        help="plan for gloo on CPU (HardwareProfile.gloo_cpu, the machine this runs on) or "
+        "for the default GPU profile",
+    )
+    ap.add_argument("--bucket-bytes", type=int, default=None, help="run_program's bucket cap")
+    ap.add_argument("--prefetch", default=None, help="run_program's prefetch (int or 'none')")
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--steps", type=int, default=5, help="steps per round")
     ap.add_argument(
@@ -378,14 +392,22 @@ def main() -> None:
     ws = [Spec(mesh, [S(0), S(1)], (D, H), "float32"), Spec(mesh, [S(1), S(0)], (H, D), "float32")]
     print(f"planning the {layers}-layer residual MLP on {mesh} ...", flush=True)
     t0 = time.perf_counter()
-    program = plan_program(mlp, data, data, *(ws * layers), compute=ComputeModel.cpu())
+    model = CostModel(HardwareProfile.gloo_cpu()) if opts.cost_model == "gloo" else None
+    program = plan_program(
+        mlp, data, data, *(ws * layers), compute=ComputeModel.cpu(), cost_model=model
+    )
     print(
         f"planned in {time.perf_counter() - t0:.1f} s: {program.cost.collectives} collectives",
         flush=True,
     )
 
+    run_options = {}
+    if opts.bucket_bytes is not None:
+        run_options["bucket_bytes"] = opts.bucket_bytes
+    if opts.prefetch is not None:
+        run_options["prefetch"] = None if opts.prefetch == "none" else int(opts.prefetch)
     if opts.profile:
-        profile(layers, program, opts.steps)
+        profile(layers, program, opts.steps, run_options)
         return
     pools = {
         name: WorkerPool(
@@ -397,7 +419,10 @@ def main() -> None:
     try:
         for name, pool in pools.items():
             print(f"starting 8 gloo processes for {name} ...", flush=True)
-            pool.run(setup, name, layers, program if name == "meshplan" else None)
+            if name == "meshplan":
+                pool.run(setup, name, layers, program, run_options)
+            else:
+                pool.run(setup, name, layers)
         for r in range(rounds):
             for name in ("torch", "meshplan") if r % 2 == 0 else ("meshplan", "torch"):
                 results[name].append(pools[name].run(steps, per))
