@@ -36,7 +36,15 @@ import attrs
 from meshplan.errors import RuntimeShellError
 from meshplan.placement import Replicate, Spec, dtype_itemsize
 
-__all__ = ["BUCKET_BYTES", "PREFETCH", "Launch", "launches", "check_options"]
+__all__ = [
+    "BUCKET_BYTES",
+    "PREFETCH",
+    "Launch",
+    "check_options",
+    "launches",
+    "releases",
+    "saved_for_backward",
+]
 
 BUCKET_BYTES = 25 * 2**20
 """Default cap of one bucket: 25 MiB of local input (FSDP2's and DDP's default size)."""
@@ -230,6 +238,54 @@ def _room(plan: Any, kind: tuple, cap: int) -> int:
     if kind[0] == "all_gather" or n <= 2 or kind[2] in ("max", "min"):
         return cap
     return min(cap, n * SEGMENT_BYTES)
+
+
+# -- when values die ---------------------------------------------------------------------
+
+
+def saved_for_backward(program: Any) -> frozenset:
+    """The values the backward reads (its ops' inputs and the gradients), of those the
+    forward has: what the forward keeps for it, and nothing else."""
+    memo = _SCHEDULES.setdefault(program, {})
+    found = memo.get("saved")
+    if found is None:
+        reads = {v for op in program.backward_ops for v in op.inputs}
+        reads.update(v for v in program.graph.grads if v is not None)
+        found = memo["saved"] = frozenset(reads)
+    return found
+
+
+def releases(program: Any, phase: str) -> tuple[tuple[Any, ...], ...]:
+    """Entry ``i``: the values of ``phase`` (``"forward"`` or ``"backward"``) that no later
+    op of the phase, nor its final reads, nor (after the forward) the backward reads, so
+    the runner drops them once op ``i`` has run."""
+    memo = _SCHEDULES.setdefault(program, {})
+    found = memo.get(("releases", phase))
+    if found is None:
+        found = memo[("releases", phase)] = _releases(program, phase)
+    return found
+
+
+def _releases(program: Any, phase: str):
+    if phase == "forward":
+        ops, tail = program.forward_ops, set(program.graph.outputs)
+        keep = saved_for_backward(program) | tail
+    elif phase == "backward":
+        ops = program.backward_ops
+        keep = {v for v in program.graph.grads if v is not None}
+    else:
+        raise RuntimeShellError(f"unknown phase {phase!r}", value=phase)
+    last: dict = {}
+    for i, op in enumerate(ops):
+        for j in range(len(op.output_specs)):
+            last.setdefault(_value(op.node, j), i)  # made and never read: drop at once
+        for v in op.inputs:
+            last[v] = i
+    out: list[list] = [[] for _ in ops]
+    for v, i in last.items():
+        if v not in keep:
+            out[i].append(v)
+    return tuple(tuple(x) for x in out)
 
 
 def _value(node: int, index: int):

@@ -29,7 +29,15 @@ from meshplan.strategy._program import Program, ProgramOp
 from meshplan.strategy._trace import to_torch_const
 
 from ._agree import check_same_call, program_fingerprint
-from ._overlap import BUCKET_BYTES, PREFETCH, Launch, check_options, launches
+from ._overlap import (
+    BUCKET_BYTES,
+    PREFETCH,
+    Launch,
+    check_options,
+    launches,
+    releases,
+    saved_for_backward,
+)
 
 __all__ = ["run_program", "simulate_program"]
 
@@ -222,10 +230,12 @@ def _run_ops(
     backend: Any,
     moved: _Moved,
     launched: Sequence[Sequence[Launch]],
+    released: Sequence[Sequence[Value]] | None = None,
 ) -> None:
     """Run ``ops``, starting ``launched[i]`` before op ``i`` and the last entry after the
-    ops (for the final reads); each started move is waited for where it is read."""
-    for op, starts in zip(ops, launched, strict=False):
+    ops (for the final reads); each started move is waited for where it is read. The
+    values in ``released[i]`` leave ``env`` once op ``i`` has run."""
+    for i, (op, starts) in enumerate(zip(ops, launched, strict=False)):
         for launch in starts:
             moved.start(backend, launch, env)
         ins = [moved.read(backend, p, v, env) for p, v in zip(op.moves, op.inputs, strict=True)]
@@ -233,6 +243,9 @@ def _run_ops(
         for j, o in enumerate(outs):
             if j < len(op.output_specs) and op.output_specs[j] is not None:
                 env[Value(op.node, j)] = o
+        if released is not None:
+            for v in released[i]:
+                env.pop(v, None)
     for launch in launched[len(ops)]:
         moved.start(backend, launch, env)
 
@@ -306,7 +319,14 @@ class _RunProgram(torch.autograd.Function):
             env[Value(k)] = t.detach()
         moved = _Moved(program)
         options = {"bucket_bytes": backend.bucket_bytes, "prefetch": backend.prefetch}
-        _run_ops(program.forward_ops, env, backend, moved, launches(program, "forward", **options))
+        _run_ops(
+            program.forward_ops,
+            env,
+            backend,
+            moved,
+            launches(program, "forward", **options),
+            releases(program, "forward"),
+        )
         outs = tuple(
             moved.read(backend, p, v, env)
             for v, p in zip(program.graph.outputs, program.out_moves, strict=True)
@@ -314,8 +334,9 @@ class _RunProgram(torch.autograd.Function):
         ctx.program, ctx.backend, ctx.moved = program, backend, moved
         # saved as autograd saves tensors: freed by a backward without retain_graph, kept
         # for the next with it (and a second backward after a free raises torch's error)
-        ctx.keys = tuple(env)
-        ctx.save_for_backward(*env.values())
+        saved = saved_for_backward(program)
+        ctx.keys = tuple(v for v in env if v in saved)
+        ctx.save_for_backward(*(env[v] for v in ctx.keys))
         ctx.devices = [t.device for t in locals_]
         return outs
 
@@ -330,7 +351,12 @@ class _RunProgram(torch.autograd.Function):
         moved = ctx.moved.fork()
         options = {"bucket_bytes": backend.bucket_bytes, "prefetch": backend.prefetch}
         _run_ops(
-            program.backward_ops, env, backend, moved, launches(program, "backward", **options)
+            program.backward_ops,
+            env,
+            backend,
+            moved,
+            launches(program, "backward", **options),
+            releases(program, "backward"),
         )
 
         def zeros(spec: Spec) -> torch.Tensor:

@@ -30,7 +30,14 @@ from meshplan.layout import Mesh  # noqa: E402
 from meshplan.placement import Partial, Replicate, Shard, Spec, shard, unshard  # noqa: E402
 from meshplan.redistribute import plan  # noqa: E402
 from meshplan.runtime import run_program, simulate_program  # noqa: E402
-from meshplan.runtime._overlap import SEGMENT_BYTES, Launch, launches, wire_bytes  # noqa: E402
+from meshplan.runtime._overlap import (  # noqa: E402
+    SEGMENT_BYTES,
+    Launch,
+    launches,
+    releases,
+    saved_for_backward,
+    wire_bytes,
+)
 from meshplan.strategy import ComputeModel, plan_program  # noqa: E402
 
 NO_SHRINK = [Phase.explicit, Phase.reuse, Phase.generate]
@@ -113,6 +120,28 @@ def _check_schedule(prog, bucket_bytes, prefetch):
                     assert i <= first[key], "started after its first reader"
                     if prefetch == 0 and len(launch.moves) == 1:
                         assert i == first[key]
+
+
+def _check_releases(prog):
+    saved = saved_for_backward(prog)
+    backward_reads = {v for op in prog.backward_ops for v in op.inputs}
+    backward_reads |= {v for v in prog.graph.grads if v is not None}
+    assert saved == backward_reads
+    for phase, ops in (("forward", prog.forward_ops), ("backward", prog.backward_ops)):
+        tail = set(prog.graph.outputs if phase == "forward" else prog.graph.grads)
+        dropped = releases(prog, phase)
+        assert len(dropped) == len(ops)
+        for i, values in enumerate(dropped):
+            for v in values:
+                assert v not in tail, "dropped before the final reads"
+                assert all(v not in op.inputs for op in ops[i + 1 :]), "dropped, then read"
+                assert phase == "backward" or v not in saved, "dropped, but the backward reads it"
+
+
+@settings(max_examples=min(settings.default.max_examples, 10), phases=NO_SHRINK, deadline=None)
+@given(data=st.data())
+def test_a_value_is_dropped_only_after_its_last_reader(data):
+    _check_releases(_random_program(data, None)[0])
 
 
 @settings(max_examples=min(settings.default.max_examples, 10), phases=NO_SHRINK, deadline=None)
@@ -361,3 +390,43 @@ def test_buckets_issue_fewer_collectives_per_step(pool4):
     for a, b in zip(alone, together, strict=True):
         # the three arguments' all_reduces (plus run_program's own agreement check)
         assert a["all_reduce"] == b["all_reduce"] + 2, (a, b)
+
+
+# -- what the forward keeps for the backward -----------------------------------------------------
+
+
+def _chain(x):
+    return (x.exp() * 3).sin().cos().sum()
+
+
+def _saved_bytes(prog, locals_):
+    rank = dist.get_rank()
+    saved = []
+
+    def pack(t):
+        saved.append(t.numel() * t.element_size())
+        return t
+
+    x = locals_[0][rank].clone().requires_grad_()
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        loss = run_program(prog, groups_for(prog.arg_specs[0].mesh), x)
+    loss.backward()
+    return sum(saved), x.grad
+
+
+def test_the_forward_keeps_only_what_the_backward_reads(pool4):
+    mesh = Mesh.create((4,))
+    spec = Spec(mesh, [Shard(0)], (64, 8), "float64")
+    prog = plan_program(_chain, spec, compute=ComputeModel.cpu())
+    x = torch.randn(64, 8, dtype=torch.float64)
+    results = pool4.run(_saved_bytes, prog, [shard(x, spec)])
+    local = 16 * 8 * 8  # one local (16, 8) float64 tensor
+    forward_values = sum(len(op.output_specs) for op in prog.forward_ops) + 1
+    needed = len(saved_for_backward(prog))
+    assert needed < forward_values
+    for saved, _ in results:
+        assert saved <= needed * local < forward_values * local, (saved, prog.explain())
+    leaf = x.clone().requires_grad_()
+    _chain(leaf).backward()
+    got = unshard({r: g for r, (_, g) in enumerate(results)}, prog.grad_specs[0])
+    assert torch.allclose(got, leaf.grad, rtol=1e-12)
