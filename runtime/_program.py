@@ -15,6 +15,7 @@ rank's local shape), and runs the planned moves.
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -28,7 +29,7 @@ from meshplan.strategy._graph import TorchConst, Value
 from meshplan.strategy._program import Program, ProgramOp
 from meshplan.strategy._trace import to_torch_const
 
-from ._agree import check_same_call, program_fingerprint
+from ._agree import _fingerprint, check_same_call, program_fingerprint
 from ._overlap import (
     BUCKET_BYTES,
     PREFETCH,
@@ -396,18 +397,37 @@ def run_program(
     where that reader runs. Such moves of one kind on one group that can start at the
     same point start as one collective on one flat buffer of at most ``bucket_bytes``
     (default 25 MiB; 0 starts each alone). Results equal unbucketed runs (reductions are
-    elementwise); every rank starts the same collectives in the same order.
+    elementwise); every rank starts the same collectives in the same order, and with
+    ``check_specs`` the ranks check that they pass the same ``bucket_bytes`` and
+    ``prefetch`` (part of the one all_reduce above).
     """
     _check_program(program)
     check_options(bucket_bytes, prefetch)
     backend = _Shell(groups, bucket_bytes, prefetch)
     problem = _misfit(program, backend.rank, locals_)
     if groups.check_specs:  # every rank stops here if one does (see _agree)
-        check_same_call(groups, program_fingerprint(program), problem, "program")
+        mine = _call_fingerprint(program, bucket_bytes, prefetch)
+        check_same_call(groups, mine, problem, "program")
     elif problem is not None:
         raise problem
     outs = _RunProgram.apply(program, backend, *locals_)
     return outs[0] if len(outs) == 1 else outs
+
+
+_MOVES: weakref.WeakKeyDictionary[Program, str] = weakref.WeakKeyDictionary()
+
+
+def _call_fingerprint(program: Program, bucket_bytes: int, prefetch: int | None) -> int:
+    """What every rank must agree on before a call: the program, its moves (they decide
+    the collectives) and the options that decide when those start and which travel
+    together."""
+    moves = _MOVES.get(program)
+    if moves is None:
+        plans = [p for op in program.ops for p in op.moves]
+        plans += [*program.out_moves, *program.grad_moves]
+        moves = _MOVES[program] = "|".join("-" if p is None else str(p.dst) for p in plans)
+    parts = [str(program_fingerprint(program)), moves, f"{bucket_bytes} {prefetch}"]
+    return _fingerprint(parts)
 
 
 def _misfit(program: Program, rank: int, locals_: Sequence[Any]) -> RuntimeShellError | None:

@@ -430,3 +430,22 @@ def test_the_forward_keeps_only_what_the_backward_reads(pool4):
     _chain(leaf).backward()
     got = unshard({r: g for r, (_, g) in enumerate(results)}, prog.grad_specs[0])
     assert torch.allclose(got, leaf.grad, rtol=1e-12)
+
+
+def _options_by_rank(prog, locals_):
+    rank = dist.get_rank()
+    x = locals_[0][rank].clone().requires_grad_()
+    try:
+        run_program(prog, groups_for(prog.arg_specs[0].mesh), x, bucket_bytes=rank)
+    except RuntimeShellError as e:
+        return str(e)
+    return None
+
+
+def test_ranks_passing_different_bucket_options_all_stop_before_any_collective(pool4):
+    # different options start different collectives: a hang or garbled data if run
+    mesh = Mesh.create((4,))
+    spec = Spec(mesh, [Shard(0)], (8, 4), "float64")
+    prog = plan_program(_chain, spec, compute=ComputeModel.cpu())
+    errors = pool4.run(_options_by_rank, prog, [shard(torch.ones(8, 4, dtype=torch.float64), spec)])
+    assert all(e is not None and "different program" in e for e in errors), errors
