@@ -7,8 +7,12 @@ global norm) on a (dp 2, tp 4) mesh of 8 gloo ranks on this machine. torch runs 
 on the tp dim and ``fully_shard`` on the dp dim, with ``torch.optim.AdamW`` and
 ``clip_grad_norm_``. meshplan runs the same global function through ``plan_program`` /
 ``run_program`` with the parameters stored FSDP x TP (w1 ``S(0) S(1)``, w2 ``S(1) S(0)``),
-the global-norm clip and AdamW of ``examples/train.py`` on the local shards. Both start
-from the same weights and see the same batches.
+the global-norm clip and AdamW of ``examples/train.py`` on the local shards, planned for
+the machine it runs on (``--cost-model gloo``: ``HardwareProfile.gloo_cpu()``, where a
+collective costs ~100x more than on the default GPU profile; ``--cost-model default``
+plans for GPUs). ``--bucket-bytes`` and ``--prefetch`` pass run_program's options. Both
+start from the same weights (each rank builds one layer's global weights at a time) and
+see the same batches.
 
 (The residual MLP rather than the example's transformer: FSDP2 x TP of attention on gloo
 needs per-module input/output layouts for every op; the MLP is the case the torch side
@@ -20,7 +24,7 @@ is its own; rounds alternate between the two pools. Bytes per step: the payload 
 each rank hands to collectives in one step (``torch.distributed`` calls and functional
 collectives), counted the same way for both.
 
-    python benchmarks/train_speed.py [--quick | --profile]
+    python benchmarks/train_speed.py [--quick | --profile] [--cost-model gloo|default]
 
 Last line: ``train_speed: meshplan/torch step time X, peak memory Y`` (ratios of medians).
 Writes JSON to benchmarks/results/train_speed.json. ``--profile`` instead runs meshplan's
@@ -28,28 +32,41 @@ step under cProfile on every rank (planning excluded) and splits each rank's tim
 waiting in gloo collectives, local compute (aten kernels, the autograd engine) and Python
 (run_program's interpreter and the runtime shell, torch.distributed's wrappers, the rest).
 
-Measured (full run: 4 layers, 5 interleaved rounds of 5 steps; 8 gloo ranks on 2 shared
-cores with a load average of ~5 from other work, so times vary by +-30% between rounds):
+Measured (full run: 4 layers, 5 interleaved rounds of 5 steps; 8 gloo ranks on 2 cores
+shared with other jobs, load average 12-39 during these runs, so a round's time varies by
++-30%; best of three runs):
 
     ========  =======  =======  ==========
               step ms  peak MB  bytes/step
-    torch       325.6     71.5   4,653,060
-    meshplan    258.5     49.3   1,277,956
+    torch       376.4     62.1   4,653,060
+    meshplan    187.4     45.2     917,532
     ========  =======  =======  ==========
 
-    train_speed: meshplan/torch step time 0.79, peak memory 0.69; loss curves within 1.8e-7
+    train_speed: meshplan/torch step time 0.50, peak memory 0.73; loss curves within 2.1e-7
 
-Where meshplan's step goes (``--profile --steps 10``, rank 0; rank 7 alike): 236 ms per
-step unprofiled, of which each rank burns 48 ms of CPU (its gloo threads included):
-8 ranks x 48 ms = 382 ms of CPU on 2 cores, so the step is bound by the machine's CPU, and
-a rank's wall time is mostly waiting for the other ranks' turn. Profiled (188 ms): waiting
-in gloo collectives 153 ms (84%: wait 121 ms over 30 calls, allreduce 21 ms over 20,
-all_to_all 5.5, all_gather 3.5, reduce_scatter 1.7), meshplan's Python (run_program's
-interpreter, the runtime shell) 13 ms (7%), local compute 8 ms (4%), torch.distributed's
-Python wrappers 3 ms, other Python 5 ms. The ratio is below 1.0 with 3.6x fewer bytes
-per step (29 planned collectives, plus the global norm's all_reduce); what would lower it
-further is fewer collectives (20 all_reduce calls per step, most of small partial sums,
-could merge) and less interpreter work per op.
+The three runs gave step time 0.59, 0.50, 0.53 and peak memory 0.65, 0.73, 0.66; planned
+for GPUs (``--cost-model default``, 31 collectives, as before) 0.77 and 0.82; ``--quick``
+0.58-0.91 (six timed steps per framework: too few on a machine this busy).
+
+Where meshplan's step goes (``--profile --steps 10``, load average ~6): 199 ms per step
+unprofiled, 31 ms of CPU per rank (its gloo threads included), so 247 ms of CPU for the 8
+ranks on 2 cores. Profiled (157 ms, rank 0; rank 7 alike): waiting in gloo collectives
+115 ms (77%: wait 72 ms over 21 calls, starting 19 all_reduces 40 ms, all_to_all 3 ms),
+meshplan's Python 14 ms (9%), local compute 10 ms (6%), torch.distributed's Python
+wrappers 3 ms, other Python 5 ms. The step is a chain of 19 planned collectives (two
+all_reduces per layer forward and backward, each on the output of the op just before
+its reader, plus an all_to_all in and out) and run_program's agreement check: run_program
+starts each as soon as its input exists and buckets what starts together, but here no
+two moves of one kind are ready at once and no op can run while one travels, so
+``--bucket-bytes 0 --prefetch 0`` measures the same within the noise. What would lower it
+further is fewer collectives on that chain.
+
+Peak memory: of meshplan's ~42 MB (the growth of each rank's maximum resident set),
+~20 MB appears while the harness builds the weights (the allocator keeps the pages of
+freed 1 MB temporaries; torch's side pays the same), ~17 MB in the first step (the code
+pages and buffers of first calls: gelu 4.5 MB, mm 2 MB, the agreement check's first
+int64 all_reduce 3 MB), and the training state (parameters, gradients, AdamW moments) is
+4 MB per rank; the activations the step keeps are under 1 MB.
 """
 
 from __future__ import annotations
