@@ -5,7 +5,8 @@ and wait for it there. A move that is one collective (all_reduce, reduce_scatter
 all_gather) starts as soon as its input exists, at most ``prefetch`` ops ahead of its
 first reader, and the runner waits for it only where that reader runs, so the
 collective travels while the ops in between compute. Moves of the same kind on the same
-group (and reduction and dtype) that may start at the same point start as one bucket:
+group (and reduction and dtype) that may start within ``GATHER_OPS`` ops of each other
+start as one bucket, where all their inputs exist and before any first reader:
 one flat buffer, one collective (the way FSDP2 reduces many small gradients at once), up
 to ``bucket_bytes`` per bucket.
 
@@ -29,7 +30,7 @@ from __future__ import annotations
 
 import weakref
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import attrs
 
@@ -58,6 +59,11 @@ element is summed in the order it is alone (two ranks' sums do not depend on ord
 PREFETCH = 64
 """Default: a collective starts at most this many ops ahead of its first reader (what it
 moves stays in memory from then on)."""
+
+GATHER_OPS = 8
+"""A collective may start up to this many ops later than it could (or earlier than its
+prefetch window), to travel in one bucket with moves that start near it (a layer's
+gradients, the parameters a layer gathers)."""
 
 # collectives a bucket merges; the others run where they are read
 _BUCKETED = ("all_reduce", "reduce_scatter", "all_gather")
@@ -195,37 +201,60 @@ def wire_bytes(spec: Spec) -> int:
     return n
 
 
+class _Move(NamedTuple):
+    """One move that may start early: where it may start at the earliest (``start``), when
+    its input exists (``ready``), its first reader (``deadline``), its reading order."""
+
+    start: int
+    ready: int
+    deadline: int
+    order: int
+    key: Any
+    plan: Any
+    kind: tuple
+    size: int
+
+
 def _schedule(program: Any, phase: str, cap: int, prefetch: int | None):
     ops, first, before = _phase_reads(program, phase)
     ready = {}
     for i, op in enumerate(ops):
         for j in range(len(op.output_specs)):
             ready[_value(op.node, j)] = i + 1
-    moves = []  # (start, ready, order, key, plan, kind, bytes)
+    moves = []
     for order, (key, (deadline, plan)) in enumerate(first.items()):
         kind = None if key in before else _launch_kind(plan)
         if kind is None:
             continue
         r = ready.get(key[0], 0)
         start = r if prefetch is None else max(r, deadline - prefetch)
-        moves.append((start, r, order, key, plan, kind, wire_bytes(plan.src)))
-    moves.sort(key=lambda m: (m[0], m[2]))
+        moves.append(_Move(start, r, deadline, order, key, plan, kind, wire_bytes(plan.src)))
+    moves.sort(key=lambda m: (m.start, m.order))
     out: list[list[Launch]] = [[] for _ in range(len(ops) + 1)]
     taken: set = set()
-    for k, (start, _, _, key, plan, kind, size) in enumerate(moves):
-        if key in taken:
+    for k, m in enumerate(moves):
+        if m.key in taken:
             continue
-        taken.add(key)
-        members = [(key, plan)]
-        room = _room(plan, kind, cap)
-        if room > 0:
-            for _, r2, _, key2, plan2, kind2, size2 in moves[k + 1 :]:
-                # a later move joins if its input exists by now and the bucket has room
-                if kind2 == kind and r2 <= start and key2 not in taken and size + size2 <= room:
-                    taken.add(key2)
-                    members.append((key2, plan2))
-                    size += size2
-        out[start].append(Launch(*kind, moves=tuple(members)))
+        taken.add(m.key)
+        members, at, size = [m], m.start, m.size
+        room = _room(m.plan, m.kind, cap)
+        latest = min(m.deadline, m.start + GATHER_OPS)
+        for c in moves[k + 1 :] if room > 0 else ():
+            if c.start > latest + GATHER_OPS:
+                break
+            # a later move joins if the bucket can start when both inputs exist, at most
+            # GATHER_OPS ops from either's earliest start and before either's first
+            # reader, and has room
+            limit = min(latest, c.deadline, c.start + GATHER_OPS)
+            point = max(at, c.ready)
+            if c.kind != m.kind or c.key in taken or point > limit:
+                continue
+            if c.start <= point + GATHER_OPS and size + c.size <= room:
+                taken.add(c.key)
+                members.append(c)
+                at, latest, size = point, limit, size + c.size
+        launch = Launch(*m.kind, moves=tuple((x.key, x.plan) for x in members))
+        out[at].append(launch)
     return tuple(tuple(x) for x in out)
 
 

@@ -394,9 +394,9 @@ def run_program(
     :mod:`meshplan.runtime._overlap`): a move that is one all_reduce, reduce_scatter or
     all_gather starts as soon as its input exists, at most ``prefetch`` ops ahead of its
     first reader (None: no limit; what it moves is held from then on), and is waited for
-    where that reader runs. Such moves of one kind on one group that can start at the
-    same point start as one collective on one flat buffer of at most ``bucket_bytes``
-    (default 25 MiB; 0 starts each alone). Results equal unbucketed runs (reductions are
+    where that reader runs. Such moves of one kind on one group that start within a few
+    ops of each other (``GATHER_OPS``) start together as one collective on one flat
+    buffer of at most ``bucket_bytes`` (default 25 MiB; 0 starts each alone). Results equal unbucketed runs (reductions are
     elementwise); every rank starts the same collectives in the same order, and with
     ``check_specs`` the ranks check that they pass the same ``bucket_bytes`` and
     ``prefetch`` (part of the one all_reduce above).

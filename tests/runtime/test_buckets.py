@@ -31,6 +31,7 @@ from meshplan.placement import Partial, Replicate, Shard, Spec, shard, unshard  
 from meshplan.redistribute import plan  # noqa: E402
 from meshplan.runtime import run_program, simulate_program  # noqa: E402
 from meshplan.runtime._overlap import (  # noqa: E402
+    GATHER_OPS,
     SEGMENT_BYTES,
     Launch,
     launches,
@@ -118,6 +119,9 @@ def _check_schedule(prog, bucket_bytes, prefetch):
                     assert len(p.steps) == 1 and p.steps[0].collective == launch.kind
                     assert made.get((key[0].node, key[0].index), 0) <= i, "started before its input"
                     assert i <= first[key], "started after its first reader"
+                    ready = made.get((key[0].node, key[0].index), 0)
+                    start = ready if prefetch is None else max(ready, first[key] - prefetch)
+                    assert abs(i - start) <= GATHER_OPS, "moved too far to share a bucket"
                     if prefetch == 0 and len(launch.moves) == 1:
                         assert i == first[key]
 
@@ -152,6 +156,15 @@ def test_a_value_is_dropped_only_after_its_last_reader(data):
 )
 def test_every_launch_starts_after_its_input_and_by_its_first_reader(data, bucket_bytes, prefetch):
     _check_schedule(_random_program(data, None)[0], bucket_bytes, prefetch)
+
+
+@pytest.mark.parametrize("bucket_bytes,prefetch", [(0, 0), (2**20, 0), (2**20, 4), (2**20, None)])
+def test_a_transformers_launches_keep_every_rule(bucket_bytes, prefetch):
+    from _program_cases import planned_transformer
+
+    prog = planned_transformer((2, 2))[2]
+    _check_schedule(prog, bucket_bytes, prefetch)
+    _check_releases(prog)
 
 
 def test_partial_sums_reduced_at_one_point_share_one_bucket_up_to_the_cap():
