@@ -13,7 +13,8 @@ where each received piece lands come from the same per-rank bookkeeping that
 * reduce_scatter: each move's wire as ``run`` builds it (its blocks per destination in
   torch group order, zero-padded to one width); gloo reduce-scatters a wire as an
   all_reduce of all of it, so the wires reduce as one interleaved all_reduce and each
-  rank keeps its row of each.
+  rank keeps its row of each (on other backends, one reduce_scatter of the wires side
+  by side).
 * all_gather: every rank sends its moves' tensors end to end (padded to one width); the
   gathered piece of each position is split per move and placed as ``run`` places it.
 
@@ -166,10 +167,18 @@ def _reduce_scatter(steps, tensors, group, op: str, me: int) -> Started:
                 dist.reduce_scatter_single, what, group, out, wire.view(-1), op=_TORCH_OPS[op]
             )
         mine = [out]
-    else:
+    elif _reduce_scatters_by_all_reduce(group):
         buffer, take = _interleaved([w.view(-1) for w in wires], n)
         work = _issue(dist.all_reduce, what, group, buffer, op=_TORCH_OPS[op])
         mine = None
+    else:  # a backend with a true reduce_scatter: the wires side by side, row by row
+        widths = [w.shape[1] for w in wires]
+        side = torch.cat(wires, dim=1)
+        out = side.new_empty((side.shape[1],))
+        work = _issue(
+            dist.reduce_scatter_single, what, group, out, side.view(-1), op=_TORCH_OPS[op]
+        )
+        mine = list(out.split(widths))
 
     def finish() -> list[torch.Tensor]:
         rows = mine or [take(buffer, i).view(w.shape)[row] for i, w in enumerate(wires)]
@@ -183,6 +192,14 @@ def _reduce_scatter(steps, tensors, group, op: str, me: int) -> Started:
         return results
 
     return Started(work, finish, what, group)
+
+
+def _reduce_scatters_by_all_reduce(group: Any) -> bool:
+    """Whether the group's backend reduce-scatters as an all_reduce of the whole input
+    (gloo does): then a bucket reduces as one interleaved all_reduce, in each element's own
+    order and at the same cost; other backends (NCCL) reduce-scatter the wires side by
+    side, at half the traffic, in an order of their own."""
+    return group.pg is None or str(dist.get_backend(group.pg)) == "gloo"
 
 
 def _numel(segments) -> int:

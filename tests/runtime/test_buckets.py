@@ -205,9 +205,18 @@ _KINDS = {
 }
 
 
-def _bucket_vs_run(plans, locals_):
-    from meshplan.runtime._buckets import start
+def _bucket_vs_run(plans, locals_, side_by_side=False):
+    import meshplan.runtime._buckets as B
     from meshplan.runtime._run import run
+
+    start = B.start
+    if side_by_side:  # the path of backends with a true reduce_scatter (NCCL)
+        by_all_reduce = B._reduce_scatters_by_all_reduce
+        B._reduce_scatters_by_all_reduce = lambda group: False
+        try:
+            return _bucket_vs_run(plans, locals_)
+        finally:
+            B._reduce_scatters_by_all_reduce = by_all_reduce
 
     rank = dist.get_rank()
     groups = groups_for(plans[0].src.mesh)
@@ -265,6 +274,19 @@ def test_a_bucket_gives_every_rank_exactly_what_run_gives_each_move(pool, kind, 
     )
     seed = data.draw(st.integers(0, 2**16), label="seed")
     _check_bucket(pool, *_bucket_case(pool.world_size, kind, m, shapes, seed))
+
+
+@pytest.mark.parametrize("m", [0, 1])
+def test_a_reduce_scatter_bucket_side_by_side_gives_run_s_values(pool8, m):
+    # NCCL's path, run on gloo: exact over two ranks (sums of two do not depend on the
+    # order), within rounding over four
+    plans, locals_ = _bucket_case(8, "reduce_scatter", m, [(5, 3), (8, 2), (1, 1), (9, 3)], 3)
+    for rank, (alone, together) in enumerate(pool8.run(_bucket_vs_run, plans, locals_, True)):
+        for a, b in zip(alone, together, strict=True):
+            if m == 0:
+                assert torch.equal(a, b), (rank, a, b)
+            else:
+                assert torch.allclose(a, b, rtol=1e-14, atol=1e-14), (rank, a, b)
 
 
 @pytest.mark.parametrize("kind", ["all_reduce", "reduce_scatter"])
