@@ -152,7 +152,7 @@ def _reduce_scatter(steps, tensors, group, op: str, me: int) -> Started:
         packed = [R.pack(t, segs[p]).reshape(-1) for p in range(n)]
         width = max(b.numel() for b in packed)
         uneven = any(b.numel() != width for b in packed)
-        wire = (torch.zeros if uneven else torch.empty)((n, width), dtype=t.dtype)
+        wire = (t.new_zeros if uneven else t.new_empty)((n, width))
         for p, b in enumerate(packed):
             wire[group.group_rank(p), : b.numel()] = b
         wires.append(wire)
@@ -215,8 +215,7 @@ def _all_gather(steps, tensors, group, me: int) -> Started:
     plans = [R._gather_schedule(s, me) for s in steps]
     sizes = [sum(p.sizes[pos] for p in plans) for pos in range(n)]
     width = max(sizes)
-    dtype = tensors[0].dtype
-    send = torch.empty((width,), dtype=dtype)
+    send = tensors[0].new_empty((width,))
     if tensors:
         torch.cat([t.reshape(-1) for t in tensors], out=send[: sizes[group.position]])
     out = send if n == 1 else send.new_empty((n * width,))
