@@ -26,7 +26,7 @@ collectives), counted the same way for both.
 
     python benchmarks/train_speed.py [--quick | --profile] [--cost-model gloo|default]
 
-Last line: ``train_speed: meshplan/torch step time X, peak memory Y`` (ratios of medians).
+Last line: ``train_speed: meshplan/torch step time X, peak memory Y (...)`` (ratios of medians).
 Writes JSON to benchmarks/results/train_speed.json. ``--profile`` instead runs meshplan's
 step under cProfile on every rank (planning excluded) and splits each rank's time into
 waiting in gloo collectives, local compute (aten kernels, the autograd engine) and Python
@@ -42,7 +42,8 @@ shared with other jobs, load average 12-39 during these runs, so a round's time 
     meshplan    187.4     45.2     917,532
     ========  =======  =======  ==========
 
-    train_speed: meshplan/torch step time 0.50, peak memory 0.73; loss curves within 2.1e-7
+    train_speed: meshplan/torch step time 0.50, peak memory 0.73 (gloo cost model, 19 planned
+    collectives); loss curves within 2.1e-7
 
 The three runs gave step time 0.59, 0.50, 0.53 and peak memory 0.65, 0.73, 0.66; planned
 for GPUs (``--cost-model default``, 31 collectives, as before) 0.77 and 0.82; ``--quick``
@@ -486,13 +487,18 @@ def main() -> None:
         "step_time_ratio": ratio_t,
         "peak_memory_ratio": ratio_m,
         "planned_collectives": program.cost.collectives,
+        "cost_model": opts.cost_model,
+        "run_options": {k: v for k, v in run_options.items()},
         "torch": torch.__version__,
     }
     folder = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
     os.makedirs(folder, exist_ok=True)
     with open(os.path.join(folder, "train_speed.json"), "w") as f:
         json.dump(out, f, indent=1)
-    print(f"train_speed: meshplan/torch step time {ratio_t:.2f}, peak memory {ratio_m:.2f}")
+    print(
+        f"train_speed: meshplan/torch step time {ratio_t:.2f}, peak memory {ratio_m:.2f} "
+        f"({opts.cost_model} cost model, {program.cost.collectives} planned collectives)"
+    )
 
 
 if __name__ == "__main__":
