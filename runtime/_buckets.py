@@ -100,7 +100,9 @@ def _all_reduce(steps, tensors, group, op: str) -> Started:
 
         return Started(work, finish, what, group)
     buffer, take = _interleaved(flats, group.size)
-    work = _issue(dist.all_reduce, what, group, buffer, op=_TORCH_OPS[op])
+    work = None
+    if buffer.numel():
+        work = _issue(dist.all_reduce, what, group, buffer, op=_TORCH_OPS[op])
 
     def finish() -> list[torch.Tensor]:
         return [
@@ -169,15 +171,19 @@ def _reduce_scatter(steps, tensors, group, op: str, me: int) -> Started:
         mine = [out]
     elif _reduce_scatters_by_all_reduce(group):
         buffer, take = _interleaved([w.view(-1) for w in wires], n)
-        work = _issue(dist.all_reduce, what, group, buffer, op=_TORCH_OPS[op])
+        work = None
+        if buffer.numel():
+            work = _issue(dist.all_reduce, what, group, buffer, op=_TORCH_OPS[op])
         mine = None
     else:  # a backend with a true reduce_scatter: the wires side by side, row by row
         widths = [w.shape[1] for w in wires]
         side = torch.cat(wires, dim=1)
         out = side.new_empty((side.shape[1],))
-        work = _issue(
-            dist.reduce_scatter_single, what, group, out, side.view(-1), op=_TORCH_OPS[op]
-        )
+        work = None
+        if side.numel():
+            work = _issue(
+                dist.reduce_scatter_single, what, group, out, side.view(-1), op=_TORCH_OPS[op]
+            )
         mine = list(out.split(widths))
 
     def finish() -> list[torch.Tensor]:
