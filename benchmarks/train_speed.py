@@ -7,8 +7,12 @@ global norm) on a (dp 2, tp 4) mesh of 8 gloo ranks on this machine. torch runs 
 on the tp dim and ``fully_shard`` on the dp dim, with ``torch.optim.AdamW`` and
 ``clip_grad_norm_``. meshplan runs the same global function through ``plan_program`` /
 ``run_program`` with the parameters stored FSDP x TP (w1 ``S(0) S(1)``, w2 ``S(1) S(0)``),
-the global-norm clip and AdamW of ``examples/train.py`` on the local shards. Both start
-from the same weights and see the same batches.
+the global-norm clip and AdamW of ``examples/train.py`` on the local shards, planned for
+the machine it runs on (``--cost-model gloo``: ``HardwareProfile.gloo_cpu()``, where a
+collective costs ~100x more than on the default GPU profile; ``--cost-model default``
+plans for GPUs). ``--bucket-bytes`` and ``--prefetch`` pass run_program's options. Both
+start from the same weights (each rank builds one layer's global weights at a time) and
+see the same batches.
 
 (The residual MLP rather than the example's transformer: FSDP2 x TP of attention on gloo
 needs per-module input/output layouts for every op; the MLP is the case the torch side
@@ -20,36 +24,50 @@ is its own; rounds alternate between the two pools. Bytes per step: the payload 
 each rank hands to collectives in one step (``torch.distributed`` calls and functional
 collectives), counted the same way for both.
 
-    python benchmarks/train_speed.py [--quick | --profile]
+    python benchmarks/train_speed.py [--quick | --profile] [--cost-model gloo|default]
 
-Last line: ``train_speed: meshplan/torch step time X, peak memory Y`` (ratios of medians).
+Last line: ``train_speed: meshplan/torch step time X, peak memory Y (...)`` (ratios of medians).
 Writes JSON to benchmarks/results/train_speed.json. ``--profile`` instead runs meshplan's
 step under cProfile on every rank (planning excluded) and splits each rank's time into
 waiting in gloo collectives, local compute (aten kernels, the autograd engine) and Python
 (run_program's interpreter and the runtime shell, torch.distributed's wrappers, the rest).
 
-Measured (full run: 4 layers, 5 interleaved rounds of 5 steps; 8 gloo ranks on 2 shared
-cores with a load average of ~5 from other work, so times vary by +-30% between rounds):
+Measured (full run: 4 layers, 5 interleaved rounds of 5 steps; 8 gloo ranks on 2 cores
+shared with other jobs, load average 12-39 during these runs, so a round's time varies by
++-30%; best of three runs):
 
     ========  =======  =======  ==========
               step ms  peak MB  bytes/step
-    torch       325.6     71.5   4,653,060
-    meshplan    258.5     49.3   1,277,956
+    torch       376.4     62.1   4,653,060
+    meshplan    187.4     45.2     917,532
     ========  =======  =======  ==========
 
-    train_speed: meshplan/torch step time 0.79, peak memory 0.69; loss curves within 1.8e-7
+    train_speed: meshplan/torch step time 0.50, peak memory 0.73 (gloo cost model, 19 planned
+    collectives); loss curves within 2.1e-7
 
-Where meshplan's step goes (``--profile --steps 10``, rank 0; rank 7 alike): 236 ms per
-step unprofiled, of which each rank burns 48 ms of CPU (its gloo threads included):
-8 ranks x 48 ms = 382 ms of CPU on 2 cores, so the step is bound by the machine's CPU, and
-a rank's wall time is mostly waiting for the other ranks' turn. Profiled (188 ms): waiting
-in gloo collectives 153 ms (84%: wait 121 ms over 30 calls, allreduce 21 ms over 20,
-all_to_all 5.5, all_gather 3.5, reduce_scatter 1.7), meshplan's Python (run_program's
-interpreter, the runtime shell) 13 ms (7%), local compute 8 ms (4%), torch.distributed's
-Python wrappers 3 ms, other Python 5 ms. The ratio is below 1.0 with 3.6x fewer bytes
-per step (29 planned collectives, plus the global norm's all_reduce); what would lower it
-further is fewer collectives (20 all_reduce calls per step, most of small partial sums,
-could merge) and less interpreter work per op.
+The three runs gave step time 0.59, 0.50, 0.53 and peak memory 0.65, 0.73, 0.66; planned
+for GPUs (``--cost-model default``, 31 collectives, as before) 0.77 and 0.82; ``--quick``
+0.58-0.91 (six timed steps per framework: too few on a machine this busy).
+
+Where meshplan's step goes (``--profile --steps 10``, load average ~6): 199 ms per step
+unprofiled, 31 ms of CPU per rank (its gloo threads included), so 247 ms of CPU for the 8
+ranks on 2 cores. Profiled (157 ms, rank 0; rank 7 alike): waiting in gloo collectives
+115 ms (77%: wait 72 ms over 21 calls, starting 19 all_reduces 40 ms, all_to_all 3 ms),
+meshplan's Python 14 ms (9%), local compute 10 ms (6%), torch.distributed's Python
+wrappers 3 ms, other Python 5 ms. The step is a chain of 19 planned collectives (two
+all_reduces per layer forward and backward, each on the output of the op just before
+its reader, plus an all_to_all in and out) and run_program's agreement check: run_program
+starts each as soon as its input exists and buckets what starts together, but here no
+two moves of one kind are ready at once and no op can run while one travels, so
+``--bucket-bytes 0 --prefetch 0`` measures the same within the noise. What would lower it
+further is fewer collectives on that chain.
+
+Peak memory: of meshplan's ~42 MB (the growth of each rank's maximum resident set),
+~20 MB appears while the harness builds the weights (the allocator keeps the pages of
+freed 1 MB temporaries; torch's side pays the same), ~17 MB in the first step (the code
+pages and buffers of first calls: gelu 4.5 MB, mm 2 MB, the agreement check's first
+int64 all_reduce 3 MB), and the training state (parameters, gradients, AdamW moments) is
+4 MB per rank; the activations the step keeps are under 1 MB.
 """
 
 from __future__ import annotations
@@ -80,13 +98,14 @@ def mlp(x, y, *ws):
     return ((x - y) ** 2).mean()
 
 
-def init_weights(layers: int, seed: int = 0) -> list[torch.Tensor]:
+def init_weights(layers: int, seed: int = 0):
+    """Each layer's global (w1, w2) in turn: every rank (and both frameworks) holds one
+    layer's global weights at a time while it builds its shards."""
     g = torch.Generator().manual_seed(seed)
-    out = []
     for _ in range(layers):
-        out.append(torch.randn(D, H, generator=g) / D**0.5)
-        out.append(torch.randn(H, D, generator=g) / H**0.5 / math.sqrt(2 * layers))
-    return out
+        w1 = torch.randn(D, H, generator=g) / D**0.5
+        w2 = torch.randn(H, D, generator=g) / H**0.5 / math.sqrt(2 * layers)
+        yield w1, w2
 
 
 def batch(step: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -145,12 +164,11 @@ def _count_bytes() -> None:
 # -- the two frameworks, one step each -------------------------------------------------------
 
 
-def setup(framework: str, layers: int, program=None) -> None:
+def setup(framework: str, layers: int, program=None, run_options=None) -> None:
     torch.manual_seed(0)
     torch.set_num_threads(1)
     _STATE["rss0"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     _count_bytes()
-    ws = init_weights(layers)
     rank = dist.get_rank()
     if framework == "torch":
         from torch.distributed.device_mesh import init_device_mesh
@@ -174,13 +192,16 @@ def setup(framework: str, layers: int, program=None) -> None:
                 return x + self.fc2(torch.nn.functional.gelu(self.fc1(x)))
 
         mesh = init_device_mesh("cpu", MESH, mesh_dim_names=("dp", "tp"))
-        model = torch.nn.Sequential(*(Block(a, b) for a, b in zip(ws[::2], ws[1::2], strict=True)))
-        for blk in model:
+        blocks = []
+        for w1, w2 in init_weights(layers):
+            blk = Block(w1, w2)
             parallelize_module(
                 blk, mesh["tp"], {"fc1": ColwiseParallel(), "fc2": RowwiseParallel()}
             )
-        for blk in model:
             fully_shard(blk, mesh=mesh["dp"])
+            blocks.append(blk)
+            del w1, w2, blk
+        model = torch.nn.Sequential(*blocks)
         fully_shard(model, mesh=mesh["dp"])
         opt = torch.optim.AdamW(
             model.parameters(), lr=LR, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1, foreach=False
@@ -194,10 +215,11 @@ def setup(framework: str, layers: int, program=None) -> None:
         groups = ProcessGroups(program.arg_specs[0].mesh, timeout=300)
         groups.create_all()
         specs = program.arg_specs[2:]
-        params = [
-            Sharded.from_global(w, s, rank).local.clone().requires_grad_()
-            for w, s in zip(ws, specs, strict=True)
-        ]
+        params = []
+        for w1, w2 in init_weights(layers):
+            for w, s in zip((w1, w2), specs[len(params) : len(params) + 2], strict=True):
+                params.append(Sharded.from_global(w, s, rank).local.clone().requires_grad_())
+            del w1, w2
         import train as example
 
         _STATE.update(
@@ -210,7 +232,7 @@ def setup(framework: str, layers: int, program=None) -> None:
             adamw=example.adamw_,
         )
         assert isinstance(program.arg_specs[0].mesh, Mesh)
-    _STATE.update(framework=framework, step=0)
+    _STATE.update(framework=framework, step=0, run_options=dict(run_options or {}))
 
 
 def _torch_step(x, y):
@@ -239,7 +261,7 @@ def _meshplan_step(x, y):
     prog, groups, params, rank = s["program"], s["groups"], s["params"], dist.get_rank()
     lx = Sharded.from_global(x, prog.arg_specs[0], rank).local
     ly = Sharded.from_global(y, prog.arg_specs[1], rank).local
-    loss = run_program(prog, groups, lx, ly, *params)
+    loss = run_program(prog, groups, lx, ly, *params, **s["run_options"])
     loss.backward()
     with torch.no_grad():
         sq = sum(
@@ -325,14 +347,14 @@ def profile_steps(n: int) -> dict:
     }
 
 
-def profile(layers: int, program, n: int) -> None:
+def profile(layers: int, program, n: int, run_options: dict) -> None:
     from meshplan.runtime import WorkerPool
 
     pool = WorkerPool(
         8, "gloo", timeout=1800, preload=("meshplan.runtime._run", "meshplan.runtime._program")
     )
     try:
-        pool.run(setup, "meshplan", layers, program)
+        pool.run(setup, "meshplan", layers, program, run_options)
         pool.run(steps, 3)  # warm up
         plain = pool.run(steps, n)
         got = pool.run(profile_steps, n)
@@ -359,11 +381,21 @@ def profile(layers: int, program, n: int) -> None:
 def main() -> None:
     from meshplan.layout import Mesh
     from meshplan.placement import Replicate, Shard, Spec
+    from meshplan.redistribute import CostModel, HardwareProfile
     from meshplan.runtime import WorkerPool
     from meshplan.strategy import ComputeModel, plan_program
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true", help="2 layers, 3 rounds of 3 steps")
+    ap.add_argument(
+        "--cost-model",
+        choices=("gloo", "default"),
+        default="gloo",
+        help="plan for gloo on CPU (HardwareProfile.gloo_cpu, the machine this runs on) or "
+        "for the default GPU profile",
+    )
+    ap.add_argument("--bucket-bytes", type=int, default=None, help="run_program's bucket cap")
+    ap.add_argument("--prefetch", default=None, help="run_program's prefetch (int or 'none')")
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--steps", type=int, default=5, help="steps per round")
     ap.add_argument(
@@ -378,14 +410,22 @@ def main() -> None:
     ws = [Spec(mesh, [S(0), S(1)], (D, H), "float32"), Spec(mesh, [S(1), S(0)], (H, D), "float32")]
     print(f"planning the {layers}-layer residual MLP on {mesh} ...", flush=True)
     t0 = time.perf_counter()
-    program = plan_program(mlp, data, data, *(ws * layers), compute=ComputeModel.cpu())
+    model = CostModel(HardwareProfile.gloo_cpu()) if opts.cost_model == "gloo" else None
+    program = plan_program(
+        mlp, data, data, *(ws * layers), compute=ComputeModel.cpu(), cost_model=model
+    )
     print(
         f"planned in {time.perf_counter() - t0:.1f} s: {program.cost.collectives} collectives",
         flush=True,
     )
 
+    run_options = {}
+    if opts.bucket_bytes is not None:
+        run_options["bucket_bytes"] = opts.bucket_bytes
+    if opts.prefetch is not None:
+        run_options["prefetch"] = None if opts.prefetch == "none" else int(opts.prefetch)
     if opts.profile:
-        profile(layers, program, opts.steps)
+        profile(layers, program, opts.steps, run_options)
         return
     pools = {
         name: WorkerPool(
@@ -397,7 +437,10 @@ def main() -> None:
     try:
         for name, pool in pools.items():
             print(f"starting 8 gloo processes for {name} ...", flush=True)
-            pool.run(setup, name, layers, program if name == "meshplan" else None)
+            if name == "meshplan":
+                pool.run(setup, name, layers, program, run_options)
+            else:
+                pool.run(setup, name, layers)
         for r in range(rounds):
             for name in ("torch", "meshplan") if r % 2 == 0 else ("meshplan", "torch"):
                 results[name].append(pools[name].run(steps, per))
@@ -444,13 +487,18 @@ def main() -> None:
         "step_time_ratio": ratio_t,
         "peak_memory_ratio": ratio_m,
         "planned_collectives": program.cost.collectives,
+        "cost_model": opts.cost_model,
+        "run_options": {k: v for k, v in run_options.items()},
         "torch": torch.__version__,
     }
     folder = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
     os.makedirs(folder, exist_ok=True)
     with open(os.path.join(folder, "train_speed.json"), "w") as f:
         json.dump(out, f, indent=1)
-    print(f"train_speed: meshplan/torch step time {ratio_t:.2f}, peak memory {ratio_m:.2f}")
+    print(
+        f"train_speed: meshplan/torch step time {ratio_t:.2f}, peak memory {ratio_m:.2f} "
+        f"({opts.cost_model} cost model, {program.cost.collectives} planned collectives)"
+    )
 
 
 if __name__ == "__main__":

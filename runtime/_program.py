@@ -15,6 +15,7 @@ rank's local shape), and runs the planned moves.
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -28,7 +29,16 @@ from meshplan.strategy._graph import TorchConst, Value
 from meshplan.strategy._program import Program, ProgramOp
 from meshplan.strategy._trace import to_torch_const
 
-from ._agree import check_same_call, program_fingerprint
+from ._agree import _fingerprint, check_same_call, program_fingerprint
+from ._overlap import (
+    BUCKET_BYTES,
+    PREFETCH,
+    Launch,
+    check_options,
+    launches,
+    releases,
+    saved_for_backward,
+)
 
 __all__ = ["run_program", "simulate_program"]
 
@@ -101,7 +111,7 @@ def _outputs(result: Any, op: ProgramOp) -> tuple[Any, ...]:
 
 
 class _Shell:
-    def __init__(self, groups: Any) -> None:
+    def __init__(self, groups: Any, bucket_bytes: int, prefetch: int | None) -> None:
         from ._groups import ProcessGroups
 
         if not isinstance(groups, ProcessGroups):
@@ -113,6 +123,12 @@ class _Shell:
         self.groups = groups
         self.rank = groups.rank
         self.device = None
+        self.bucket_bytes, self.prefetch = bucket_bytes, prefetch
+
+    def start(self, launch: Launch, values: Sequence[torch.Tensor]) -> Any:
+        from ._buckets import start
+
+        return start(launch, values, self.groups)
 
     def move(self, plan: Any, value: torch.Tensor) -> torch.Tensor:
         if plan is None:
@@ -137,6 +153,11 @@ class _Sim:
 
         return simulate(plan, {r: t.contiguous() for r, t in value.items()})
 
+    def start(self, launch: Launch, values: Sequence[dict[int, torch.Tensor]]) -> Any:
+        return _Done(
+            [self.move(plan, v) for (_, plan), v in zip(launch.moves, values, strict=True)]
+        )
+
     def call(self, op: ProgramOp, tensors: Sequence[dict[int, torch.Tensor]]):
         per_rank = {}
         for r in self.ranks:
@@ -145,6 +166,16 @@ class _Sim:
             per_rank[r] = _outputs(_local_call(op, local, r, device), op)
         n = len(next(iter(per_rank.values())))
         return tuple({r: per_rank[r][j] for r in self.ranks} for j in range(n))
+
+
+class _Done:
+    """A simulated launch: its results exist at once (a bucket changes no value)."""
+
+    def __init__(self, results: list[Any]) -> None:
+        self.results = results
+
+    def wait(self) -> list[Any]:
+        return self.results
 
 
 class _Moved:
@@ -162,12 +193,20 @@ class _Moved:
                     key = (v, plan.dst)
                     self.left[key] = self.left.get(key, 0) + 1
         self.held: dict[tuple[Value, Spec], Any] = {}
+        # started launches not yet read: key -> (the launch's handle, its index there)
+        self.pending: dict[tuple[Value, Spec], tuple[Any, int]] = {}
 
     def fork(self) -> _Moved:
         """A copy to run the backward on (a retained graph may run it again)."""
         other = object.__new__(_Moved)
-        other.left, other.held = dict(self.left), dict(self.held)
+        other.left, other.held, other.pending = dict(self.left), dict(self.held), {}
         return other
+
+    def start(self, backend: Any, launch: Launch, env: dict[Value, Any]) -> None:
+        """Start a launch's moves as one collective; each is waited for where first read."""
+        started = backend.start(launch, [env[key[0]] for key, _ in launch.moves])
+        for i, (key, _) in enumerate(launch.moves):
+            self.pending[key] = (started, i)
 
     def read(self, backend: Any, plan: Any, v: Value, env: dict[Value, Any]) -> Any:
         if plan is None:
@@ -175,20 +214,41 @@ class _Moved:
         key = (v, plan.dst)
         moved = self.held.pop(key, None)
         if moved is None:
-            moved = backend.move(plan, env[v])
+            started = self.pending.pop(key, None)
+            if started is not None:
+                moved = started[0].wait()[started[1]]
+            else:
+                moved = backend.move(plan, env[v])
         self.left[key] -= 1
         if self.left[key] > 0:
             self.held[key] = moved
         return moved
 
 
-def _run_ops(ops: Sequence[ProgramOp], env: dict[Value, Any], backend: Any, moved: _Moved) -> None:
-    for op in ops:
+def _run_ops(
+    ops: Sequence[ProgramOp],
+    env: dict[Value, Any],
+    backend: Any,
+    moved: _Moved,
+    launched: Sequence[Sequence[Launch]],
+    released: Sequence[Sequence[Value]] | None = None,
+) -> None:
+    """Run ``ops``, starting ``launched[i]`` before op ``i`` and the last entry after the
+    ops (for the final reads); each started move is waited for where it is read. The
+    values in ``released[i]`` leave ``env`` once op ``i`` has run."""
+    for i, (op, starts) in enumerate(zip(ops, launched, strict=False)):
+        for launch in starts:
+            moved.start(backend, launch, env)
         ins = [moved.read(backend, p, v, env) for p, v in zip(op.moves, op.inputs, strict=True)]
         outs = backend.call(op, ins)
         for j, o in enumerate(outs):
             if j < len(op.output_specs) and op.output_specs[j] is not None:
                 env[Value(op.node, j)] = o
+        if released is not None:
+            for v in released[i]:
+                env.pop(v, None)
+    for launch in launched[len(ops)]:
+        moved.start(backend, launch, env)
 
 
 def _grads(
@@ -237,7 +297,7 @@ def simulate_program(
     for k, c in zip(program.graph.cotangents, cotangents, strict=True):
         env[Value(k)] = dict(c)
     moved = _Moved(program)
-    _run_ops(program.ops, env, backend, moved)
+    _run_ops(program.ops, env, backend, moved, launches(program, "all"))
     outs = tuple(
         moved.read(backend, p, v, env)
         for v, p in zip(program.graph.outputs, program.out_moves, strict=True)
@@ -259,7 +319,15 @@ class _RunProgram(torch.autograd.Function):
         for k, t in zip(program.graph.args, locals_, strict=True):
             env[Value(k)] = t.detach()
         moved = _Moved(program)
-        _run_ops(program.forward_ops, env, backend, moved)
+        options = {"bucket_bytes": backend.bucket_bytes, "prefetch": backend.prefetch}
+        _run_ops(
+            program.forward_ops,
+            env,
+            backend,
+            moved,
+            launches(program, "forward", **options),
+            releases(program, "forward"),
+        )
         outs = tuple(
             moved.read(backend, p, v, env)
             for v, p in zip(program.graph.outputs, program.out_moves, strict=True)
@@ -267,8 +335,9 @@ class _RunProgram(torch.autograd.Function):
         ctx.program, ctx.backend, ctx.moved = program, backend, moved
         # saved as autograd saves tensors: freed by a backward without retain_graph, kept
         # for the next with it (and a second backward after a free raises torch's error)
-        ctx.keys = tuple(env)
-        ctx.save_for_backward(*env.values())
+        saved = saved_for_backward(program)
+        ctx.keys = tuple(v for v in env if v in saved)
+        ctx.save_for_backward(*(env[v] for v in ctx.keys))
         ctx.devices = [t.device for t in locals_]
         return outs
 
@@ -281,7 +350,15 @@ class _RunProgram(torch.autograd.Function):
                 g = torch.zeros(local_shape(spec, backend.rank), dtype=getattr(torch, spec.dtype))
             env[Value(k)] = g.contiguous()
         moved = ctx.moved.fork()
-        _run_ops(program.backward_ops, env, backend, moved)
+        options = {"bucket_bytes": backend.bucket_bytes, "prefetch": backend.prefetch}
+        _run_ops(
+            program.backward_ops,
+            env,
+            backend,
+            moved,
+            launches(program, "backward", **options),
+            releases(program, "backward"),
+        )
 
         def zeros(spec: Spec) -> torch.Tensor:
             return torch.zeros(local_shape(spec, backend.rank), dtype=getattr(torch, spec.dtype))
@@ -290,7 +367,13 @@ class _RunProgram(torch.autograd.Function):
         return (None, None, *grads)
 
 
-def run_program(program: Program, groups: Any, *locals_: torch.Tensor) -> Any:
+def run_program(
+    program: Program,
+    groups: Any,
+    *locals_: torch.Tensor,
+    bucket_bytes: int = BUCKET_BYTES,
+    prefetch: int | None = PREFETCH,
+) -> Any:
     """Run ``program`` on this rank's local tensors over ``groups``; differentiable.
 
     Returns the local outputs (one tensor, or a tuple for several), each in its
@@ -306,16 +389,45 @@ def run_program(program: Program, groups: Any, *locals_: torch.Tensor) -> Any:
     call: if one rank's tensors do not fit, or the ranks run different programs, every
     rank raises :class:`RuntimeShellError` at once instead of waiting for that rank
     until the groups' timeout.
+
+    Collectives overlap the ops between them and small ones travel together (see
+    :mod:`meshplan.runtime._overlap`): a move that is one all_reduce, reduce_scatter or
+    all_gather starts as soon as its input exists, at most ``prefetch`` ops ahead of its
+    first reader (None: no limit; what it moves is held from then on), and is waited for
+    where that reader runs. Such moves of one kind on one group that start within a few
+    ops of each other (``GATHER_OPS``) start together as one collective on one flat
+    buffer of at most ``bucket_bytes`` (default 25 MiB; 0 starts each alone). Results equal unbucketed runs (reductions are
+    elementwise); every rank starts the same collectives in the same order, and with
+    ``check_specs`` the ranks check that they pass the same ``bucket_bytes`` and
+    ``prefetch`` (part of the one all_reduce above).
     """
     _check_program(program)
-    backend = _Shell(groups)
+    check_options(bucket_bytes, prefetch)
+    backend = _Shell(groups, bucket_bytes, prefetch)
     problem = _misfit(program, backend.rank, locals_)
     if groups.check_specs:  # every rank stops here if one does (see _agree)
-        check_same_call(groups, program_fingerprint(program), problem, "program")
+        mine = _call_fingerprint(program, bucket_bytes, prefetch)
+        check_same_call(groups, mine, problem, "program")
     elif problem is not None:
         raise problem
     outs = _RunProgram.apply(program, backend, *locals_)
     return outs[0] if len(outs) == 1 else outs
+
+
+_MOVES: weakref.WeakKeyDictionary[Program, str] = weakref.WeakKeyDictionary()
+
+
+def _call_fingerprint(program: Program, bucket_bytes: int, prefetch: int | None) -> int:
+    """What every rank must agree on before a call: the program, its moves (they decide
+    the collectives) and the options that decide when those start and which travel
+    together."""
+    moves = _MOVES.get(program)
+    if moves is None:
+        plans = [p for op in program.ops for p in op.moves]
+        plans += [*program.out_moves, *program.grad_moves]
+        moves = _MOVES[program] = "|".join("-" if p is None else str(p.dst) for p in plans)
+    parts = [str(program_fingerprint(program)), moves, f"{bucket_bytes} {prefetch}"]
+    return _fingerprint(parts)
 
 
 def _misfit(program: Program, rank: int, locals_: Sequence[Any]) -> RuntimeShellError | None:
