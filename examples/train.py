@@ -574,8 +574,8 @@ def plan(opts: argparse.Namespace, mesh: Mesh, say=print):
         )
     say("tracing and planning forward + backward ...")
     t0 = time.perf_counter()
-    # on a 3-D mesh the exact search is slow: a bounded one (forest bound + local
-    # search, its gap to the lower bound reported) plans in seconds
+    # on a 3-D mesh the exact search is slow: a bounded one (message-passing bounds +
+    # local search, its gap to the lower bound reported) plans in seconds
     effort = {} if mesh.ndim < 3 else {"max_factor": 1 << 12}
     if opts.model == "encoder":  # from the module: layouts by parameter name pattern
         program = plan_module(

@@ -6,9 +6,10 @@ single-mesh-dim rules (:mod:`._aten`) combined over the mesh; each candidate cos
 local compute (:class:`ComputeModel`) plus the redistributions into it, priced by the
 planner's cost model — from the arguments' specs, from the producers' chosen output
 specs, and out of it to the program's output specs and to each argument's gradient
-spec. The cheapest assignment over the whole graph is found by :func:`._solve.solve`
-(exact dynamic programming where the graph allows, else a forest bound plus local
-search, with the gap reported).
+spec. The cheapest assignment over the whole graph is found by :func:`._shared.solve_shared`
+(exact dynamic programming where the graph allows; else message passing on the
+pairwise relaxations, :mod:`._messages`, with the readers' shares of a shared move tuned
+by :mod:`._sharing` and local search, the gap to a true bound reported).
 
 Pricing every pair of candidate layouts with the planner is most of the work (on a 3-D
 mesh a transformer has tens of thousands of distinct pairs), so big programs are priced

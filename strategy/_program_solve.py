@@ -172,7 +172,9 @@ def _pairwise(obj: Objective, price) -> tuple[tuple[list, dict], tuple[list, dic
     return (unary, pairs), (unary_lo, pairs_lo)
 
 
-def _solve_round(graph, obj: Objective, prices: Prices, solver, max_factor, budget, seeds, effort):
+def _solve_round(
+    graph, obj: Objective, prices: Prices, solver, max_factor, budget, seeds, effort, memo
+):
     """One solve at the current prices: op by op, or the whole graph (within the budget,
     with up to ``effort[0]`` branches of its search and ``effort[1]`` steps tightening
     the shared bound)."""
@@ -200,6 +202,7 @@ def _solve_round(graph, obj: Objective, prices: Prices, solver, max_factor, budg
         max_factor=max_factor,
         starts=starts,
         steps=steps,
+        memo=memo,
     )
 
 
@@ -221,13 +224,14 @@ def solve_lazily(
     # a budget's branch and bound, and the tightening of the shared bound, run once the
     # prices the solver sees are exact
     settled = False
+    memo: dict = {}  # what one solve leaves the next (see solve_shared)
     while True:
         rounds += 1
         report(progress, "solve", rounds, 0)
         branches = 64 if settled else 0
         steps = (30 if budget is None else 8) if settled else 0  # a budget: many solves
         sol = _solve_round(
-            graph, obj, prices, solver, max_factor, budget, seeds, (branches, steps)
+            graph, obj, prices, solver, max_factor, budget, seeds, (branches, steps), memo
         )
         new = prices.learn_used(obj.terms, obj.ins, obj.outs, sol.choice)
         if rounds >= max_rounds or (not new and (settled or sol.method == "exact")):

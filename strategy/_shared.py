@@ -187,14 +187,16 @@ def _improver(unary, values, ins, outs, price, best: list[float]):
 
 
 def solve_shared(
-    above, below, shared, *, max_factor: int, starts=(), steps: int = 30
+    above, below, shared, *, max_factor: int, starts=(), steps: int = 30, memo=None
 ) -> Solution:
     """The shared minimum: pairwise problems ``above`` and ``below`` (``(unary, pairs)``,
     see the module docstring) solved, their answers improved on the ``shared`` objective
     (``(unary, values, ins, outs, price)``) by :func:`local_search`; the bound is
     ``below``'s (its exact minimum, or a bound of it: see :func:`._solve.solve`), raised
     and the choice improved by up to ``steps`` steps of :func:`._sharing.tighten`
-    (``steps=0``: a draft, whose bound is the cheaper, looser one)."""
+    (``steps=0``: a draft, whose bound is the cheaper, looser one). ``memo``: a dict
+    carried between solves of one program (the readers' shares start where the last
+    solve left them)."""
     unary, values, ins, outs, price = shared
     exact = solve_exact(unary, values, ins, outs, price, max_factor=max_factor)
     if exact is not None:
@@ -220,7 +222,10 @@ def solve_shared(
             pairwise_min=pairwise_min(max_factor),
             improve=_improver(unary, values, ins, outs, price, [cost]),
             steps=steps,
+            start_weights=None if memo is None else memo.get("weights"),
         )
+        if memo is not None:
+            memo["weights"] = t.weights
         if t.bound > bound:
             method = f"sharing dual bound ({t.steps} steps)"
         cost, choice, bound = t.cost, t.choice, t.bound

@@ -25,13 +25,15 @@ __all__ = ["Tightened", "tighten"]
 
 @attrs.frozen
 class Tightened:
-    """The best ``bound`` found, the cheapest shared ``cost`` and its ``choice``, and the
-    number of ``steps`` taken."""
+    """The best ``bound`` found, the cheapest shared ``cost`` and its ``choice``, the
+    number of ``steps`` taken, and the readers' shares of the best bound (to start a
+    problem over the same values from)."""
 
     bound: float
     cost: float
     choice: tuple[int, ...]
     steps: int
+    weights: list = attrs.field(eq=False, repr=False, factory=list)
 
 
 @attrs.frozen(eq=False)
@@ -135,6 +137,7 @@ def tighten(
     improve: Callable[[Sequence[int]], tuple[float, Sequence[int]]],
     steps: int = 30,
     tol: float = 1e-9,
+    start_weights: list | None = None,
 ) -> Tightened:
     """Raise ``bound`` (a true bound of the shared minimum) and lower ``best`` (a cost and
     its choice) for up to ``steps`` steps or until they meet within ``tol`` (relative).
@@ -142,11 +145,15 @@ def tighten(
     ``shared`` is ``(values, ins, outs, price)``; ``pairwise_min(unary, pairs, start,
     passes)`` returns a true lower bound of a pairwise problem, a choice for it and what
     to start a nearby problem from (after about ``passes`` passes of work); ``improve(choice)`` returns a (cost, choice) on the shared
-    objective no worse than ``choice``.
+    objective no worse than ``choice``; ``start_weights``: the ``weights`` of an earlier
+    result over the same values (else even shares).
     """
     values, ins, outs, price = shared
     splits, weights = _splits(values, ins, outs, price)
     able = [w > 0 for w in weights]
+    fits = start_weights is not None and len(start_weights) == len(weights)
+    if fits and all(w.shape == x.shape for w, x in zip(weights, start_weights, strict=True)):
+        weights = [_project(x, a) for x, a in zip(start_weights, able, strict=True)]
     cost, choice = best
     seen = {tuple(choice)}
     theta, stale, start = 1.0, 0, None
@@ -179,7 +186,8 @@ def tighten(
         # the steps run few passes each: the best weights' bound, raised to convergence
         un, pairs, const = _problem(unary, splits, kept[0])
         bound = max(bound, pairwise_min(un, pairs, kept[1], 200)[0] + const)
-    return Tightened(min(bound, cost), cost, tuple(choice), taken)
+    best_weights = kept[0] if kept is not None else weights
+    return Tightened(min(bound, cost), cost, tuple(choice), taken, best_weights)
 
 
 def pairwise_min(max_factor: int) -> Callable:
