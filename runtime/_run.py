@@ -364,6 +364,9 @@ def _all_gather(step: Step, me: int, local: torch.Tensor, group: Group) -> torch
         gathered = local.new_empty((group.size * local.shape[0], *local.shape[1:]))
         C.all_gather_into(gathered, local, group)
         return _from_grid(gathered, grid, plan.target)
+    if plan.concat and group.is_identity and group.size > 1 and C.is_chunk_sizes(plan.sizes):
+        # whole pieces, then a short one: the target is a prefix of the gathered buffer
+        return C.all_gather_chunks(local.reshape(-1), group, plan.sizes).view(plan.target)
     if plan.concat and len(set(plan.sizes)) == 1:
         out = C.all_gather_concat(local, group)
         if tuple(out.shape) == plan.target:
