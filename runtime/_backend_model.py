@@ -14,11 +14,12 @@ override on :class:`~meshplan.runtime.ProcessGroups` (``cost_model=``, ``objecti
   host's cores and talk over loopback TCP: every collective is a rendezvous of processes
   taking turns on those cores, which costs more than any alpha-beta price of its bytes,
   and gloo runs a reduce_scatter as an all_reduce of its whole input. Measured with
-  ``benchmarks/redistribute_speed.py`` (8 ranks on 2 cores, 4 MiB, ``P R P -> S(0) R R``):
-  the GPU preset's reduce_scatter then all_gather took 1.6x torch's time, the gloo
-  preset's split, all_reduce and all_gather 0.9x, and one all_reduce on the flattened
-  alias then a local slice (this choice) 0.9x of torch's time too; on the other 53 cases
-  the choice is the GPU preset's plan.
+  ``benchmarks/redistribute_speed.py`` (8 gloo ranks on 2 shared cores, 4 MiB,
+  ``P R P -> S(0) R R``): the GPU preset's plan, a reduce_scatter on the flattened
+  alias then an all_gather, took 1.6x torch's time; this choice, one all_reduce on the
+  alias then a local slice, 0.55-0.6x of it. On the benchmark's other cases the two
+  choices agree but for one (an uneven ``S(0) S(0) -> S(1) R``: one all_gather on the
+  alias and a slice, instead of a permute and a gather).
 
 Pure: a function of the backend's name and the mesh's device type.
 """
