@@ -269,6 +269,7 @@ def load(
         token = None
         try:
             meta = held.enter_context(reading(directory))  # claimed until the ranks agree
+            _check_targets(targets, meta, directory)
             checkers = shared_checks(meta, targets, groups) if verify else {}
             token = _token(meta, targets, checkers)
             out, skipped = _load_rank(

@@ -135,3 +135,21 @@ def test_ranks_loading_different_targets_still_check_every_chunk(pool4, tmp_path
     assert all("corrupt" in g[1] for g in got), got
     pool4.run(_save, str(tmp_path))  # an intact checkpoint loads under those targets
     assert pool4.run(_load, str(tmp_path), {1: "x"}) == [("ok", True)] * 4
+
+
+def _load_bad_target(path):
+    from meshplan.checkpoint import CheckpointError, load
+    from meshplan.runtime import ProcessGroups
+
+    wrong = Spec(MESH, (Shard(1),), (8, 12, 1), "float32")
+    try:
+        load(path, {"x": wrong}, ProcessGroups(MESH, timeout=20))
+    except CheckpointError as e:
+        return str(e)
+    return "loaded"
+
+
+def test_a_target_of_another_shape_is_named_before_checks_are_shared_out(pool4, tmp_path):
+    pool4.run(_save, str(tmp_path))
+    for message in pool4.run(_load_bad_target, str(tmp_path)):
+        assert "global shape (8, 12)" in message and "(8, 12, 1)" in message, message
