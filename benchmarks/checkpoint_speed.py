@@ -7,8 +7,11 @@ and the same disk; the table shows the median of a few rounds, throughput in MB/
 global tensor, and meshplan's speed relative to DCP (>1: meshplan faster): of the
 fastest round (speedup), of the median round (median), and of the CPU time all ranks
 spent (CPU; steadier on a loaded machine). A round lasts as long as its slowest rank.
-meshplan's load is timed with checksum verification on (its default) and off. The last
-line states, per size, the save and (verified) load speedups.
+meshplan's load is timed with checksum verification on (its default: with groups each
+saved chunk is checked by one of the ranks reading it) and off. meshplan computes its
+checksums with ISA-L when the optional ``isal`` package is installed (``meshplan[fast]``;
+the header line says which). The last line states, per size, the save and (verified)
+load speedups and the load average.
 
     python benchmarks/checkpoint_speed.py                 # 4, 16, 64 MB
     python benchmarks/checkpoint_speed.py --sizes 1 4     # MB of global tensor
@@ -131,9 +134,12 @@ def main() -> None:
         f"{'MB':>5} {'op':<6} {'meshplan s':>11} {'DCP s':>9} {'meshplan MB/s':>14} "
         f"{'DCP MB/s':>9} {'speedup':>8} {'median':>7} {'CPU':>6}"
     )
+    from meshplan.checkpoint._crc import FAST
+
     print(
         f"checkpoint save/load, {WORLD} gloo ranks, float32 [rows, {COLS}], "
-        f"save Shard(0), load Shard(1); min of {args.rounds} rounds"
+        f"save Shard(0), load Shard(1); min of {args.rounds} rounds; meshplan's checksums "
+        f"by {'ISA-L' if FAST else 'zlib'}"
     )
     print(header)
     print("-" * len(header))

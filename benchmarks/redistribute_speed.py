@@ -14,12 +14,15 @@ reshards, at several sizes. Every case is first checked on every rank against
 interleaved rounds (8 processes share the machine's cores, so single rounds are noisy),
 then the slowest rank; "ratio" is torch / meshplan (above 1: meshplan is faster).
 ``run`` times a precomputed plan; ``redistribute`` includes the (cached) plan lookup and
-the autograd wrapper, like torch's call. meshplan plans with the GPU preset (nvlink_ib)
-by default, as a program written for GPUs would; ``--model gloo_cpu`` plans with the
-gloo host preset and ``--model calibrated`` with ``calibrate(groups)`` measured on the
-very groups it runs on (results in ``redistribute_speed_<model>.json``). The results hold
-the profile each world planned with, as ``HardwareProfile.to_json`` writes it (so
-``meshplan plan --profile`` can read it back, once saved to a file of its own).
+the autograd wrapper, like torch's call. By default meshplan plans as a user's call
+does when it names no cost model: with the options of the groups' backend
+(``ProcessGroups.plan_options()``; on gloo the gloo host preset and the fewest
+collectives); ``--model nvlink_ib`` plans with the GPU preset, as a program written for
+GPUs would, ``--model gloo_cpu`` with the gloo host preset (least modeled time) and
+``--model calibrated`` with ``calibrate(groups)`` measured on the very groups it runs on
+(results in ``redistribute_speed_<model>.json``). The results hold the profile each
+world planned with, as ``HardwareProfile.to_json`` writes it (so ``meshplan plan
+--profile`` can read it back, once saved to a file of its own).
 
     python benchmarks/redistribute_speed.py            # 4 and 8 ranks, 3 sizes
     python benchmarks/redistribute_speed.py --quick    # smaller sizes, fewer rounds
@@ -95,7 +98,7 @@ def _model(name):
     return CostModel(getattr(HardwareProfile, name)())
 
 
-def _bench(world, sizes, budget, rounds, model_name="nvlink_ib"):
+def _bench(world, sizes, budget, rounds, model_name="default"):
     import torch
     import torch.distributed as dist
     from torch.distributed.device_mesh import DeviceMesh
@@ -113,13 +116,18 @@ def _bench(world, sizes, budget, rounds, model_name="nvlink_ib"):
     mesh = Mesh.create(shape, names).flatten(alias_dims, alias)
     groups = ProcessGroups(mesh, timeout=120)
     groups.create_all()
-    if model_name == "calibrated":
+    if model_name == "default":  # what a call that names no cost model plans with
+        options = groups.plan_options()
+        model = None
+    elif model_name == "calibrated":
         from meshplan.redistribute import CostModel
         from meshplan.runtime import calibrate
 
         model = CostModel(calibrate(groups))  # the same profile on every rank
+        options = {"cost_model": model}
     else:
         model = _model(model_name)
+        options = {"cost_model": model}
     ranks = torch.arange(world).reshape(shape)
     dm = DeviceMesh.from_group(
         [groups.get(n).pg for n in names], "cpu", mesh=ranks, mesh_dim_names=names
@@ -143,7 +151,7 @@ def _bench(world, sizes, budget, rounds, model_name="nvlink_ib"):
             want = shard_one(x, dst, rank)
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
-                p = plan(src, dst, cost_model=model)
+                p = plan(src, dst, **options)
             dt = DTensor.from_local(
                 local, dm, to_torch(src), run_check=False, shape=x.shape, stride=x.stride()
             )
@@ -202,7 +210,12 @@ def _bench(world, sizes, budget, rounds, model_name="nvlink_ib"):
                     "median_seconds": {k: statistics.median(v) for k, v in times.items()},
                 }
             )
-    return {"rows": rows, "profile": json.loads(model.profile.to_json())}
+    used = options["cost_model"]
+    return {
+        "rows": rows,
+        "profile": json.loads(used.profile.to_json()),
+        "objective": options.get("objective", "time"),
+    }
 
 
 # -- parent side ----------------------------------------------------------------------------
@@ -222,6 +235,12 @@ def _fmt_bytes(n: int) -> str:
     return str(n)
 
 
+def _load() -> str:
+    import os
+
+    return f"{os.getloadavg()[0]:.1f}" if hasattr(os, "getloadavg") else "unknown"
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="smaller sizes, fewer rounds")
@@ -229,9 +248,10 @@ def main(argv=None) -> int:
     parser.add_argument("--out", type=Path, default=None)
     parser.add_argument(
         "--model",
-        choices=["nvlink_ib", "gloo_cpu", "calibrated"],
-        default="nvlink_ib",
-        help="the cost model meshplan plans with: a preset, or calibrate() on these groups",
+        choices=["default", "nvlink_ib", "gloo_cpu", "calibrated"],
+        default="default",
+        help="the cost model meshplan plans with: the groups' backend's (what a call "
+        "naming none gets), a preset, or calibrate() on these groups",
     )
     args = parser.parse_args(argv)
 
@@ -240,13 +260,16 @@ def main(argv=None) -> int:
     from meshplan.runtime import WorkerPool
 
     sizes = SIZES["quick" if args.quick else "full"]
-    budget, rounds = (0.05, 3) if args.quick else (0.1, 7)
+    # many short rounds: on a shared machine the best of each is likelier to be a quiet one
+    budget, rounds = (0.03, 5) if args.quick else (0.06, 12)
     rows = []
     profiles = {}  # world -> the profile meshplan planned with (calibrated: measured there)
+    objectives = {}  # world -> the plan objective ("time" or "collectives")
     for world in args.worlds:
         with WorkerPool(world, "gloo", timeout=1800) as pool:
             per_rank = pool.run(_bench, world, sizes, budget, rounds, args.model)
         profiles[str(world)] = per_rank[0]["profile"]
+        objectives[str(world)] = per_rank[0]["objective"]
         per_rank = [r["rows"] for r in per_rank]
         for i, row in enumerate(per_rank[0]):
             # the slowest rank's time and correctness on every rank
@@ -261,7 +284,10 @@ def main(argv=None) -> int:
         f"{'case':40} {'world':>5} {'global':>10} {'coll mp/torch':>13} "
         f"{'run':>10} {'redistribute':>12} {'torch':>10} {'ratio':>6} {'ratio*':>6}"
     )
-    print("redistribute wall time per call on gloo (slowest rank, best of rounds)")
+    print(
+        f"redistribute wall time per call on gloo (slowest rank, best of rounds); meshplan "
+        f"plans with --model {args.model} (objective {'/'.join(sorted(set(objectives.values())))})"
+    )
     print("ratio = torch / run, ratio* = torch / redistribute (> 1: meshplan faster)\n")
     print(head)
     print("-" * len(head))
@@ -294,6 +320,7 @@ def main(argv=None) -> int:
         "sizes": list(sizes),
         "model": args.model,
         "profiles": profiles,
+        "objectives": objectives,
         "rows": rows,
         "summary": {
             "min_ratio": min(ratios),
@@ -305,7 +332,7 @@ def main(argv=None) -> int:
         },
     }
     if args.out is None:
-        suffix = "" if args.model == "nvlink_ib" else f"_{args.model}"
+        suffix = "" if args.model == "default" else f"_{args.model}"
         args.out = RESULTS.with_name(f"redistribute_speed{suffix}.json")
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(report, indent=1))
@@ -314,7 +341,7 @@ def main(argv=None) -> int:
         f"ratio (torch / run): worst {min(run_ratios):.2f}, geometric mean {run_geo:.2f}; "
         f"ratio* (torch / redistribute): worst {min(ratios):.2f} ({worst['case']}, "
         f"{worst['world']} ranks, {_fmt_bytes(worst['bytes'])}), geometric mean {geo:.2f}, "
-        f"max {max(ratios):.2f} over {len(rows)} cases"
+        f"max {max(ratios):.2f} over {len(rows)} cases; load average {_load()}"
     )
     return 0
 

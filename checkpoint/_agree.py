@@ -5,7 +5,9 @@ and raises, the others return and enter the training loop's first collective, wh
 they wait for it until their timeout. A load with ``groups`` therefore ends with one
 all-gather of each rank's outcome (None, or its error's text) over the mesh's group:
 a rank whose load failed raises its own error, every other rank a
-:class:`CheckpointError` quoting the first failing rank's.
+:class:`CheckpointError` quoting the first failing rank's. The same message carries a
+token of how the ranks shared out the checksum checks, so they learn in that one
+collective whether every chunk was checked by someone.
 """
 
 from __future__ import annotations
@@ -19,17 +21,20 @@ from ._exchange import all_gather_small
 __all__ = ["agree"]
 
 
-def agree(groups: Any, directory: str, error: BaseException | None) -> None:
+def agree(
+    groups: Any, directory: str, error: BaseException | None, token: str | None = None
+) -> bool:
     """Share this rank's load outcome with every rank of ``groups.mesh``; raise on every
-    rank when any rank's load failed (``error``: this rank's, or None)."""
+    rank when any rank's load failed (``error``: this rank's, or None). Otherwise return
+    whether every rank passed the same ``token`` (the same answer on every rank)."""
     group = groups.create(None)
     if group is None:  # outside the mesh: it took part in creating the group only
         if error is not None:
             raise error
-        return
+        return True
     text = None if error is None else f"{type(error).__name__}: {error}"
     try:
-        gathered = all_gather_small((groups.rank, text), group)
+        gathered = all_gather_small((groups.rank, text, token), group)
     except RuntimeError as e:
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise CheckpointError(
@@ -37,7 +42,7 @@ def agree(groups: Any, directory: str, error: BaseException | None) -> None:
             f"{groups.rank} ({first}); a peer died or timed out: restart the job's processes",
             value=directory,
         ) from error
-    failed = sorted((r, t) for r, t in gathered if t is not None)
+    failed = sorted((r, t) for r, t, _ in gathered if t is not None)
     if error is not None:
         raise error
     if failed:
@@ -47,3 +52,4 @@ def agree(groups: Any, directory: str, error: BaseException | None) -> None:
             f"load from {directory!r} failed on rank {r}{others}: {t}; no rank uses it",
             value=directory,
         )
+    return all(t == token for _, _, t in gathered)

@@ -14,6 +14,7 @@ import torch
 
 from meshplan.errors import CheckpointError
 
+from ._crc import crc32
 from ._index import ChunkRecord, TensorMeta
 
 __all__ = [
@@ -64,7 +65,7 @@ def checksum(
     flat = tensor.detach().contiguous().reshape(-1)
     crc = seed
     if flat.numel():
-        crc = zlib.crc32(memoryview(flat.view(torch.uint8).cpu().numpy()), seed)
+        crc = crc32(memoryview(flat.view(torch.uint8).cpu().numpy()), seed)
     return digest_text(crc, boxed=key is not None)
 
 

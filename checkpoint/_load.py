@@ -3,7 +3,11 @@
 A load reads the index, intersects the target rank's boxes with the saved chunks
 (:func:`~meshplan.checkpoint.plan_reads`) and copies only the overlapping parts; with
 ``verify=True`` (the default) every chunk it touches is read whole once and its checksum
-checked, with ``verify=False`` only the needed slices are read. Before a rank allocates
+checked, with ``verify=False`` only the needed slices are read. A load with ``groups``
+checks each chunk once among the ranks reading it (:func:`shared_checks`), and learns
+in its closing agreement whether every rank shared the checks out alike; when not (the
+ranks loaded different targets, or different checkpoints committed meanwhile), each
+rank checks what it skipped and the ranks agree once more. Before a rank allocates
 its local tensors, every chunk it reads is checked against its shard file's header. A
 load with ``groups`` exchanges one thing: its outcome, so that when one rank's load
 fails every rank raises (:mod:`._agree`); it reads no data from other ranks.
@@ -12,6 +16,7 @@ fails every rank raises (:mod:`._agree`); it reads no data from other ranks.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import os
 from collections.abc import Mapping
 from typing import Any
@@ -30,7 +35,7 @@ from ._files import reading
 from ._header import Header, read_header
 from ._index import ChunkRecord, Metadata, TensorMeta, missing_tensor
 from ._index_json import checkpoint_path
-from ._plan import check_target, plan_reads
+from ._plan import check_target, plan_reads, verifiers
 from ._ranks import check_groups, resolve_rank
 
 __all__ = ["load", "load_all"]
@@ -46,6 +51,8 @@ class _Reader:
         self.handles: dict[str, Any] = {}
         self.cache: dict[tuple[str, str], torch.Tensor] = {}
         self.headers: dict[str, Header] = {}
+        # chunks read without their checksum: another rank checks them (see load)
+        self.skipped: dict[tuple[str, str], tuple[TensorMeta, ChunkRecord]] = {}
 
     def close(self) -> None:
         self.cache.clear()
@@ -113,10 +120,16 @@ class _Reader:
                 value=rec.file,
             )
 
-    def piece(self, meta: TensorMeta, rec: ChunkRecord, offsets, sizes) -> torch.Tensor:
+    def piece(
+        self, meta: TensorMeta, rec: ChunkRecord, offsets, sizes, check: bool = True
+    ) -> torch.Tensor:
+        """The box ``offsets``/``sizes`` of chunk ``rec``: cut from the whole chunk, read
+        and checked once, when the reader verifies and ``check``; else read alone."""
         index = tuple(slice(o, o + n) for o, n in zip(offsets, sizes, strict=True))
-        if self.verify or not index:
+        if (self.verify and check) or not index:
             return self._whole(meta, rec)[index]
+        if self.verify:
+            self.skipped[(rec.file, rec.name)] = (meta, rec)
         handle = self._open(meta, rec)
         try:
             view = handle.get_slice(rec.name)
@@ -138,7 +151,16 @@ class _Reader:
         self.cache.clear()
 
 
-def _load_one(reader: _Reader, meta: TensorMeta, spec: Spec, rank: int) -> Sharded:
+def _load_one(
+    reader: _Reader,
+    meta: TensorMeta,
+    spec: Spec,
+    rank: int,
+    checkers: tuple[int | None, ...] | None = None,
+) -> Sharded:
+    """Rank ``rank``'s local tensor of ``spec``; with ``checkers`` (per chunk, the rank
+    that checks it: :func:`~meshplan.checkpoint._plan.verifiers`) a verifying reader
+    checks only the chunks that fall to ``rank`` and reads just the slices of the others."""
     dtype = getattr(torch, spec.dtype)
     shape = local_shape(spec, rank)
     reads = plan_reads(meta, spec, rank)
@@ -149,7 +171,8 @@ def _load_one(reader: _Reader, meta: TensorMeta, spec: Spec, rank: int) -> Shard
     local = torch.empty(shape, dtype=dtype)
     for read in reads:
         rec = meta.chunks[read.chunk]
-        src = reader.piece(meta, rec, read.source.offsets, read.source.sizes)
+        check = checkers is None or checkers[read.chunk] == rank
+        src = reader.piece(meta, rec, read.source.offsets, read.source.sizes, check)
         if src.dtype != dtype or tuple(src.shape) != read.source.sizes:
             reader._check_form(meta, rec, tuple(src.shape), src.dtype)
         index = tuple(
@@ -210,8 +233,11 @@ def load(
     the saved ones (Partial targets get meshplan's canonical split). The rank comes
     from ``groups`` (a :class:`~meshplan.runtime.ProcessGroups`) or ``rank=``. Only
     chunks overlapping this rank's boxes are read; with ``verify`` each is read whole
-    once and its checksum checked. ``device`` places the local tensors (default: the
-    CPU; e.g. ``"cuda"`` for a training loop on NCCL).
+    once and its checksum checked. With ``groups`` the checks are shared out: each chunk
+    is checked by one of the ranks reading it, which reads it whole, and the others
+    read only their slices of it; a chunk found corrupt fails the load on every rank
+    (below). ``device`` places the local tensors (default: the CPU; e.g. ``"cuda"`` for
+    a training loop on NCCL).
 
     With ``groups``, every rank of ``groups.mesh`` calls ``load``, and the ranks agree on
     its outcome (one all-gather of a small message, no data): if any rank's load fails
@@ -236,23 +262,103 @@ def load(
     directory = checkpoint_path(path)
     if groups is None:
         with reading(directory) as meta:  # its files stay while others save (see _files)
-            return _load_rank(directory, meta, targets, groups, rank, verify, device)
+            return _load_rank(directory, meta, targets, groups, rank, verify, device)[0]
     check_groups(groups)
-    try:
-        with reading(directory) as meta:
-            out = _load_rank(directory, meta, targets, groups, rank, verify, device)
-        error = None
-    except Exception as e:  # every rank learns of it below
-        out, error = {}, e
-    agree(groups, directory, error)
+    with contextlib.ExitStack() as held:
+        skipped: list[tuple[TensorMeta, ChunkRecord]] = []
+        token = None
+        try:
+            meta = held.enter_context(reading(directory))  # claimed until the ranks agree
+            _check_targets(targets, meta, directory)
+            checkers = shared_checks(meta, targets, groups) if verify else {}
+            token = _token(meta, targets, checkers)
+            out, skipped = _load_rank(
+                directory, meta, targets, groups, rank, verify, device, checkers
+            )
+            error = None
+        except Exception as e:  # every rank learns of it below
+            out, error = {}, e
+        if agree(groups, directory, error, token):
+            return out
+        # the ranks shared the checks out differently (other targets, or another
+        # checkpoint committed between their reads): each checks what it skipped
+        try:
+            _check_chunks(directory, verify, skipped)
+            error = None
+        except Exception as e:
+            out, error = {}, e
+        agree(groups, directory, error)
+        return out
+
+
+SHARE_BUDGET = 1 << 16
+"""Ranks times saved chunks, summed over a load's tensors, up to which a load with
+``groups`` shares its checksum checks out among the ranks (past it, tensors are
+checked whole by every rank reading them: working out who reads what would cost more)."""
+
+
+def shared_checks(meta: Metadata, targets: Any, groups: Any) -> dict[str, tuple[int | None, ...]]:
+    """Per target key, the rank that checks each saved chunk (see
+    :func:`~meshplan.checkpoint._plan.verifiers`): for targets on the groups' whole mesh
+    that are not Partial, while their ranks times chunks stay within ``SHARE_BUDGET``;
+    other keys are checked by every rank reading them."""
+    ranks = first_instance(groups.mesh)
+    every = set(ranks)
+    out: dict[str, tuple[int | None, ...]] = {}
+    spent = 0
+    if not isinstance(targets, Mapping):
+        return out
+    for key, spec in targets.items():
+        saved = meta.tensors.get(key)
+        if saved is None or not isinstance(spec, Spec) or spec.is_partial:
+            continue
+        if spec.mesh.size() != len(ranks) or set(first_instance(spec.mesh)) != every:
+            continue
+        spent += len(ranks) * len(saved.chunks)
+        if spent > SHARE_BUDGET:
+            break
+        out[key] = verifiers(saved, spec, ranks)
     return out
 
 
+def _token(meta: Metadata, targets: Any, checkers: Mapping[str, Any]) -> str | None:
+    """What every rank must share for the checks it skipped to be made elsewhere: the
+    checkpoint read (its files), the targets and who checks what."""
+    if not checkers:
+        return None
+    text = repr(
+        (meta.files, sorted((k, repr(v)) for k, v in targets.items()), sorted(checkers.items()))
+    )
+    return hashlib.blake2b(text.encode("utf-8"), digest_size=16).hexdigest()
+
+
+def _check_chunks(
+    directory: str, verify: bool, chunks: list[tuple[TensorMeta, ChunkRecord]]
+) -> None:
+    """Read and check the checksums of ``chunks`` (each whole)."""
+    reader = _Reader(directory, verify)
+    try:
+        for meta, rec in chunks:
+            reader._whole(meta, rec)
+            reader.forget()
+    finally:
+        reader.close()
+
+
 def _load_rank(
-    directory: str, meta: Metadata, targets: Any, groups: Any, rank: Any, verify: bool, device: Any
-) -> dict[str, Sharded]:
+    directory: str,
+    meta: Metadata,
+    targets: Any,
+    groups: Any,
+    rank: Any,
+    verify: bool,
+    device: Any,
+    checkers: Mapping[str, tuple[int | None, ...]] | None = None,
+) -> tuple[dict[str, Sharded], list[tuple[TensorMeta, ChunkRecord]]]:
+    """This rank's loaded tensors, and the chunks it read without checking them."""
     _check_targets(targets, meta, directory)
     rank = resolve_rank(targets, groups, rank)
+    checkers = {} if checkers is None else checkers
     reader = _Reader(directory, verify)
     try:
         out = {}
@@ -263,9 +369,10 @@ def _load_rank(
                     "only the tensors whose mesh holds this rank",
                     value=key,
                 )
-            out[key] = _on_device(_load_one(reader, meta.tensors[key], spec, rank), device)
+            one = _load_one(reader, meta.tensors[key], spec, rank, checkers.get(key))
+            out[key] = _on_device(one, device)
             reader.forget()
-        return out
+        return out, list(reader.skipped.values())
     finally:
         reader.close()
 

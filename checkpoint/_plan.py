@@ -31,6 +31,7 @@ __all__ = [
     "intersect",
     "local_boxes",
     "plan_reads",
+    "verifiers",
     "writes",
 ]
 
@@ -242,3 +243,49 @@ def plan_reads(meta: TensorMeta, spec: Spec, rank: int) -> tuple[Read, ...]:
             )
             out.append(Read(i, Chunk(source, common.sizes), Chunk(target, common.sizes)))
     return tuple(out)
+
+
+def verifiers(meta: TensorMeta, spec: Spec, ranks: tuple[int, ...]) -> tuple[int | None, ...]:
+    """Per saved chunk, the one rank of ``ranks`` (the ranks loading ``spec``) that checks
+    its checksum when a load shares the checking out; None for a chunk no rank reads.
+
+    Each chunk goes to one of the ranks that read it anyway, the one with the fewest
+    bytes to check so far (ties: the lowest rank), so every byte read is checked once,
+    by a rank that reads it, and the ranks share the work. Every rank computes the same.
+
+    >>> from meshplan.layout import Mesh
+    >>> from meshplan.placement import Shard
+    >>> from meshplan.checkpoint import ChunkRecord
+    >>> saved = TensorMeta("w", (4, 4), "float32", [
+    ...     ChunkRecord((r, 0), (1, 4), "f", f"w#{r}", "") for r in range(4)])
+    >>> verifiers(saved, Spec(Mesh.create(4), (Shard(1),), (4, 4)), (0, 1, 2, 3))
+    (0, 1, 2, 3)
+    >>> verifiers(saved, Spec(Mesh.create(4), (Shard(0),), (4, 4)), (0, 1, 2, 3))
+    (0, 1, 2, 3)
+    """
+    readers: list[set[int]] = [set() for _ in meta.chunks]
+    chunks = [(rec.offsets, rec.sizes) for rec in meta.chunks]
+    for r in ranks:
+        for box in local_boxes(spec, r):
+            lo, size = box.chunk.offsets, box.chunk.sizes
+            for i, (offsets, sizes) in enumerate(chunks):
+                if _overlap(lo, size, offsets, sizes):
+                    readers[i].add(r)
+    bytes_of = dict.fromkeys(ranks, 0)
+    out: list[int | None] = []
+    for rec, rs in zip(meta.chunks, readers, strict=True):
+        if not rs:
+            out.append(None)
+            continue
+        pick = min(rs, key=lambda r: (bytes_of[r], r))
+        bytes_of[pick] += rec.numel()
+        out.append(pick)
+    return tuple(out)
+
+
+def _overlap(a_lo, a_size, b_lo, b_size) -> bool:
+    """Whether two boxes of one tensor share an element (:func:`intersect`, unchecked)."""
+    for ao, az, bo, bz in zip(a_lo, a_size, b_lo, b_size):  # noqa: B905 - equal lengths
+        if max(ao, bo) >= min(ao + az, bo + bz):
+            return False
+    return True

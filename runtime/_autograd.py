@@ -147,6 +147,9 @@ def redistribute(
     """Move the calling rank's ``local`` tensor from ``src`` to ``dst``; differentiable.
 
     Plans (cached on the specs and options) and runs; every rank of the mesh calls it.
+    Without ``cost_model`` it plans with the groups' own options
+    (:meth:`ProcessGroups.plan_options <meshplan.runtime.ProcessGroups.plan_options>`:
+    by default those of their backend, e.g. the gloo host preset on gloo).
     The backward pass plans from the layout the gradient arrives in, ``dst_grad``, to
     ``src``'s gradient layout (:func:`grad_spec`: a Partial source gets its reduced
     value's gradient: replicated for sum, divided for avg, shared by the extreme pieces
@@ -162,8 +165,13 @@ def redistribute(
             f"redistribute moves between two Specs, got src={src!r:.80}, dst={dst!r:.80}",
             value=(src, dst),
         )
-    options = {"cost_model": cost_model, "merge": merge, "max_local_bytes": max_local_bytes}
     _check_local(local, src, groups)
+    # no cost model given: the one of the groups' backend (see ProcessGroups.plan_options)
+    options = {
+        **groups.plan_options(cost_model),
+        "merge": merge,
+        "max_local_bytes": max_local_bytes,
+    }
     if dst_grad is None:
         dst_grad = derived_grad_spec(dst)
         if dst_grad is None:

@@ -36,12 +36,14 @@ from ._group import Group
 __all__ = [
     "REDUCE_OPS",
     "all_gather",
+    "all_gather_chunks",
     "all_gather_concat",
     "all_gather_into",
     "all_reduce",
     "all_to_all",
     "all_to_all_flat",
     "all_to_all_single",
+    "is_chunk_sizes",
     "reduce_scatter",
 ]
 
@@ -237,6 +239,60 @@ def all_gather_concat(
             dist.all_gather_single(out, x, group=group.pg)
         return out
     return torch.cat(all_gather(tensor, group, sizes=sizes, dim=dim), dim=dim)
+
+
+def is_chunk_sizes(sizes: Sequence[int]) -> bool:
+    """Whether ``sizes`` are those of ``torch.chunk``'s pieces: whole pieces of the
+    largest size, then at most one shorter piece, then empty ones.
+
+    >>> is_chunk_sizes([3, 3, 2, 0]), is_chunk_sizes([3, 2, 2]), is_chunk_sizes([0, 0])
+    (True, False, False)
+    """
+    width = max(sizes, default=0)
+    if width == 0:
+        return False
+    short = False
+    for s in sizes:
+        if short and s:
+            return False
+        short = short or s < width
+    return True
+
+
+def all_gather_chunks(flat: torch.Tensor, group: Group, sizes: Sequence[int]) -> torch.Tensor:
+    """The concatenation, in position order, of every member's 1-d ``flat`` whose lengths
+    are ``sizes`` (:func:`is_chunk_sizes`, in a group whose positions are its torch ranks):
+    one gather of pieces padded to the largest, whose first ``sum(sizes)`` elements are
+    the result (a view of the gathered buffer: no copy after the collective).
+
+    >>> from meshplan.runtime._group import Group
+    >>> alone = Group("d0", ranks=(0,), pg_ranks=(0,), rank=0, pg=None)
+    >>> all_gather_chunks(torch.arange(3), alone, [3])
+    tensor([0, 1, 2])
+    """
+    sizes = _check_sizes(sizes, group, "sizes")
+    if not is_chunk_sizes(sizes) or not group.is_identity or flat.dim() != 1:
+        raise RuntimeShellError(
+            f"all_gather_chunks gathers 1-d pieces of torch.chunk sizes in a group ordered "
+            f"by position, got sizes {sizes!r} on group {group.name!r} and a "
+            f"{flat.dim()}-d tensor; use all_gather",
+            value=sizes,
+        )
+    width = sizes[0]
+    if flat.numel() != sizes[group.position]:
+        raise RuntimeShellError(
+            f"all_gather: rank {group.rank}'s tensor has {flat.numel()} elements, but "
+            f"sizes[{group.position}] says {sizes[group.position]}",
+            value=flat.numel(),
+        )
+    if flat.numel() == width:
+        piece = flat.contiguous()
+    else:  # the padding is gathered too, and dropped: it need not be zeroed
+        piece = flat.new_empty((width,))
+        piece[: flat.numel()] = flat
+    out = flat.new_empty((group.size * width,))
+    all_gather_into(out, piece, group)
+    return out[: sum(sizes)]
 
 
 def all_gather_into(out: torch.Tensor, tensor: torch.Tensor, group: Group) -> None:

@@ -60,6 +60,7 @@ from typing import Any
 from meshplan.errors import RuntimeShellError
 from meshplan.layout import Mesh
 
+from ._backend_model import backend_plan_options, check_plan_options
 from ._device_mesh import device_mesh_groups, mesh_from_device_mesh
 from ._group import DEFAULT_TIMEOUT, Group
 
@@ -86,7 +87,11 @@ class ProcessGroups:
     one 16-byte all_reduce the first time each plan runs, one 24-byte all_reduce per
     ``run_program`` call (see :mod:`meshplan.runtime._agree`). ``check_specs=False``
     saves them; then ranks that disagree wait on each other until ``timeout`` or
-    exchange wrong data.
+    exchange wrong data. ``cost_model`` and ``objective`` are what
+    :func:`~meshplan.runtime.redistribute` and ``redistribute_dtensor`` plan with when
+    their caller names no cost model (:meth:`plan_options`); None picks the backend's
+    (see :mod:`meshplan.runtime._backend_model`: on gloo the gloo host preset and the
+    fewest collectives, else the GPU preset and the least modeled time).
 
     It is built on every rank of a running world (see ``tests/runtime``) and checks its
     arguments first:
@@ -106,9 +111,12 @@ class ProcessGroups:
         local: bool = False,
         warm_up: bool | None = None,
         check_specs: bool = True,
+        cost_model: Any = None,
+        objective: str | None = None,
     ) -> None:
         import torch.distributed as dist
 
+        check_plan_options(cost_model, objective)
         if not isinstance(mesh, Mesh):
             raise RuntimeShellError(f"ProcessGroups needs a Mesh, got {mesh!r}", value=mesh)
         if not dist.is_available() or not dist.is_initialized():
@@ -151,6 +159,42 @@ class ProcessGroups:
         self._index: dict[int, int] | None = None
         self._handles: dict[Any, Group | None] = {}
         self._adopted = False
+        self._cost_model = cost_model
+        self._objective = objective
+        self._default_options: dict[str, Any] | None = None
+
+    @property
+    def cost_model(self) -> Any:
+        """The cost model given to the constructor (None: the backend's, see
+        :meth:`plan_options`)."""
+        return self._cost_model
+
+    @property
+    def objective(self) -> str | None:
+        """The objective given to the constructor (None: the backend's)."""
+        return self._objective
+
+    def plan_options(self, cost_model: Any = None) -> dict[str, Any]:
+        """The ``cost_model`` and ``objective`` to plan a move on these groups with: the
+        caller's ``cost_model`` (least modeled time under it) when given, else this
+        object's own, each of them left None filled in by the backend of the world's
+        groups (:func:`~meshplan.runtime._backend_model.backend_plan_options`)."""
+        if cost_model is not None:  # plan() checks it
+            return {"cost_model": cost_model, "objective": self.objective or "time"}
+        found = self._default_options
+        if found is None:
+            model, objective = self._backend_options()
+            found = self._default_options = {
+                "cost_model": self._cost_model if self._cost_model is not None else model,
+                "objective": self._objective if self._objective is not None else objective,
+            }
+        return dict(found)
+
+    def _backend_options(self) -> tuple[Any, str]:
+        import torch.distributed as dist
+
+        backend = self.backend if self.backend is not None else dist.get_backend()
+        return backend_plan_options(str(backend), self.mesh.device_type)
 
     @classmethod
     def from_device_mesh(
@@ -160,6 +204,8 @@ class ProcessGroups:
         timeout: float | datetime.timedelta = DEFAULT_TIMEOUT,
         warm_up: bool | None = None,
         check_specs: bool = True,
+        cost_model: Any = None,
+        objective: str | None = None,
     ) -> ProcessGroups:
         """The groups of a torch ``DeviceMesh``, reusing its own process groups.
 
@@ -180,7 +226,14 @@ class ProcessGroups:
         import torch.distributed as dist
 
         mesh = mesh_from_device_mesh(device_mesh)
-        groups = cls(mesh, timeout=timeout, warm_up=warm_up, check_specs=check_specs)
+        groups = cls(
+            mesh,
+            timeout=timeout,
+            warm_up=warm_up,
+            check_specs=check_specs,
+            cost_model=cost_model,
+            objective=objective,
+        )
         rank = groups.rank
         if not mesh.contains(rank):
             raise RuntimeShellError(

@@ -302,6 +302,8 @@ def redistribute_dtensor(
     mesh's own (:meth:`ProcessGroups.from_device_mesh`) unless ``groups`` is given. The
     backward pass moves the gradient to the source placements (a Partial source dim gets
     a Replicate gradient) with a meshplan plan too, and is itself differentiable.
+    Without ``cost_model`` it plans with the groups' options
+    (``groups.plan_options()``: by default their backend's).
     """
     from torch.distributed.tensor import DTensor
 
@@ -326,5 +328,9 @@ def redistribute_dtensor(
     placements = tuple(_torch_placement(p, placements) for p in placements)
     if groups is None:  # (pass groups= to reuse one, warmed up once on NCCL)
         groups = ProcessGroups.from_device_mesh(dtensor.device_mesh, warm_up=False)
-    options = {"cost_model": cost_model, "merge": merge, "max_local_bytes": max_local_bytes}
+    options = {
+        **groups.plan_options(cost_model),
+        "merge": merge,
+        "max_local_bytes": max_local_bytes,
+    }
     return _RedistributeDTensor.apply(dtensor, tuple(placements), groups, options)

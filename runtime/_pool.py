@@ -137,8 +137,7 @@ class WorkerPool:
         self.threads = threads
         if not isinstance(backend, str) or not backend:
             raise RuntimeShellError(
-                f"backend={backend!r:.80} must name a torch.distributed backend ('gloo', "
-                "'nccl')",
+                f"backend={backend!r:.80} must name a torch.distributed backend ('gloo', 'nccl')",
                 value=backend,
             )
         env = {} if env is None else env
@@ -412,8 +411,7 @@ def _seconds(name: str, value: Any) -> float:
     ok = isinstance(value, int | float) and not isinstance(value, bool)
     if not ok or not 0 < value < float("inf"):
         raise RuntimeShellError(
-            f"{name}={value!r} must be a positive, finite number of seconds (e.g. "
-            f"{name}=60.0)",
+            f"{name}={value!r} must be a positive, finite number of seconds (e.g. {name}=60.0)",
             value=value,
         )
     return float(value)

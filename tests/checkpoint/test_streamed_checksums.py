@@ -58,11 +58,40 @@ def test_without_seeds_a_checksum_covers_the_bytes_only(tmp_path):
     assert digest_text(crcs["w#0"], boxed=False) == checksum(t)
 
 
-@pytest.mark.parametrize("numel", [64, files._OVERLAP_BYTES])  # serial, beside the fsync
-def test_a_failed_fsync_raises(tmp_path, monkeypatch, numel):
+@pytest.mark.parametrize("overlap", [False, True])  # serial, beside the fsync
+def test_a_failed_fsync_raises(tmp_path, monkeypatch, overlap):
     def failing(fd):
         raise OSError(errno.EIO, "Input/output error")
 
     monkeypatch.setattr(os, "fsync", failing)
+    monkeypatch.setattr(files, "_OVERLAP_BYTES", 0 if overlap else 1 << 30)
     with pytest.raises(OSError, match="Input/output"):
-        write_safetensors({"w#0": torch.randn(numel)}, str(tmp_path / "x.safetensors"), {})
+        write_safetensors({"w#0": torch.randn(64)}, str(tmp_path / "x.safetensors"), {})
+
+
+@settings(max_examples=20, deadline=None)
+@given(tensors=_tensors(), piece=st.sampled_from([8, 64, 1000]))
+def test_a_file_written_back_piece_by_piece_holds_the_same_bytes(tmp_path_factory, tensors, piece):
+    # pieces of a few bytes: the writeback of every piece is started as it is written
+    started = []
+    real = files._sync_file_range()
+
+    def record(fd, offset, nbytes, flags):
+        started.append((offset, nbytes))
+        return real(fd, offset, nbytes, flags) if real is not None else 0
+
+    path = os.path.join(tmp_path_factory.mktemp("w"), "f.safetensors")
+    saved = files._Writeback.PIECE, files._sync_file_range
+    files._Writeback.PIECE, files._sync_file_range = piece, lambda: record
+    try:
+        crcs = write_safetensors(tensors, path, {})
+    finally:
+        files._Writeback.PIECE, files._sync_file_range = saved
+    back = load_file(path)
+    for name, t in tensors.items():
+        assert torch.equal(back[name], t)
+        assert digest_text(crcs[name], boxed=False) == checksum(t)
+    # the ranges started follow one another from the file's start, within the file
+    size = os.path.getsize(path)
+    assert all(a + n == b for (a, n), (b, _) in zip(started, started[1:], strict=False))
+    assert not started or (started[0][0] == 0 and started[-1][0] + started[-1][1] <= size)

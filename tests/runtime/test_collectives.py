@@ -80,6 +80,17 @@ def _all_gather(mesh, key, sizes, dim, other, dtype):
     return pieces, expected, concat, even, [p.is_contiguous() for p in pieces]
 
 
+def _all_gather_chunks(mesh, key, rows, other, dtype):
+    g = _group(mesh, key)
+    pieces = list(torch.arange(rows).chunk(g.size)) if rows else []
+    sizes = [len(p) * other for p in pieces] + [0] * (g.size - len(pieces))
+    expected = [_data(r, (sizes[p],), dtype) for p, r in enumerate(g.ranks)]
+    if not (C.is_chunk_sizes(sizes) and g.is_identity):
+        return None, None
+    local = _data(dist.get_rank(), (sizes[g.position],), dtype)
+    return C.all_gather_chunks(local, g, sizes), torch.cat(expected)
+
+
 def _reduce_scatter(mesh, key, sizes, dim, other, dtype, op, as_blocks):
     g = _group(mesh, key)
     total = sum(sizes)
@@ -233,6 +244,23 @@ def test_all_gather_returns_every_members_tensor_in_coordinate_order(pool, data)
             for got, want in zip(even, expected, strict=True):
                 _close(got, want)
         assert all(contiguous)
+
+
+@given(data=st.data())
+def test_a_gather_of_chunk_sized_pieces_is_their_concatenation(pool, data):
+    mesh, key = data.draw(group_cases(pool.world_size))
+    rows = data.draw(st.integers(1, 11))
+    other = data.draw(st.integers(1, 3))
+    dtype = data.draw(st.sampled_from(DTYPES))
+    for got, expected in pool.run(_all_gather_chunks, mesh, key, rows, other, dtype):
+        if expected is not None:
+            _close(got, expected)
+
+
+def test_chunk_sizes_are_whole_pieces_then_one_short_then_empty_ones():
+    assert C.is_chunk_sizes([3, 3, 2, 0]) and C.is_chunk_sizes([2, 2]) and C.is_chunk_sizes([1, 0])
+    assert not C.is_chunk_sizes([3, 2, 2]) and not C.is_chunk_sizes([2, 0, 1])
+    assert not C.is_chunk_sizes([0, 0]) and not C.is_chunk_sizes([])
 
 
 @given(data=st.data())

@@ -227,6 +227,35 @@ def test_every_backend_dtype_moves_and_reduces_exactly(pool4, dtype):
     _check_against_simulator(_cases(pairs, 7), pool4.run(_run_batch, _cases(pairs, 7)))
 
 
+def _run_batch_with_reduce_scatters(cases):
+    """``_run_batch`` with gloo's own reduce_scatter (run() uses an all_reduce there)."""
+    from meshplan.runtime import _run
+
+    real = _run._on_gloo
+    _run._on_gloo = lambda pg, device_type: False
+    try:
+        return _run_batch(cases)
+    finally:
+        _run._on_gloo = real
+
+
+@pytest.mark.parametrize("dtype", ["float32", "int16", "bfloat16"])
+def test_reduce_scatters_match_the_simulator_by_either_collective(pool4, dtype):
+    # on gloo run() reduces the whole input and keeps its block; the collective that
+    # reduce-scatters (NCCL's way) must give the same, uneven and permuted too
+    mesh = Mesh.create((2, 2), ("a", "b"), ranks=(2, 0, 3, 1)).flatten(("a", "b"), "ab")
+    pairs = [
+        (_spec(mesh, [Partial(op), Partial(op)], shape, dtype), _spec(mesh, dst, shape, dtype))
+        for op in ("sum", "avg", "max")
+        for shape in ((8, 3), (7, 3))
+        for dst in ([Replicate(), Shard(0)], [Shard(0), Shard(1)], [Shard(1), Replicate()])
+    ]
+    cases = _cases(pairs, 11)
+    assert any("reduce_scatter" in p.collectives for p, _ in cases)
+    for run_cases in (_run_batch, _run_batch_with_reduce_scatters):
+        _check_against_simulator(cases, pool4.run(run_cases, cases))
+
+
 def _float8_moves(plans, locals_):
     # float8 tensors do not pickle: they travel to and from the workers as their bytes
     rank = dist.get_rank()
