@@ -287,22 +287,6 @@ def _factor(v: SharedValue, ins, outs, price, sizes):
     return tuple(scope), table
 
 
-def _work(n: int, sizes, edges, order) -> int:
-    """Entries the elimination along ``order`` computes, summed over its steps."""
-    import math
-
-    from ._solve import _neighbours
-
-    nb = _neighbours(n, edges)
-    work = 0
-    for v in order:
-        work += sizes[v] * math.prod(sizes[u] for u in nb[v])
-        for u in nb[v]:
-            nb[u] |= nb[v] - {u}
-            nb[u].discard(v)
-    return work
-
-
 def solve_exact(unary, values, ins, outs, price, *, max_factor: int) -> Solution | None:
     """The exact shared minimum by variable elimination over each value's factor (its
     producer and readers together), or None when a factor would exceed ``max_factor``
@@ -311,7 +295,7 @@ def solve_exact(unary, values, ins, outs, price, *, max_factor: int) -> Solution
 
     import numpy as np
 
-    from ._solve import _eliminate, _order
+    from ._solve import _eliminate, _order, work
 
     sizes = [len(u) for u in unary]
     scopes = []
@@ -322,7 +306,7 @@ def solve_exact(unary, values, ins, outs, price, *, max_factor: int) -> Solution
         scopes.append(sorted(scope))
     edges = {(a, b) for s in scopes for a in s for b in s if a < b}
     order = _order(len(unary), sizes, edges, max_factor)
-    if order is None or _work(len(unary), sizes, edges, order) > max_factor:
+    if order is None or work(len(unary), sizes, edges, order) > max_factor:
         return None  # too wide, or too much work in all: the pairwise problems answer
     un = [np.asarray(u, dtype=float) for u in unary]
     factors: dict[tuple[int, ...], Any] = {}

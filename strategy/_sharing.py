@@ -194,11 +194,12 @@ def pairwise_min(max_factor: int) -> Callable:
     """A ``pairwise_min`` for :func:`tighten`: exact elimination where the problem is
     narrow enough, else the message-passing bound, started from the previous step's."""
     from ._messages import lp_bound
-    from ._solve import _eliminate, _order, total
+    from ._solve import _eliminate, _order, total, work
 
     def run(un, pairs, start, passes):
-        order = _order(len(un), [len(u) for u in un], pairs.keys(), max_factor)
-        if order is not None:
+        sizes = [len(u) for u in un]
+        order = _order(len(un), sizes, pairs.keys(), max_factor)
+        if order is not None and work(len(un), sizes, pairs.keys(), order) <= max(max_factor, 1) << 4:
             x = _eliminate(un, pairs, order)
             return total(x, un, pairs), x, None
         r = lp_bound(un, pairs, start=start, max_passes=passes)

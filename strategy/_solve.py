@@ -22,7 +22,7 @@ from collections.abc import Sequence
 
 import attrs
 
-__all__ = ["Solution", "solve", "total"]
+__all__ = ["Solution", "solve", "total", "work"]
 
 
 @attrs.frozen
@@ -61,7 +61,8 @@ def solve(
 ) -> Solution:
     """The minimum of ``sum unary[v][x_v] + sum pairs[a, b][x_a][x_b]`` over choices ``x``.
 
-    Exact by elimination when no factor exceeds ``max_factor`` entries; else the best
+    Exact by elimination when no factor exceeds ``max_factor`` entries and all of them
+    together 16 times that (:func:`work`); else the best
     choice found, with a true lower bound (see :func:`_bounded`; ``prove=False`` when only
     the choice matters: the bound is then the cheaper, looser one).
 
@@ -73,8 +74,9 @@ def solve(
     n = len(unary)
     un = [np.asarray(u, dtype=float) for u in unary]
     pw = {k: np.asarray(m, dtype=float) for k, m in pairs.items()}
-    order = _order(n, [len(u) for u in un], pw.keys(), max_factor)
-    if order is not None:
+    sizes = [len(u) for u in un]
+    order = _order(n, sizes, pw.keys(), max_factor)
+    if order is not None and work(n, sizes, pw.keys(), order) <= max(max_factor, 1) << 4:
         choice = _eliminate(un, pw, order)
         c = total(choice, unary, pairs)
         return Solution(choice, c, c, "exact")
@@ -119,6 +121,18 @@ def _bounded(un, pw, unary, pairs, starts, prove: bool = True) -> Solution:
         return Solution(best[1], best[0], min(bound, best[0]), "exact")
     method = "LP bound + local search" if relaxed.bound >= bound else "forest bound + local search"
     return Solution(best[1], best[0], bound, method)
+
+
+def work(n: int, sizes, edges, order) -> int:
+    """Entries the elimination along ``order`` computes, summed over its steps."""
+    nb = _neighbours(n, edges)
+    total_ = 0
+    for v in order:
+        total_ += sizes[v] * math.prod(sizes[u] for u in nb[v])
+        for u in nb[v]:
+            nb[u] |= nb[v] - {u}
+            nb[u].discard(v)
+    return total_
 
 
 def _neighbours(n: int, edges) -> list[set[int]]:
