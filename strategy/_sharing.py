@@ -199,7 +199,7 @@ def pairwise_min(max_factor: int) -> Callable:
     def run(un, pairs, start, passes):
         sizes = [len(u) for u in un]
         order = _order(len(un), sizes, pairs.keys(), max_factor)
-        if order is not None and work(len(un), sizes, pairs.keys(), order) <= max(max_factor, 1) << 4:
+        if order is not None and work(len(un), sizes, pairs.keys(), order) <= max(max_factor, 1) << 2:
             x = _eliminate(un, pairs, order)
             return total(x, un, pairs), x, None
         r = lp_bound(un, pairs, start=start, max_passes=passes)

@@ -62,7 +62,7 @@ def solve(
     """The minimum of ``sum unary[v][x_v] + sum pairs[a, b][x_a][x_b]`` over choices ``x``.
 
     Exact by elimination when no factor exceeds ``max_factor`` entries and all of them
-    together 16 times that (:func:`work`); else the best
+    together 4 times that (:func:`work`); else the best
     choice found, with a true lower bound (see :func:`_bounded`; ``prove=False`` when only
     the choice matters: the bound is then the cheaper, looser one).
 
@@ -76,7 +76,7 @@ def solve(
     pw = {k: np.asarray(m, dtype=float) for k, m in pairs.items()}
     sizes = [len(u) for u in un]
     order = _order(n, sizes, pw.keys(), max_factor)
-    if order is not None and work(n, sizes, pw.keys(), order) <= max(max_factor, 1) << 4:
+    if order is not None and work(n, sizes, pw.keys(), order) <= max(max_factor, 1) << 2:
         choice = _eliminate(un, pw, order)
         c = total(choice, unary, pairs)
         return Solution(choice, c, c, "exact")
