@@ -43,11 +43,11 @@ from __future__ import annotations
 import math
 from typing import NamedTuple
 
+from .._links import group_link
+from .._profile import COLLECTIVES, FLATTENED, Link
 from ._bound_parts import kept_dim_bound
 from ._dim_bound import dim_bound
 from ._general_bound import general_bound, general_kept_bound
-from ._links import group_link
-from ._profile import COLLECTIVES, FLATTENED, Link
 
 __all__ = ["Bounds", "DimWeights"]
 

@@ -39,13 +39,13 @@ import threading
 
 from meshplan.placement import dtype_itemsize
 
-from ._aliases import alias_dims
+from .._aliases import alias_dims
+from .._cost import collective_weight
+from .._sizes import chain_extent
 from ._bounds import Bounds
-from ._cost import collective_weight
 from ._exact import even_steps, tiny_dims
 from ._price import Coefficients, price_coefficients, step_price
 from ._problem import Problem
-from ._sizes import chain_extent
 
 __all__ = ["Context", "SharedMoves"]
 
