@@ -20,7 +20,7 @@ import itertools
 import math
 
 from ._edges import hub_edges, hub_member_edges, merges, permute_floor, singles
-from ._encoding import Edge, R, mixable, state_order
+from ._encoding import Edge, R, is_partial, mixable, state_order
 from ._general import general_permutes
 from ._goals import admits, is_pattern
 from ._merged_moves import merges_floor
@@ -64,49 +64,146 @@ def search(ctx, start: int, goal, bounds=None, *, budget: int | None = None, wei
     above 1 (:data:`GREEDY`) a plan, fast, with no proof it is the cheapest (and without
     the all_permutes that reorder shards, whose targets are many).
     """
-    if bounds is None:
-        bounds = ctx.bounds
-    heuristic = bounds.heuristic
-    kept_bound = bounds.kept_bound
-    hmemo = bounds.h
-    states = ctx.states
+    run = _AStar(ctx, ctx.bounds if bounds is None else bounds, goal, budget, weight)
+    try:
+        return run.run(start)
+    finally:
+        ctx.expanded += run.spent
 
-    goals = (goal,) if type(goal) is int else tuple(goal)
-    goal = goals[0] if len(goals) == 1 else goals
-    # (the goals differ only in how they say shards: their Partial dims are the same)
-    goal_codes = states[goals[0]][0]
-    # a pattern (``unreduced_goal``, ``class_goal``) is every state it admits
-    pattern = is_pattern(states[goals[0]])
-    kept_memo = ctx.kept
-    kept_bounds = bounds.kept
-    merges_on = bool(ctx.aliases)
-    merge_dims = ctx.merge_dims
-    general = ctx.general
-    general_floor = ctx.launch + ctx.per_collective + bounds.latency_floor
-    copy = ctx.copy
 
-    def h_of(i):
-        key = (i, goal)
+class _Deferred:
+    """A search queue entry: moves of ``state`` of one kind (``moves(ctx, state)``: merged
+    steps, all_permutes into their hubs, general permutes), queued at a lower bound of
+    their rank and generated only when popped."""
+
+    __slots__ = ("state", "moves")
+
+    def __init__(self, state: int, moves) -> None:
+        self.state = state
+        self.moves = moves
+
+
+class _AStar:
+    """One A* search (:func:`search`): its queue and what it has found. Queue entries are
+    ``(rank, -price so far, counter, node)``; a node is a state id, a permute hub (a
+    tuple: ``_edges.hub_edges``) or a :class:`_Deferred`."""
+
+    def __init__(self, ctx, bounds, goal, budget: int | None, weight: float) -> None:
+        self.ctx = ctx
+        self.bounds = bounds
+        self.states = states = ctx.states
+        self.goals = goals = (goal,) if type(goal) is int else tuple(goal)
+        self.goal = goals[0] if len(goals) == 1 else goals  # (the memo tables' key)
+        # (the goals differ only in how they say shards: their Partial dims are the same)
+        self.goal_codes = states[goals[0]][0]
+        # a pattern (``unreduced_goal``, ``class_goal``) is every state it admits
+        self.pattern = is_pattern(states[goals[0]])
+        self.budget = math.inf if budget is None else budget
+        self.weight = weight
+        self.spent = 0  # moves generated
+        self.memo: dict = {}  # state -> its heuristic
+        self.best: dict = {}  # node -> the least price it was reached at
+        self.parent: dict = {}  # node -> (the node before, the edge) or None
+        self.heap: list = []
+        self.closed: set = set()
+        self.done: dict = {}  # permute hub -> the price it was expanded at
+        self.counter = itertools.count()
+
+    def h_of(self, i: int) -> float:
+        """The heuristic of state ``i``: the least of its goals'."""
+        hmemo = self.bounds.h
+        key = (i, self.goal)
         h = hmemo.get(key)
         if h is None:
-            h = hmemo[key] = min([heuristic(i, g) for g in goals])
+            heuristic = self.bounds.heuristic
+            h = hmemo[key] = min([heuristic(i, g) for g in self.goals])
         return h
 
-    memo: dict = {start: h_of(start)}
-    best = {start: 0.0}
-    parent: dict = {start: None}
-    counter = itertools.count()
-    heap = [(weight * memo[start], 0.0, 0, start)]
-    closed = set()
-    done: dict = {}  # permute hub -> the cost it was expanded at
-    push = heapq.heappush
+    def push(self, rank: float, neg_g: float, node) -> None:
+        heapq.heappush(self.heap, (rank, neg_g, next(self.counter), node))
 
-    spent = 0  # moves generated
+    def over_budget(self, key: float) -> OverBudget:
+        return OverBudget(self.budget, key)
 
-    def relax(i, g, h, succ, floor=0.0):
-        # (``floor``: a lower bound of the rest from every state of ``succ``)
-        nonlocal spent
-        spent += len(succ)
+    def run(self, start: int):
+        """The search from ``start``: ``(cost, path)``, or None when no goal is reached."""
+        memo, best, closed, heap = self.memo, self.best, self.closed, self.heap
+        memo[start] = self.h_of(start)
+        best[start] = 0.0
+        self.parent[start] = None
+        self.push(self.weight * memo[start], 0.0, start)
+        goals, budget = self.goals, self.budget
+        one = (len(goals) == 1 and not self.pattern) or self.weight != 1.0
+        reached = limit = None  # goals reached at the least price, and that price
+        pop = heapq.heappop
+        while heap:
+            key, neg_g, _, i = pop(heap)
+            if reached is not None and key > limit:
+                break
+            if self.spent > budget:
+                raise self.over_budget(key)
+            g = -neg_g
+            kind = type(i)
+            if kind is tuple:
+                self.expand_hub(i, g, key)
+                continue
+            if kind is _Deferred:
+                s = i.state
+                if g <= best[s]:
+                    self.relax(s, g, memo[s], i.moves(self.ctx, s))
+                continue
+            if i in closed or g > best[i]:
+                continue
+            h = self.lazy_rank(i, g, key, neg_g)
+            if h is None:
+                continue
+            if self.is_goal(i):
+                if one:
+                    return g, _path(self.parent, i)
+                # of several goals reached at this very price (a tie the tie-breaking
+                # factors lost to rounding), the first in ``state_order`` wins, as in a
+                # table walk
+                if reached is None:
+                    reached, limit = [], g
+                reached.append(i)
+                closed.add(i)
+                continue
+            closed.add(i)
+            self.expand(i, g, h, neg_g)
+        if reached is None:
+            return None
+        states = self.states
+        i = min(reached, key=lambda x: state_order(states[x]))
+        return limit, _path(self.parent, i)
+
+    def lazy_rank(self, i: int, g: float, key: float, neg_g: float) -> float | None:
+        """State ``i``'s heuristic, evaluated only when popped (it was queued under its
+        parent's less the step's price, a lower bound of its own by consistency); None
+        when it ranks later than it was queued, and is queued again."""
+        h = self.memo.get(i)
+        if h is None:
+            h = self.memo[i] = self.h_of(i)
+            rank = g + self.weight * h
+            if rank > key:
+                self.push(rank, neg_g, i)
+                return None
+        return h
+
+    def is_goal(self, i: int) -> bool:
+        if i in self.goals:
+            return True
+        if not self.pattern:
+            return False
+        states = self.states
+        return any(admits(states[x], states[i]) for x in self.goals)
+
+    def relax(self, i: int, g: float, h: float, succ, floor: float = 0.0) -> None:
+        """Queue the edges ``succ`` out of ``i`` (reached at price ``g``, heuristic ``h``;
+        ``floor``: a lower bound of the rest from every state of ``succ``)."""
+        self.spent += len(succ)
+        goal_codes, merge_dims = self.goal_codes, self.ctx.merge_dims
+        best, parent, memo, closed = self.best, self.parent, self.memo, self.closed
+        weight, heap, counter, push = self.weight, self.heap, self.counter, heapq.heappush
         for trans in succ:
             c, t, dims, collective, _, _, touch = trans
             if collective is None and touch == () and len(dims) == 1:
@@ -114,8 +211,7 @@ def search(ctx, start: int, goal, bounds=None, *, budget: int | None = None, wei
                 # un-Partial: whatever reduces it later could have run without it (unless
                 # it is reduced in a step merged onto an alias, the only one there may be)
                 m = dims[0]
-                b = goal_codes[m]
-                if (type(b) is not int or b <= R) and m not in merge_dims:
+                if not is_partial(goal_codes[m]) and m not in merge_dims:
                     continue
             ng = g + c
             old = best.get(t)
@@ -128,106 +224,57 @@ def search(ctx, start: int, goal, bounds=None, *, budget: int | None = None, wei
                 push(heap, (ng + weight * ht, -ng, next(counter), t))
                 closed.discard(t)
 
-    one = (len(goals) == 1 and not pattern) or weight != 1.0
-    reached = limit = None  # goals reached at the least price, and that price
-    if budget is None:
-        budget = math.inf
-    while heap:
-        key, neg_g, _, i = heapq.heappop(heap)
-        if reached is not None and key > limit:
-            break
-        if spent > budget:
-            ctx.expanded += spent
-            raise OverBudget(budget, key)
-        g = -neg_g
-        if type(i) is tuple:
-            # a permute hub, reached at ``g`` with ``key - g`` a lower bound of the rest
-            if g <= best[i] and done.get(i, math.inf) > g:
-                done[i] = g
-                source, via = parent[i]
-                kept = kept_bounds.get((source, goal))
-                if kept is None:
-                    kept = kept_bounds[(source, goal)] = min([kept_bound(source, x) for x in goals])
-                rest = (key - g) / weight
-                succ = hub_member_edges(ctx, i, via.dims, via.n_send, budget - spent)
-                if succ is None:  # (more members than the budget has left)
-                    ctx.expanded += spent
-                    raise OverBudget(budget, key)
-                relax(i, g, rest, succ, kept)
-            continue
-        if type(i) is _Merges:
-            i = i.state
-            if g <= best[i]:
-                relax(i, g, memo[i], merges(ctx, i))
-            continue
-        if type(i) is _General:
-            i = i.state
-            if g <= best[i]:
-                relax(i, g, memo[i], general_permutes(ctx, i))
-            continue
-        if i < 0:
-            # the all_permutes of state ~i, queued when it was expanded (at a lower bound
-            # of their rank), generated only now: first into their hubs
-            i = ~i
-            if g <= best[i]:
-                relax(i, g, memo[i], hub_edges(ctx, i))
-            continue
-        if i in closed or g > best[i]:
-            continue
-        # lazy heuristic: a state was queued under h(parent) - step price (a lower bound
-        # of its own, by consistency); evaluate it only now, re-queue if it ranks later
-        h = memo.get(i)
-        if h is None:
-            h = memo[i] = h_of(i)
-            if g + weight * h > key:
-                push(heap, (g + weight * h, neg_g, next(counter), i))
-                continue
-        if i in goals or (pattern and any(admits(states[x], states[i]) for x in goals)):
-            if one:
-                ctx.expanded += spent
-                return g, _path(parent, i)
-            # of several goals reached at this very price (a tie the tie-breaking factors
-            # lost to rounding), the first in ``state_order`` wins, as in a table walk
-            if reached is None:
-                reached, limit = [], g
-            reached.append(i)
-            closed.add(i)
-            continue
-        closed.add(i)
-        via = parent[i]
+    def expand_hub(self, hub: tuple, g: float, key: float) -> None:
+        """A permute hub, reached at ``g`` with ``key - g`` a lower bound of the rest:
+        the all_permutes into its members, once per search at its least price."""
+        if g > self.best[hub] or self.done.get(hub, math.inf) <= g:
+            return
+        self.done[hub] = g
+        source, via = self.parent[hub]
+        kept_bounds, goal = self.bounds.kept, self.goal
+        kept = kept_bounds.get((source, goal))
+        if kept is None:
+            kept_bound = self.bounds.kept_bound
+            kept = kept_bounds[(source, goal)] = min([kept_bound(source, x) for x in self.goals])
+        rest = (key - g) / self.weight
+        succ = hub_member_edges(self.ctx, hub, via.dims, via.n_send, self.budget - self.spent)
+        if succ is None:  # (more members than the budget has left)
+            raise self.over_budget(key)
+        self.relax(hub, g, rest, succ, kept)
+
+    def expand(self, i: int, g: float, h: float, neg_g: float) -> None:
+        """Queue the moves out of state ``i``: its single-dim steps now, the other kinds
+        as :class:`_Deferred` entries at a floor of their ranks."""
+        ctx, weight = self.ctx, self.weight
         succ = singles(ctx, i)
+        via = self.parent[i]
         if via is not None:
             prev, edge = via
             if edge.touch is not None and len(edge.dims) == 1:
                 # the single-dim steps the commuting-steps reduction keeps
-                kkey = (prev, edge.target, edge.dims, edge.collective, i)
-                kept_succ = kept_memo.get(kkey)
-                if kept_succ is None:
-                    kept_succ = kept_memo[kkey] = _commute_filter(ctx, prev, edge, succ)
-                succ = kept_succ
-        relax(i, g, h, succ)
-        if merges_on:
-            # the merged steps of state i, generated only once a plan through one may
-            # still be the cheapest (``merges_floor``)
+                key = (prev, edge.target, edge.dims, edge.collective, i)
+                kept = ctx.kept.get(key)
+                if kept is None:
+                    kept = ctx.kept[key] = _commute_filter(ctx, prev, edge, succ)
+                succ = kept
+        self.relax(i, g, h, succ)
+        if ctx.aliases:
+            # the merged steps, generated only once a plan through one may still be the
+            # cheapest (``merges_floor``)
             floor = merges_floor(ctx, i)
             if floor < math.inf:
-                rank = g + weight * (floor if floor > h else h)
-                push(heap, (rank, neg_g, next(counter), _Merges(i)))
+                self.push(g + weight * (floor if floor > h else h), neg_g, _Deferred(i, merges))
         floor = permute_floor(ctx, i) if weight == 1.0 else math.inf
         if floor < math.inf:
             # every permute leads to a state ranked at least this
-            push(heap, (g + weight * (floor if floor > h else h), neg_g, next(counter), ~i))
-        if general:
-            # the general permutes of state i, generated only once one may still be on
-            # the cheapest plan (each costs at least a launch, a hop and a copy)
-            floor = general_floor + ctx.nbytes(i) * copy
+            self.push(g + weight * (floor if floor > h else h), neg_g, _Deferred(i, hub_edges))
+        if ctx.general:
+            # the general permutes, generated only once one may still be on the cheapest
+            # plan (each costs at least a launch, a hop and a copy)
+            floor = ctx.launch + ctx.per_collective + self.bounds.latency_floor
+            floor += ctx.nbytes(i) * ctx.copy
             rank = g + weight * (floor if floor > h else h)
-            push(heap, (rank, neg_g, next(counter), _General(i)))
-    ctx.expanded += spent
-    if reached is None:
-        return None
-    i = min(reached, key=lambda x: state_order(states[x]))
-    return limit, _path(parent, i)
+            self.push(rank, neg_g, _Deferred(i, general_permutes))
 
 
 def _path(parent: dict, i: int) -> list:
@@ -243,24 +290,6 @@ def _path(parent: dict, i: int) -> list:
         i = prev
     moves.reverse()
     return moves
-
-
-class _Merges:
-    """A search queue entry: the merged steps of ``state``, generated when it is popped."""
-
-    __slots__ = ("state",)
-
-    def __init__(self, state: int):
-        self.state = state
-
-
-class _General:
-    """A search queue entry: the general permutes of ``state``, generated when it is popped."""
-
-    __slots__ = ("state",)
-
-    def __init__(self, state: int):
-        self.state = state
 
 
 def _commute_filter(ctx, prev: int, x: Edge, succ: tuple) -> tuple:
