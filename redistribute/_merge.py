@@ -32,7 +32,8 @@ from meshplan.layout._mesh import first_instance
 from meshplan.placement import Partial, Replicate, is_shard_like
 
 from ._aliases import alias_dims
-from ._engine._encoding import MERGEABLE, decode, encode, universe
+from ._collectives import MERGEABLE
+from ._engine._encoding import decode, encode, universe
 from ._plan import Plan, as_plan
 from ._profile import CostModel, as_model
 from ._sizes import padded_local_bytes

@@ -43,8 +43,9 @@ from __future__ import annotations
 import math
 from typing import NamedTuple
 
+from .._collectives import COLLECTIVES, MERGEABLE
 from .._links import group_link
-from .._profile import COLLECTIVES, FLATTENED, Link
+from .._profile import Link
 from ._bound_parts import kept_dim_bound
 from ._dim_bound import dim_bound
 from ._general_bound import general_bound, general_kept_bound
@@ -255,7 +256,7 @@ def _collective_links(model, mesh, ndim: int, aliases) -> list:
     and the alias's, so the bounds hold for every step."""
     own = [{kind: group_link(model, mesh, (m,), kind) for kind in COLLECTIVES} for m in range(ndim)]
     for _, dims in aliases:
-        for kind in FLATTENED:
+        for kind in MERGEABLE:
             link = group_link(model, mesh, dims, kind)
             for m in dims:
                 mine = own[m][kind]

@@ -46,7 +46,6 @@ __all__ = [
     "SUMAVG",
     "ANY",
     "SHARD_ANY",
-    "MERGEABLE",
     "is_partial",
     "is_wildcard",
     "State",
@@ -71,8 +70,6 @@ SHARD_ANY = -3
 """A pattern's code for "any shard of tensor dim d" is ``SHARD_ANY - d``
 (``_goals.class_goal``)."""
 
-MERGEABLE = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all")
-"""The collectives a step merged onto a flattened alias may run."""
 
 
 def is_partial(code) -> bool:

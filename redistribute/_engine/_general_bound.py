@@ -330,8 +330,8 @@ def _fastest_across(b, m: int) -> float:
     key = ("fastest", m)
     out = b.cut_memo.get(key)
     if out is None:
+        from .._collectives import COLLECTIVES
         from .._links import group_link
-        from .._profile import COLLECTIVES
 
         others = [q for q in b.active if q != m]
         out = 0.0
