@@ -143,7 +143,7 @@ def dim_bound(b, state, goal) -> float:
         )
     bw_free, bw_kept = _bandwidth(b, t, count, o_gap, o_pen, full)
     missing = 0.0
-    if not info[1]:  # (the goal has no Partial dim)
+    if not info.partial:
         missing = first_rank_missing(b, state, goal, t.reduce) * b.itemsize * b.missing_rate
     best = bw_free + local_copy
     missing += local_copy
