@@ -595,9 +595,9 @@ def run_model_cases(mesh, tmesh, model, R, strided: bool = False) -> dict:
     searched = []
     search = _planner.search
 
-    def counted(*args):
+    def counted(*args, **kwargs):
         searched.append(1)
-        return search(*args)
+        return search(*args, **kwargs)
 
     clear_plan_cache()
     _planner.search = counted

@@ -59,18 +59,20 @@ class SharedMoves:
     prices them on its tensor (``_edges``). Each memo maps ``(context key, state)`` to:
 
     * ``singles``: the single-dim steps (:class:`~._encoding.Move`, ``_moves``);
-    * ``hubs``: the state's permute hubs, ``hub_members``: a hub's targets (``_permutes``);
+    * ``hubs``: the state's permute hubs, ``hub_members``: a hub's targets (``_permutes``),
+      built from ``orders`` (per tensor dim, the shard orders a hub's targets may take);
     * ``merged``: the steps merged onto the mesh's aliases (``_merged_moves``, keyed by the
       aliases' dims too), built from ``chain_moves`` (single-dim collectives on an
       alias's dims) and ``chain_ends`` (where chains of them end).
     """
 
-    __slots__ = ("singles", "hubs", "hub_members", "chain_moves", "chain_ends", "merged")
+    __slots__ = ("singles", "hubs", "hub_members", "orders", "chain_moves", "chain_ends", "merged")
 
     def __init__(self) -> None:
         self.singles: dict = {}
         self.hubs: dict = {}
         self.hub_members: dict = {}
+        self.orders: dict = {}
         self.chain_moves: dict = {}
         self.chain_ends: dict = {}
         self.merged: dict = {}
