@@ -169,6 +169,7 @@ class Context:
         self.hub_members: dict = {}
         self.merged: dict = {}
         self.generals: dict = {}
+        self.general_orders: dict = {}  # (``_general._orders_like``)
         self.permute_floors: dict = {}
         self.merge_floors: dict = {}
         self.exacts: dict = {}
