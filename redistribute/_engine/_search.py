@@ -229,7 +229,6 @@ class _AStar:
         the all_permutes into its members, once per search at its least price."""
         if g > self.best[hub] or self.done.get(hub, math.inf) <= g:
             return
-        self.done[hub] = g
         source, via = self.parent[hub]
         kept_bounds, goal = self.bounds.kept, self.goal
         kept = kept_bounds.get((source, goal))
@@ -237,6 +236,14 @@ class _AStar:
             kept_bound = self.bounds.kept_bound
             kept = kept_bounds[(source, goal)] = min([kept_bound(source, x) for x in self.goals])
         rest = (key - g) / self.weight
+        if kept > rest:
+            # every member's rest is at least ``kept``: rank the hub by it, and generate
+            # its members only if it is still among the cheapest when popped again
+            rank = g + self.weight * kept
+            if rank > key:
+                self.push(rank, -g, hub)
+                return
+        self.done[hub] = g
         succ = hub_member_edges(self.ctx, hub, via.dims, via.n_send, self.budget - self.spent)
         if succ is None:  # (more members than the budget has left)
             raise self.over_budget(key)
