@@ -34,7 +34,7 @@ memo a pair's first plan fills, count. So each pair is timed once per row, for t
 * model weights: the weight shapes of five transformer sizes with the pairs FSDP/TP-style
   training plans for each (:func:`model_cases`), in order from a clean start, for meshplan
   and torch greedy: many tensor sizes, few pairs (meshplan shares a plan across the sizes
-  of a family, ``meshplan.redistribute._family``); on meshes of 2+ dims also FSDP2 x TP
+  of a family, ``meshplan.redistribute._engine._family``); on meshes of 2+ dims also FSDP2 x TP
   weights as torch writes them, with ``_StridedShard`` (:func:`model_cases` ``strided``).
 
 Quality, per plan: steps, collectives, bytes received per rank and peak local memory
@@ -405,8 +405,8 @@ def table_builds(planner, pairs, model, objective="time") -> list[float]:
     """Build the plan table of each distinct context of ``pairs`` on ``planner`` (none
     when too big), as ``plan()`` would use it; the seconds each took (garbage collection
     off, as for every other time here)."""
-    from meshplan.redistribute import _encoding, _table
-    from meshplan.redistribute._problem import Problem
+    from meshplan.redistribute._engine import _encoding, _table
+    from meshplan.redistribute._engine._problem import Problem
 
     seen = {}
     for src, dst in pairs:
@@ -595,9 +595,9 @@ def run_model_cases(mesh, tmesh, model, R, strided: bool = False) -> dict:
     searched = []
     search = _planner.search
 
-    def counted(*args):
+    def counted(*args, **kwargs):
         searched.append(1)
-        return search(*args)
+        return search(*args, **kwargs)
 
     clear_plan_cache()
     _planner.search = counted

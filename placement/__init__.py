@@ -28,7 +28,6 @@ from ._local import (
 from ._pspec import PartitionSpec
 from ._spec import Spec, format_spec, from_partition_spec, partition_spec
 from ._text import format_placements, parse_placements
-from ._torch_compat import from_torch, to_torch, to_torch_shard_order
 from ._types import (
     DTYPES,
     REDUCE_OPS,
@@ -41,9 +40,13 @@ from ._types import (
     dtype_name,
     is_shard_like,
 )
-from ._visualize import visualize
 
 _LAZY = {
+    # conversions from and to torch's placements, and the text grid: loaded when used
+    "from_torch": "_torch_compat",
+    "to_torch": "_torch_compat",
+    "to_torch_shard_order": "_torch_compat",
+    "visualize": "_visualize",
     "shard": "_tensor",
     "shard_one": "_tensor",
     "unshard": "_tensor",

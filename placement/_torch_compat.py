@@ -353,26 +353,7 @@ def from_torch(
     >>> print(from_torch(pl, mesh, (8,), decode_order=True))
     f32[8](S(0)[1,0] S(0))
     """
-    if isinstance(placements, str) or not isinstance(placements, Iterable):
-        raise PlacementError(
-            f"from_torch takes a sequence of torch placements, got {placements!r}",
-            value=placements,
-        )
-    if not isinstance(decode_order, bool) and (
-        isinstance(decode_order, str) or not isinstance(decode_order, Collection)
-    ):
-        raise PlacementError(
-            f"decode_order is True, False or a collection of tensor dims, got {decode_order!r}",
-            value=decode_order,
-        )
-    try:
-        placements = list(placements)
-    except TypeError:  # not iterable, or a 0-d tensor
-        raise PlacementError(
-            f"from_torch takes a sequence of torch placements, got {brief(placements)}",
-            value=placements,
-        ) from None
-    converted = [_from_torch_placement(p) for p in placements]
+    converted = [_from_torch_placement(p) for p in _torch_placements(placements, decode_order)]
     given = _torch_order(shard_order)
     if mesh is None and shape is None:
         if decode_order:
@@ -393,18 +374,55 @@ def from_torch(
     literal = Spec(mesh, converted, shape, dtype, given)
     if decode_order is False:
         return literal
+    dims = _decoded_dims(literal, decode_order)
+    return _decoded(literal, converted, dims, given, shard_order)
+
+
+def _torch_placements(placements: Any, decode_order: Any) -> list:
+    """``from_torch``'s placements as a list, its arguments checked."""
+    if isinstance(placements, str) or not isinstance(placements, Iterable):
+        raise PlacementError(
+            f"from_torch takes a sequence of torch placements, got {placements!r}",
+            value=placements,
+        )
+    if not isinstance(decode_order, bool) and (
+        isinstance(decode_order, str) or not isinstance(decode_order, Collection)
+    ):
+        raise PlacementError(
+            f"decode_order is True, False or a collection of tensor dims, got {decode_order!r}",
+            value=decode_order,
+        )
+    try:
+        return list(placements)
+    except TypeError:  # not iterable, or a 0-d tensor
+        raise PlacementError(
+            f"from_torch takes a sequence of torch placements, got {brief(placements)}",
+            value=placements,
+        ) from None
+
+
+def _decoded_dims(literal: Spec, decode_order: Any) -> set[int]:
+    """The tensor dims whose ``_StridedShard`` placements ``decode_order`` asks to read as
+    a shard order (True: every dim a StridedShard shards)."""
+    shape = literal.shape
     ndim = len(shape)
     if decode_order is True:
-        dims = {p.dim for p in literal.placements if isinstance(p, StridedShard)}
-    else:
-        dims = set()
-        for d in decode_order:
-            if isinstance(d, bool) or not isinstance(d, int) or not -ndim <= d < ndim:
-                raise PlacementError(
-                    f"decode_order names {d!r}, not a tensor dim of shape {shape!r}",
-                    value=decode_order,
-                )
-            dims.add(d % ndim)
+        return {p.dim for p in literal.placements if isinstance(p, StridedShard)}
+    dims = set()
+    for d in decode_order:
+        if isinstance(d, bool) or not isinstance(d, int) or not -ndim <= d < ndim:
+            raise PlacementError(
+                f"decode_order names {d!r}, not a tensor dim of shape {shape!r}",
+                value=decode_order,
+            )
+        dims.add(d % ndim)
+    return dims
+
+
+def _decoded(literal: Spec, converted: list, dims: set[int], given, shard_order: Any) -> Spec:
+    """``literal`` with the StridedShards of ``dims`` read as torch 2.13's encoding of a
+    shard order; raises where that places data otherwise than the literal reading."""
+    mesh, shape, ndim = literal.mesh, literal.shape, len(literal.shape)
     placements_now = list(literal.placements)
     orders = dict(literal.shard_order)
     for d in sorted(dims):

@@ -7,8 +7,9 @@ import math
 
 from meshplan.layout import Mesh
 
+from ._collectives import COLLECTIVES
 from ._plan import as_plan
-from ._profile import COLLECTIVES, CostModel, as_model
+from ._profile import CostModel, as_model
 from ._step_cost import Cost, _step_price, coefficients
 
 __all__ = ["cost", "OBJECTIVES", "collective_weight"]

@@ -11,6 +11,7 @@ from meshplan.layout._mesh import first_instance
 from meshplan.layout._ranks import short_repr
 from meshplan.placement import Spec, dtype_itemsize, local_numel
 
+from ._collectives import ASSEMBLING
 from ._profile import CostModel
 from ._step_cost import Cost, step_cost
 from ._steps import Step, placement_change
@@ -74,7 +75,7 @@ def step_report(step: Step, model: CostModel | None = None) -> StepReport:
     sample = ranks if exact else (first,)
     peak = max((local_numel(src, r) + local_numel(dst, r)) * item for r in sample)
     recv = sent = 0
-    if step.collective in ("all_gather", "all_to_all", "all_permute") and counted:
+    if step.collective in ASSEMBLING and counted:
         got: dict[int, int] = {}
         out: dict[int, int] = {}
         for r in ranks:

@@ -9,7 +9,8 @@ from meshplan.errors import PlanError
 from meshplan.layout import Mesh
 from meshplan.layout._axis import complement
 
-from ._profile import FLATTENED, CostModel, HardwareProfile, Link
+from ._collectives import MERGEABLE
+from ._profile import CostModel, HardwareProfile, Link
 
 __all__ = ["group_link"]
 
@@ -65,7 +66,7 @@ def group_link(
     hw = model.profile
     if hw.flattened:
         _check_flattened(hw, mesh)
-        if len(dims) > 1 and collective in FLATTENED:
+        if len(dims) > 1 and collective in MERGEABLE:
             links = hw.flattened.get(tuple(sorted(dims)))
             if links is not None and collective in links:
                 return links[collective]

@@ -32,7 +32,8 @@ from meshplan.layout._mesh import first_instance
 from meshplan.placement import Partial, Replicate, is_shard_like
 
 from ._aliases import alias_dims
-from ._encoding import MERGEABLE, decode, encode, universe
+from ._collectives import MERGEABLE
+from ._engine._encoding import decode, encode, universe
 from ._plan import Plan, as_plan
 from ._profile import CostModel, as_model
 from ._sizes import padded_local_bytes
@@ -368,8 +369,8 @@ def _apply(state, m, code):
 def _valid_single(step: Step, planner) -> bool:
     """Whether ``step`` is one of the search's single-dim moves (on a context of
     ``planner``'s, the default planner's when None)."""
-    from ._edges import singles
-    from ._problem import Problem
+    from ._engine._edges import singles
+    from ._engine._problem import Problem
     from ._store import default_planner
 
     src, dst = step.src, step.dst

@@ -16,7 +16,7 @@ The steps a plan may take (each a valid :class:`Step`):
   orders share a prefix and differ only in the step's dims. Every such permute is a move;
 * ``all_permute`` between specs whose ranks hold the same pieces though they shard with
   other mesh dims (``S(0) R -> R S(0)``): every rank receives one member's whole local
-  tensor, over the mesh dims after the orders' common prefixes (:mod:`._general`);
+  tensor, over the mesh dims after the orders' common prefixes (:mod:`._engine._general`);
 * with ``merge`` (the default), on a mesh with flattened aliases: one all_reduce,
   all_gather, reduce_scatter or all_to_all over every dim of an alias, ending where a
   chain of like-kind single-dim steps over those dims ends, when it is one valid step
@@ -39,7 +39,7 @@ rank first holds its target (a relabel to the target's words would move nothing 
 a launch). After ``_table.lazy_pairs`` pairs, a context small enough builds an all-pairs
 table and walks it, to the very same plan (``tests/redistribute/test_table.py``). Contexts
 whose prices are all linear in the tensor's bytes (regular shapes, objective "time") form
-a family across tensor sizes (:mod:`._family`): a size between two planned sizes with
+a family across tensor sizes (:mod:`._engine._family`): a size between two planned sizes with
 one plan takes it without a search (``tests/redistribute/test_family.py``). Then
 :func:`merge` notes like-kind collectives a missing alias kept apart (for the warning).
 Effort is bounded: a search generates at most ``Planner(max_states=...)`` moves
@@ -52,14 +52,7 @@ so the plan has the fewest collectives and, among those, the least time. Plans, 
 tables and every other memo belong to a :class:`~._store.Planner` (the default one
 unless ``plan`` is given another), keyed by the frozen arguments.
 
-The engine, one concept per module: ``_encoding`` (states, moves and edges),
-``_problem`` and ``_context`` (a search context: interning, bytes, prices), ``_moves``,
-``_permutes``, ``_merged_moves`` and ``_general`` (the moves out of a state, shape-free),
-``_edges`` (those moves priced on a context), ``_goals`` (goal classes and patterns),
-``_bounds`` with ``_dim_bound``, ``_bound_parts``, ``_sequence`` and ``_general_bound``
-(the search's lower bound), ``_search`` (the A* loop), ``_table`` (all-pairs tables),
-``_family`` (plans shared across sizes), ``_price`` (a move's price) and ``_store``
-(the :class:`~._store.Planner` that owns every memo).
+The engine's modules (:mod:`._engine`) say how each part of this is done.
 """
 
 from __future__ import annotations
@@ -80,17 +73,17 @@ from meshplan.placement import (
 
 from ._aliases import alias_dims, alias_named
 from ._cost import OBJECTIVES, _plan_cost, collective_weight
-from ._encoding import R, universe_of
-from ._family import family_of
-from ._goals import goal_class
+from ._engine._encoding import R, universe_of
+from ._engine._family import family_of
+from ._engine._goals import goal_class
+from ._engine._problem import Problem
+from ._engine._search import GREEDY, OverBudget, search
+from ._engine._table import walk
 from ._merge import merge_plan, warn_missed
 from ._plan import Plan
-from ._problem import Problem
 from ._profile import CostModel, as_model
-from ._search import GREEDY, OverBudget, search
 from ._sizes import padded_local_bytes
 from ._store import Planner, default_planner
-from ._table import walk
 
 __all__ = ["plan", "plan_cost", "check_plannable", "clear_plan_cache", "Planner"]
 

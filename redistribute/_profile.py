@@ -19,6 +19,8 @@ import attrs
 from meshplan.errors import PlanError
 from meshplan.layout import FrozenMap
 
+from ._collectives import COLLECTIVES, MERGEABLE
+
 __all__ = [
     "MAX_SECONDS",
     "MIN_BYTES_PER_S",
@@ -166,8 +168,6 @@ def _link_of(value, name: str) -> Link:
         raise PlanError(f"hardware profile field {name}: {e}", value=value) from None
 
 
-COLLECTIVES = ("all_gather", "reduce_scatter", "all_reduce", "all_to_all", "all_permute")
-"""The collectives a plan's steps run (``HardwareProfile.per_collective``'s keys)."""
 
 
 def _per_collective(value) -> FrozenMap:
@@ -202,7 +202,7 @@ def _per_collective(value) -> FrozenMap:
     return FrozenMap(out)
 
 
-FLATTENED = ("all_gather", "reduce_scatter", "all_reduce", "all_to_all")
+FLATTENED = MERGEABLE
 """The collectives a step merged onto a flattened alias runs (``HardwareProfile.flattened``'s
 links are theirs; an all_permute spans whichever mesh dims it moves)."""
 

@@ -10,6 +10,7 @@ from meshplan.errors import PlanError
 from meshplan.placement import local_shape
 from meshplan.placement._tensor import reduction_dtype
 
+from ._collectives import ASSEMBLING
 from ._local_ops import apply_local, empty_target, finish_reduce, pack, unpack_into
 from ._plan import Plan
 from ._steps import Step, reduce_op
@@ -88,7 +89,7 @@ def simulate_step(step: Step, locals_: Mapping[int, torch.Tensor]) -> dict[int, 
     out: dict[int, torch.Tensor] = {}
     if kind is None:
         return {r: apply_local(step, r, locals_[r]) for r in ranks}
-    if kind in ("all_gather", "all_to_all", "all_permute"):
+    if kind in ASSEMBLING:
         for r in ranks:
             target = empty_target(step, r, locals_[r])
             for t in transfers_to(step, r):

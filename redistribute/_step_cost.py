@@ -38,6 +38,7 @@ from meshplan.errors import PlanError
 from meshplan.layout import Mesh
 from meshplan.placement import Spec, is_shard_like
 
+from ._collectives import EXCHANGING, REDUCING
 from ._links import group_link
 from ._profile import CostModel, HardwareProfile, as_model
 from ._sizes import padded_local_bytes
@@ -139,7 +140,7 @@ def link_terms(
     if collective == "all_reduce":
         f = (n - 1) / n
         return (2 * steps, 2 * f, 0.0, f / hw.reduce_bytes_per_s, 0.0, 2 * f)
-    if collective in ("all_to_all", "all_permute"):
+    if collective in EXCHANGING:
         k = n_send
         f = (k - 1) / k
         ksteps = math.ceil(math.log2(k)) if k > 1 else 0
@@ -194,7 +195,7 @@ def transition_cost(
 
 
 def _step_price(src: Spec, dst: Spec, dims: tuple[int, ...], collective, model) -> Cost:
-    scaled = collective in ("all_reduce", "reduce_scatter") and any(
+    scaled = collective in REDUCING and any(
         getattr(src.placements[m], "op", None) == "avg" for m in dims
     )
     return _price(

@@ -11,9 +11,10 @@ from meshplan.errors import PlanError
 from meshplan.layout import Mesh
 from meshplan.placement import Partial, Replicate, Spec, format_placements, is_shard_like
 
+from ._collectives import COLLECTIVES, REDUCING
+
 __all__ = ["Step", "COLLECTIVES", "reduce_op", "grad_spec"]
 
-COLLECTIVES = ("all_gather", "all_reduce", "reduce_scatter", "all_to_all", "all_permute")
 
 
 def _mesh_dims(value: Sequence[int] | int, mesh: Mesh) -> tuple[int, ...]:
@@ -177,7 +178,7 @@ def _check_kind(step: Step) -> None:
         return
     before, after = step.src.placements, step.dst.placements
     names = step.src.mesh.names
-    if kind in ("all_reduce", "reduce_scatter"):
+    if kind in REDUCING:
         for m in step.mesh_dims:
             a, b = before[m], after[m]
             if not isinstance(a, Partial):
@@ -215,7 +216,7 @@ def _check_kind(step: Step) -> None:
 
 def _avg_scale(step: Step) -> int:
     """Divisor of a sum-reduction that also covers Partial("avg") dims (1 otherwise)."""
-    if step.collective not in ("all_reduce", "reduce_scatter"):
+    if step.collective not in REDUCING:
         return 1
     scale = 1
     for m in step.mesh_dims:

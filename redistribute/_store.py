@@ -2,7 +2,7 @@
 
 A plan is a pure function of its arguments; what makes planning fast is remembered
 work, and all of it lives in a :class:`Planner`: the plans made, the search contexts
-(one per :class:`~._problem.Problem`) with their interned states and priced moves, the
+(one per :class:`~._engine._problem.Problem`) with their interned states and priced moves, the
 shape-free moves the contexts of one mesh share, the all-pairs plan tables, the plans
 shared across the tensor sizes of a family, the specs' encodings (and the specs and
 steps of plans, decoded), and which mesh shapes a missed merge has warned about. ``plan(..., planner=None)`` uses the module's default
@@ -21,12 +21,12 @@ import threading
 from meshplan.errors import PlanError
 from meshplan.placement import Spec
 
-from ._context import Context, SharedMoves
-from ._encoding import State, decode, encode
-from ._family import Families
-from ._problem import Problem
+from ._engine._context import Context, SharedMoves
+from ._engine._encoding import State, decode, encode
+from ._engine._family import Families
+from ._engine._problem import Problem
+from ._engine._table import TABLE_MODES, Tables
 from ._steps import Step
-from ._table import TABLE_MODES, Tables
 
 __all__ = ["Planner", "default_planner", "STATE_BUDGET"]
 

@@ -86,27 +86,11 @@ def measure(
     if device is None:
         device = default_device(mesh.device_type, _backend(groups))
     numel = max(1, nbytes // 4)
-    big = torch.ones(numel, dtype=torch.float32, device=device)
-    tiny = torch.ones(1, dtype=torch.float32, device=device)
-    src, dst = big.clone(), torch.empty_like(big)
     sync = _synchronizer(device)
-    copy_s = _time(lambda: dst.copy_(src), repeats, sync)
-    add_s = _time(lambda: torch.add(src, big, out=dst), repeats, sync)
-    local_s = _time(lambda: tiny.clone(), repeats * 10, sync)
-    # no link moves bytes faster than a local copy: the floor when noise hides the transfer
-    copy_per_byte = copy_s / (numel * 4)
-    row: list[float] = [max(copy_per_byte, 1e-15), add_s / (numel * 4), local_s]
+    row = _local_row(numel, repeats, device, sync)
     counts = _counts(numel)
-    # per mesh dim and collective (an all_permute spans mesh dims: over all of them), the
-    # seconds of a run at each of ``counts``; and small all_gathers over the whole mesh,
-    # whose extra hops tell a collective's launch apart from its per-hop latency
     every = tuple(mesh.names)
-    plan = [
-        (name, kind, counts) for name in mesh.names for kind in COLLECTIVES if kind != "all_permute"
-    ]
-    plan += [(every, "all_permute", counts), (every, "all_gather", counts[:2])]
-    # each alias's group, for the steps merged onto it
-    plan += [(alias, kind, counts) for alias in flats for kind in FLATTENED]
+    plan = _runs_planned(mesh, flats, counts)
     runs = []  # (call, back-to-back calls per round), None where the group is one rank
     for name, kind, sizes in plan:
         group = groups.get(name)
@@ -133,6 +117,51 @@ def measure(
         times[name, kind] = values[at : at + len(sizes)]
         at += len(sizes)
     launch = _launch(shape, mesh, counts, times, copy_per_byte)
+    links, flattened = _fit_links(groups, shape, plan, times, launch, copy_per_byte, flats)
+    return {
+        "links": links["all_gather"],
+        "collectives": links,
+        "flattened": flattened,
+        "launch_s": launch,
+        "copy_bytes_per_s": 1.0 / copy_per_byte,
+        "reduce_bytes_per_s": 1.0 / add_per_byte,
+        "local_launch_s": local_launch,
+        "reduce_scatter_via_all_reduce": via_all_reduce,
+    }
+
+
+def _local_row(numel: int, repeats: int, device, sync) -> list[float]:
+    """Seconds per byte of a local copy and of a local add, and a local launch's seconds."""
+    big = torch.ones(numel, dtype=torch.float32, device=device)
+    tiny = torch.ones(1, dtype=torch.float32, device=device)
+    src, dst = big.clone(), torch.empty_like(big)
+    copy_s = _time(lambda: dst.copy_(src), repeats, sync)
+    add_s = _time(lambda: torch.add(src, big, out=dst), repeats, sync)
+    local_s = _time(lambda: tiny.clone(), repeats * 10, sync)
+    # no link moves bytes faster than a local copy: the floor when noise hides the transfer
+    copy_per_byte = copy_s / (numel * 4)
+    return [max(copy_per_byte, 1e-15), add_s / (numel * 4), local_s]
+
+
+def _runs_planned(mesh, flats: tuple[str, ...], counts) -> list:
+    """What ``measure`` times: ``(group name, collective, element counts)``."""
+    # per mesh dim and collective (an all_permute spans mesh dims: over all of them), the
+    # seconds of a run at each of ``counts``; and small all_gathers over the whole mesh,
+    # whose extra hops tell a collective's launch apart from its per-hop latency
+    every = tuple(mesh.names)
+    plan = [
+        (name, kind, counts) for name in mesh.names for kind in COLLECTIVES if kind != "all_permute"
+    ]
+    plan += [(every, "all_permute", counts), (every, "all_gather", counts[:2])]
+    # each alias's group, for the steps merged onto it
+    plan += [(alias, kind, counts) for alias in flats for kind in FLATTENED]
+    return plan
+
+
+def _fit_links(groups, shape, plan, times, launch: float, copy_per_byte: float, flats):
+    """Per collective and group name, the fitted ``(latency_s, bytes_per_s)``: of mesh
+    dims (``links``) and of aliases (``flattened``)."""
+    every = tuple(groups.mesh.names)
     links: dict[str, dict] = {kind: {} for kind in COLLECTIVES}
     flattened: dict[str, dict] = {alias: {} for alias in flats}
     for name, kind, sizes in plan:
@@ -147,16 +176,7 @@ def measure(
                 flattened[name][kind] = link
             else:
                 links[kind][name] = link
-    return {
-        "links": links["all_gather"],
-        "collectives": links,
-        "flattened": flattened,
-        "launch_s": launch,
-        "copy_bytes_per_s": 1.0 / copy_per_byte,
-        "reduce_bytes_per_s": 1.0 / add_per_byte,
-        "local_launch_s": local_launch,
-        "reduce_scatter_via_all_reduce": via_all_reduce,
-    }
+    return links, flattened
 
 
 def _flattened_groups(mesh) -> tuple[str, ...]:

@@ -112,11 +112,12 @@ def _step_bound(model, mesh: Mesh, m: int, collective: str | None, nbytes: float
     ``nbytes`` bounds every local size from below; a side of the step where ``m``
     does not shard (Partial or Replicate) holds ``mesh.shape[m]`` times as much.
     """
+    from meshplan.redistribute._collectives import REDUCING
     from meshplan.redistribute._step_cost import coefficients
 
     size = mesh.shape[m]
     c = coefficients(model, mesh, (m,), collective, size)
-    b_in = nbytes * size if collective in ("all_reduce", "reduce_scatter") else nbytes
+    b_in = nbytes * size if collective in REDUCING else nbytes
     b_out = nbytes * size if collective == "all_gather" else nbytes
     return c[0] + c[3] + (c[1] + c[4]) * b_in + (c[2] + c[5]) * b_out
 
@@ -155,13 +156,15 @@ def _kind(p: Placement) -> str:
 
 _KINDS = {Replicate: "R", Partial: "P", Shard: "S", StridedShard: "S"}
 
-_COLLECTIVES = (None, "all_gather", "all_to_all", "all_permute", "all_reduce", "reduce_scatter")
 
 
 @functools.lru_cache(maxsize=16384)
 def _dim_steps(model, mesh: Mesh, m: int, nbytes: float) -> tuple[float, ...]:
-    """:func:`_step_bound` of every step kind (in ``_COLLECTIVES`` order)."""
-    return tuple(_step_bound(model, mesh, m, c, nbytes) for c in _COLLECTIVES)
+    """:func:`_step_bound` of every step kind: a local step, then each of
+    ``COLLECTIVES`` in order."""
+    from meshplan.redistribute._collectives import COLLECTIVES
+
+    return tuple(_step_bound(model, mesh, m, c, nbytes) for c in (None, *COLLECTIVES))
 
 
 @functools.lru_cache(maxsize=65536)
@@ -176,7 +179,7 @@ def _dim_bound(src: Spec, m: int, q: Placement, model) -> tuple[float, bool]:
         # StridedShard written as a shard order, any unreduced placements of an empty
         # tensor), and then the plan has no step
         return 0.0, False
-    local, gather, a2a, permute, allreduce, scatter = _dim_steps(
+    local, gather, allreduce, scatter, a2a, permute = _dim_steps(
         model, src.mesh, m, min_local_bytes(src)
     )
     reduce = min(allreduce, scatter)

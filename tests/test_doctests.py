@@ -22,7 +22,7 @@ def _modules():
     for name in PACKAGES:
         pkg = importlib.import_module(name)
         yield name
-        for info in pkgutil.iter_modules(pkg.__path__, prefix=name + "."):
+        for info in pkgutil.walk_packages(pkg.__path__, prefix=name + "."):
             yield info.name
 
 

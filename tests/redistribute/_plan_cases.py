@@ -13,9 +13,9 @@ from hypothesis import strategies as st
 from meshplan.layout import Mesh
 from meshplan.placement import Partial, Spec, gather_index, local_intervals, shard, unshard
 from meshplan.redistribute import CostModel, HardwareProfile, Link, Plan, Step, simulate
-from meshplan.redistribute._edges import singles
-from meshplan.redistribute._encoding import R, decode, encode, universe
-from meshplan.redistribute._problem import Problem
+from meshplan.redistribute._engine._edges import singles
+from meshplan.redistribute._engine._encoding import R, decode, encode, universe
+from meshplan.redistribute._engine._problem import Problem
 from meshplan.redistribute._store import default_planner
 from meshplan.testing import mesh_dims, shapes, specs
 

@@ -13,12 +13,12 @@ from hypothesis import strategies as st
 from meshplan.layout import Mesh
 from meshplan.placement import Shard, Spec, StridedShard, parse_placements
 from meshplan.redistribute import CostModel, HardwareProfile, MergeWarning, clear_plan_cache, plan
-from meshplan.redistribute import _encoding as E
-from meshplan.redistribute import _family as F
 from meshplan.redistribute import _planner as P
-from meshplan.redistribute._edges import successors
-from meshplan.redistribute._exact import even_steps
-from meshplan.redistribute._problem import Problem
+from meshplan.redistribute._engine import _encoding as E
+from meshplan.redistribute._engine import _family as F
+from meshplan.redistribute._engine._edges import successors
+from meshplan.redistribute._engine._exact import even_steps
+from meshplan.redistribute._engine._problem import Problem
 from meshplan.redistribute._store import Planner, default_planner
 
 MODELS = [

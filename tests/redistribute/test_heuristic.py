@@ -15,15 +15,15 @@ from hypothesis import strategies as st
 from meshplan.layout import Mesh
 from meshplan.placement import Partial, Replicate, Shard, Spec, StridedShard
 from meshplan.redistribute import CostModel, HardwareProfile
-from meshplan.redistribute._bound_parts import collective_cover
-from meshplan.redistribute._context import Context, SharedMoves
-from meshplan.redistribute._dim_bound import dim_bound
-from meshplan.redistribute._encoding import encode as _state
-from meshplan.redistribute._encoding import universe
-from meshplan.redistribute._general_bound import crossing_floor, most_missing
-from meshplan.redistribute._problem import Problem
-from meshplan.redistribute._search import search
-from meshplan.redistribute._sequence import _keeps, _orders, _weight
+from meshplan.redistribute._engine._bound_parts import collective_cover
+from meshplan.redistribute._engine._context import Context, SharedMoves
+from meshplan.redistribute._engine._dim_bound import dim_bound
+from meshplan.redistribute._engine._encoding import encode as _state
+from meshplan.redistribute._engine._encoding import universe
+from meshplan.redistribute._engine._general_bound import crossing_floor, most_missing
+from meshplan.redistribute._engine._problem import Problem
+from meshplan.redistribute._engine._search import search
+from meshplan.redistribute._engine._sequence import _keeps, _orders, _weight
 
 MODELS = [
     CostModel(),
@@ -462,7 +462,7 @@ def test_a_shard_on_the_slow_dim_is_bounded_by_what_crosses_it():
 def test_the_general_bound_stopped_at_a_cap_gives_the_same_heuristic(pair, model, data):
     # ``general_bound(cap=h)`` may stop once it reaches ``h``: the least of it and ``h``
     # (the heuristic) is the least of the whole bound and ``h``
-    from meshplan.redistribute._general_bound import general_bound
+    from meshplan.redistribute._engine._general_bound import general_bound
 
     src, dst = pair
     model = on_mesh(model, src.mesh)

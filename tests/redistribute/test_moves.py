@@ -23,16 +23,16 @@ from meshplan.errors import PlacementError
 from meshplan.layout import Mesh
 from meshplan.placement import Replicate, Spec
 from meshplan.redistribute import CostModel
-from meshplan.redistribute import _encoding as N
-from meshplan.redistribute import _exact as E
 from meshplan.redistribute import _merge as M
-from meshplan.redistribute import _price as Pr
-from meshplan.redistribute import _table as T
-from meshplan.redistribute._edges import permutes
-from meshplan.redistribute._encoding import R
-from meshplan.redistribute._merged_moves import valid_moving_merge
-from meshplan.redistribute._permutes import hub_members, hubs_of
-from meshplan.redistribute._problem import Problem
+from meshplan.redistribute._engine import _encoding as N
+from meshplan.redistribute._engine import _exact as E
+from meshplan.redistribute._engine import _price as Pr
+from meshplan.redistribute._engine import _table as T
+from meshplan.redistribute._engine._edges import permutes
+from meshplan.redistribute._engine._encoding import R
+from meshplan.redistribute._engine._merged_moves import valid_moving_merge
+from meshplan.redistribute._engine._permutes import hub_members, hubs_of
+from meshplan.redistribute._engine._problem import Problem
 from meshplan.redistribute._store import default_planner
 
 MODEL = CostModel.default()

@@ -567,7 +567,7 @@ def test_the_layout_test_on_codes_never_rejects_specs_of_one_layout(shape):
     # the planner asks ``same_layout`` only of specs whose placement codes pass
     # ``_may_share_layout``: every pair of specs on a 2x2 mesh (each placement, each shard
     # order) that holds one layout must pass it
-    from meshplan.redistribute._encoding import encode as _state
+    from meshplan.redistribute._engine._encoding import encode as _state
     from meshplan.redistribute._planner import _may_share_layout
 
     mesh = Mesh.create((2, 2), ("a", "b"))

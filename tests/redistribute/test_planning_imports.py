@@ -61,3 +61,26 @@ def test_the_guard_can_fail():
         """
     )
     assert result.returncode != 0
+
+
+def test_importing_the_planning_packages_loads_each_module_only_when_a_name_needs_it():
+    # (import time: ``import meshplan.redistribute, meshplan.strategy`` loads none of the
+    # planner's modules, nor the torch conversions; the first use of a name loads its own)
+    result = _run(
+        """
+        import sys
+        import meshplan.redistribute, meshplan.strategy
+        def loaded(prefix):
+            return sorted(m for m in sys.modules if m.startswith(prefix))
+        print(loaded("meshplan.redistribute."), loaded("meshplan.placement._torch_compat"))
+        from meshplan.redistribute import CostModel, exchange
+        print(loaded("meshplan.redistribute._engine"), exchange.__name__)
+        from meshplan.redistribute import plan
+        print(bool(loaded("meshplan.redistribute._engine.")))
+        """
+    )
+    assert result.returncode == 0, result.stderr
+    first, second, third = result.stdout.splitlines()
+    assert first == "[] []"
+    assert second == "[] meshplan.redistribute.exchange"
+    assert third == "True"

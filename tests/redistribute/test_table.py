@@ -26,12 +26,12 @@ from meshplan.placement import (
     parse_placements,
 )
 from meshplan.redistribute import CostModel, HardwareProfile, clear_plan_cache, cost, plan
-from meshplan.redistribute import _encoding as E
-from meshplan.redistribute import _goals as G
 from meshplan.redistribute import _planner as P
-from meshplan.redistribute import _search as S
-from meshplan.redistribute import _table as T
-from meshplan.redistribute._problem import Problem
+from meshplan.redistribute._engine import _encoding as E
+from meshplan.redistribute._engine import _goals as G
+from meshplan.redistribute._engine import _search as S
+from meshplan.redistribute._engine import _table as T
+from meshplan.redistribute._engine._problem import Problem
 from meshplan.redistribute._store import default_planner
 
 MODELS = [

@@ -77,7 +77,7 @@ def hub_members(ctx, hub) -> tuple:
         key = tuple([c[0] for c in assign])
         per = orders.get(key)
         if per is None:
-            per = orders[key] = _hub_orders(free, key, prefixes, nexts)
+            per = orders[key] = _hub_orders(ctx.moves, free, key, prefixes, nexts)
         options = []
         for entry in per:
             m0 = entry[2]
@@ -99,19 +99,28 @@ def hub_members(ctx, hub) -> tuple:
     return tuple(out)
 
 
-def _hub_orders(free: list, dims: tuple, prefixes: tuple, nexts: tuple) -> list:
+def _hub_orders(shared, free: list, dims: tuple, prefixes: tuple, nexts: tuple) -> list:
     """Per tensor dim ``d``, the orders a permute hub's targets may take when its free
     mesh dims ``free`` shard the tensor dims ``dims``: ``[every order, those not starting
     with the mesh dim m0 (None until asked for), m0, c0, prefix length]``, the latter for
     a target whose ``m0`` has the placement ``c0`` (the hub's entry after the prefix,
     ``nexts[d]``: else its common prefix with the source would be longer); ``m0 = -1``
-    when no order can start with it."""
+    when no order can start with it. Each entry is shared by the hubs with the same
+    prefix, members and entry after it (``shared.orders``, a :class:`~._context.SharedMoves`)."""
+    members: list = [[] for _ in prefixes]
+    for m, d in zip(free, dims, strict=True):
+        members[d].append(m)
+    memo = shared.orders
     per = []
-    for d, (prefix, nxt) in enumerate(zip(prefixes, nexts, strict=True)):
-        members = [m for m, x in zip(free, dims, strict=True) if x == d]
-        every = [prefix + order for order in itertools.permutations(members)]
-        if nxt != -1 and nxt[0] in members:
-            per.append([every, None, nxt[0], nxt[1], len(prefix)])
-        else:
-            per.append([every, every, -1, None, 0])
+    for prefix, nxt, mine in zip(prefixes, nexts, members, strict=True):
+        key = (prefix, nxt, *mine)
+        entry = memo.get(key)
+        if entry is None:
+            every = [prefix + order for order in itertools.permutations(mine)]
+            if nxt != -1 and nxt[0] in mine:
+                entry = [every, None, nxt[0], nxt[1], len(prefix)]
+            else:
+                entry = [every, every, -1, None, 0]
+            shared.keep(memo, key, entry)
+        per.append(entry)
     return per

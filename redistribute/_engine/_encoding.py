@@ -46,7 +46,8 @@ __all__ = [
     "SUMAVG",
     "ANY",
     "SHARD_ANY",
-    "MERGEABLE",
+    "is_partial",
+    "is_wildcard",
     "State",
     "Move",
     "Edge",
@@ -69,8 +70,24 @@ SHARD_ANY = -3
 """A pattern's code for "any shard of tensor dim d" is ``SHARD_ANY - d``
 (``_goals.class_goal``)."""
 
-MERGEABLE = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all")
-"""The collectives a step merged onto a flattened alias may run."""
+
+
+def is_partial(code) -> bool:
+    """Whether a mesh dim's ``code`` is a Partial one (:data:`SUM` to :data:`MIN`).
+
+    >>> is_partial(AVG), is_partial(R), is_partial((0, 1))
+    (True, False, False)
+    """
+    return type(code) is int and code > R
+
+
+def is_wildcard(code) -> bool:
+    """Whether ``code`` is a pattern's: :data:`ANY`, or ``SHARD_ANY - d``.
+
+    >>> is_wildcard(ANY), is_wildcard(SHARD_ANY - 1), is_wildcard(R)
+    (True, True, False)
+    """
+    return type(code) is int and code < R
 
 _OPS = ("sum", "avg", "max", "min")
 _OP_CODE = {op: i + 1 for i, op in enumerate(_OPS)}

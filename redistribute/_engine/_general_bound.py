@@ -15,7 +15,7 @@ import itertools
 import math
 
 from ._bound_parts import first_rank_missing, interval_length, interval_overlap
-from ._encoding import SUMAVG, R
+from ._encoding import SUMAVG, R, is_partial, is_wildcard
 from ._exact import piece
 
 __all__ = [
@@ -40,7 +40,7 @@ def _needs(b, codes, goal_codes) -> tuple[int, float, int]:
     lat = 0.0
     for m in b.active:
         a, gb = codes[m], goal_codes[m]
-        goal_partial = type(gb) is int and gb > R
+        goal_partial = is_partial(gb)
         if _is_partial(a):
             if goal_partial and gb == a:
                 continue
@@ -119,7 +119,7 @@ def general_bound(b, state: int, goal: int, cap: float = math.inf) -> float:
     bw += permute_bytes_floor(b)  # (the permute is no gather: its bytes come on top)
     if h + bw >= cap:
         return h + bw
-    if not any(type(gb) is int and gb > R for gb in goal_codes):
+    if not any(is_partial(gb) for gb in goal_codes):
         reduce = any(_is_partial(codes[m]) and goal_codes[m] != codes[m] for m in b.active)
         missing = most_missing(b, state, goal, reduce) * b.itemsize * b.missing_rate
         if missing > bw:
@@ -136,7 +136,7 @@ def crossing_floor(b, state: int, goal: int) -> float:
     """:func:`cut_floor` where it holds: a goal without Partial dims (a reduction due when
     the state has Partial dims the goal does not keep), or a state without any."""
     codes, goal_codes = b.states[state][0], b.states[goal][0]
-    if not any(type(gb) is int and gb > R for gb in goal_codes):
+    if not any(is_partial(gb) for gb in goal_codes):
         reduce = any(_is_partial(codes[m]) and goal_codes[m] != codes[m] for m in b.active)
         return cut_floor(b, state, goal, reduce)
     if not any(_is_partial(codes[m]) for m in b.active):
@@ -188,7 +188,7 @@ def cut_floor(b, state: int, goal: int, reduce: bool) -> float:
     if ranks is None or not all(type(c) is tuple for c in a[1] + gb[1]):
         memo[key] = 0.0
         return 0.0
-    if any(type(c) is int and c < R for c in a[0] + gb[0]):
+    if any(is_wildcard(c) for c in a[0] + gb[0]):
         memo[key] = 0.0  # (a pattern)
         return 0.0
     summed = [m for m in active if _is_partial(gb[0][m])]
@@ -330,8 +330,8 @@ def _fastest_across(b, m: int) -> float:
     key = ("fastest", m)
     out = b.cut_memo.get(key)
     if out is None:
-        from ._links import group_link
-        from ._profile import COLLECTIVES
+        from .._collectives import COLLECTIVES
+        from .._links import group_link
 
         others = [q for q in b.active if q != m]
         out = 0.0

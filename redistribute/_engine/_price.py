@@ -7,7 +7,7 @@ from __future__ import annotations
 import functools
 from typing import NamedTuple
 
-from ._step_cost import coefficients
+from .._step_cost import coefficients
 
 __all__ = [
     "Coefficients",

@@ -11,7 +11,7 @@ import math
 from enum import IntEnum
 from typing import NamedTuple
 
-from ._encoding import ANY, SHARD_ANY, SUMAVG, R
+from ._encoding import ANY, SHARD_ANY, SUMAVG, R, is_partial
 from ._exact import _bit_owners, even_base, links, piece
 
 __all__ = [
@@ -19,6 +19,7 @@ __all__ = [
     "DimNeed",
     "dim_need",
     "goal_table",
+    "GoalInfo",
     "kept_dim_bound",
     "reduce_weight",
     "apart_count",
@@ -202,12 +203,20 @@ def collective_cover(b, smask: int, omask: int) -> int:
     return best + (1 if omask and not omask & reach else 0)
 
 
-def goal_table(b, goal: int):
-    """The heuristic's memo of goal ``goal`` (an id): per active mesh dim a table of
-    :meth:`_entry` values, whether the goal has a Partial dim, its orders and codes."""
+class GoalInfo(NamedTuple):
+    """What the per-dim bound reads of one goal (:func:`goal_table`)."""
+
+    tables: list  # per active mesh dim ``(m, {code: DimNeed})``, filled as codes come
+    partial: bool  # whether the goal has a Partial dim
+    chains: tuple  # the goal's shard orders
+    codes: tuple  # the goal's codes
+
+
+def goal_table(b, goal: int) -> GoalInfo:
+    """The heuristic's memo of goal ``goal`` (an id): a :class:`GoalInfo`."""
     goal_codes, goal_chains = b.states[goal]
-    partial = any(type(c) is int and c > R for c in goal_codes)
-    info = [(m, {}) for m in b.active], partial, goal_chains, goal_codes
+    partial = any(is_partial(c) for c in goal_codes)
+    info = GoalInfo([(m, {}) for m in b.active], partial, goal_chains, goal_codes)
     b.goal_info[goal] = info
     return info
 

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import math
 
-from ._encoding import MERGEABLE, Move, R
+from .._collectives import MERGEABLE, REDUCING
+from ._encoding import AVG, Move, R, is_partial
 from ._exact import exact_covers, links
 from ._moves import single_moves
 from ._price import prefix_length, tie
@@ -34,23 +35,21 @@ def merged_moves(ctx, state) -> tuple:
         # a merged step moves each of its dims once: from Partial (all_reduce,
         # reduce_scatter) or from a shard (all_gather, all_to_all)
         if all(type(codes[m]) is tuple for m in dims):
-            kinds = ("all_gather", "all_to_all")
-        elif all(type(codes[m]) is int and codes[m] != R for m in dims):
-            kinds = ("all_reduce", "reduce_scatter")
+            reducing = False
+        elif all(is_partial(codes[m]) for m in dims):
+            reducing = True
         else:
             continue
         for kind in MERGEABLE:
-            if kind not in kinds:
+            if (kind in REDUCING) != reducing:
                 continue
             for end in chain_ends(ctx, state, dims, (1 << len(dims)) - 1, kind):
                 if end == state or not _valid_merge(ctx, state, end, dims, kind):
                     continue
                 n_send = 1
-                if kind in ("all_gather", "all_to_all"):
+                if not reducing:
                     n_send = math.prod(ctx.sizes[m] for m in dims if type(codes[m]) is tuple)
-                scaled = kind in ("all_reduce", "reduce_scatter") and any(
-                    codes[m] == 2 for m in dims
-                )
+                scaled = reducing and any(codes[m] == AVG for m in dims)
                 out.append(Move(end, dims, kind, n_send, scaled, None, tie(state, end)))
     return tuple(out)
 

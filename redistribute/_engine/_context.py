@@ -39,13 +39,13 @@ import threading
 
 from meshplan.placement import dtype_itemsize
 
-from ._aliases import alias_dims
+from .._aliases import alias_dims
+from .._cost import collective_weight
+from .._sizes import chain_extent
 from ._bounds import Bounds
-from ._cost import collective_weight
 from ._exact import even_steps, tiny_dims
 from ._price import Coefficients, price_coefficients, step_price
 from ._problem import Problem
-from ._sizes import chain_extent
 
 __all__ = ["Context", "SharedMoves"]
 
@@ -59,18 +59,20 @@ class SharedMoves:
     prices them on its tensor (``_edges``). Each memo maps ``(context key, state)`` to:
 
     * ``singles``: the single-dim steps (:class:`~._encoding.Move`, ``_moves``);
-    * ``hubs``: the state's permute hubs, ``hub_members``: a hub's targets (``_permutes``);
+    * ``hubs``: the state's permute hubs, ``hub_members``: a hub's targets (``_permutes``),
+      built from ``orders`` (per tensor dim, the shard orders a hub's targets may take);
     * ``merged``: the steps merged onto the mesh's aliases (``_merged_moves``, keyed by the
       aliases' dims too), built from ``chain_moves`` (single-dim collectives on an
       alias's dims) and ``chain_ends`` (where chains of them end).
     """
 
-    __slots__ = ("singles", "hubs", "hub_members", "chain_moves", "chain_ends", "merged")
+    __slots__ = ("singles", "hubs", "hub_members", "orders", "chain_moves", "chain_ends", "merged")
 
     def __init__(self) -> None:
         self.singles: dict = {}
         self.hubs: dict = {}
         self.hub_members: dict = {}
+        self.orders: dict = {}
         self.chain_moves: dict = {}
         self.chain_ends: dict = {}
         self.merged: dict = {}
@@ -167,6 +169,7 @@ class Context:
         self.hub_members: dict = {}
         self.merged: dict = {}
         self.generals: dict = {}
+        self.general_orders: dict = {}  # (``_general._orders_like``)
         self.permute_floors: dict = {}
         self.merge_floors: dict = {}
         self.exacts: dict = {}

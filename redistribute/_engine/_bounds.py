@@ -43,11 +43,12 @@ from __future__ import annotations
 import math
 from typing import NamedTuple
 
+from .._collectives import COLLECTIVES, MERGEABLE
+from .._links import group_link
+from .._profile import Link
 from ._bound_parts import kept_dim_bound
 from ._dim_bound import dim_bound
 from ._general_bound import general_bound, general_kept_bound
-from ._links import group_link
-from ._profile import COLLECTIVES, FLATTENED, Link
 
 __all__ = ["Bounds", "DimWeights"]
 
@@ -69,9 +70,9 @@ class Bounds:
         self.ctx = ctx
         self.states = ctx.states
         self.coefs = ctx.coefs
-        self.mesh = mesh = ctx.mesh
-        self.model = model = ctx.model
-        self.sizes = sizes = ctx.sizes
+        self.mesh = ctx.mesh
+        self.model = ctx.model
+        self.sizes = ctx.sizes
         self.active = ctx.active
         self.shape = ctx.shape
         self.tiny = ctx.tiny
@@ -86,15 +87,26 @@ class Bounds:
         self.aliases = ctx.aliases
         self.merge_dims = ctx.merge_dims
         self.general = ctx.general
-        hw = model.profile
         self._clear_memos()
-        # the heuristic's allowances for merged steps: one collective may serve ``widest``
-        # dims
+        self._set_alias_allowances()
+        own = _collective_links(self.model, self.mesh, len(self.sizes), self.aliases)
+        best = [
+            Link(min(x.latency_s for x in d.values()), max(x.bytes_per_s for x in d.values()))
+            for d in own
+        ]
+        self._set_links(best)
+        self._set_weights(own, best)
+        self._set_detours()
+
+    def _set_alias_allowances(self) -> None:
+        """The heuristic's allowances for merged steps: ``widest``, ``alias_shares``,
+        ``gather_share``, ``alias_reach``."""
+        # one collective may serve ``widest`` dims
         self.widest = max((len(d) for _, d in self.aliases), default=1)
         # a merged reduction over an alias's N ranks moves (N-1)/N of its input, ``r`` of
         # what its dims' single-dim reductions would move on that input; but it runs with
         # every dim of the alias Partial, so on an input none of them splits (the
-        # heuristic's ``_reduce_weight``). Per mesh dim: (bit mask of the alias, r) of
+        # heuristic's ``reduce_weight``). Per mesh dim: (bit mask of the alias, r) of
         # each alias holding it
         self.alias_shares: list = [() for _ in self.sizes]
         # a gather on an alias dim: a merged all_gather moves no fewer bytes than its dims'
@@ -113,62 +125,49 @@ class Bounds:
                 self.alias_reach[m] |= mask
                 self.gather_share[m] = min(self.gather_share[m], 2.0 * r)
 
-        # per mesh dim, each collective's link (a profile may give each its own), and the
-        # fastest of them: the bounds below hold for every step. A step merged onto an
-        # alias runs on the alias's links when the profile has them (``flattened``): on
-        # each of its dims, a collective's link is the faster of the dim's and the alias's
-        own = [
-            {kind: group_link(model, mesh, (m,), kind) for kind in COLLECTIVES}
-            for m in range(len(sizes))
-        ]
-        for _, dims in self.aliases:
-            for kind in FLATTENED:
-                link = group_link(model, mesh, dims, kind)
-                for m in dims:
-                    mine = own[m][kind]
-                    own[m][kind] = Link(
-                        min(mine.latency_s, link.latency_s), max(mine.bytes_per_s, link.bytes_per_s)
-                    )
-        best = [
-            Link(min(x.latency_s for x in d.values()), max(x.bytes_per_s for x in d.values()))
-            for d in own
-        ]
+    def _set_links(self, best: list) -> None:
+        """Latency and bandwidth floors from each mesh dim's fastest link (``best``):
+        ``alpha_log``, ``alpha_floor``, ``latency_floor``, ``widest_group``, ``dim_bw``,
+        ``fastest``, ``missing_rate``."""
+        sizes, active = self.sizes, self.active
         self.alpha_log = tuple(
             best[m].latency_s * math.log2(n) if n > 1 else 0.0 for m, n in enumerate(sizes)
         )
         # the least latency of any collective (one on a single mesh dim, at least)
-        self.alpha_floor = min([self.alpha_log[m] for m in self.active] or [0.0])
+        self.alpha_floor = min([self.alpha_log[m] for m in active] or [0.0])
         # the least latency of one hop of any collective (a general permute's, at least)
-        self.latency_floor = min([best[m].latency_s for m in self.active] or [0.0])
+        self.latency_floor = min([best[m].latency_s for m in active] or [0.0])
         # the most ranks one gathering collective spans (a dim, or an alias's dims)
         self.widest_group = max(
-            [self.sizes[m] for m in self.active]
-            + [math.prod(self.sizes[m] for m in dims) for _, dims in self.aliases]
+            [sizes[m] for m in active]
+            + [math.prod(sizes[m] for m in dims) for _, dims in self.aliases]
             or [2]
         )
         self.dim_bw = tuple(link.bytes_per_s for link in best)
-        self.fastest = max([self.dim_bw[m] for m in self.active] or [1.0])
+        self.fastest = max([self.dim_bw[m] for m in active] or [1.0])
         # what the first rank lacks, in seconds per byte at least: the model charges an
         # all_to_all or all_permute (k-1)/k of its output, however much of it a rank
         # receives, so a byte received may cost as little as (k-1)/k of one on the link
-        self.missing_rate = (
-            min([(self.sizes[m] - 1) / self.sizes[m] for m in self.active] or [1.0]) / self.fastest
-        )
-        # per mesh dim, seconds per byte of the smallest local tensor a collective on it
-        # can run on: (gather: (n-1) x its input; reduce: (n-1)/n x its input, plus the
-        # reduction; other shard change: (n-1)/n x, plus a copy; all_reduce: 2 (n-1)/n x,
-        # plus the reduction)
-        # Where a profile gives collectives links of their own, a gather runs as an
-        # all_gather or (of a shard made Partial) an all_reduce, a reduction as a
+        self.missing_rate = min([(sizes[m] - 1) / sizes[m] for m in active] or [1.0]) / self.fastest
+
+    def _set_weights(self, own: list, best: list) -> None:
+        """Per mesh dim, seconds per byte of the smallest local tensor a collective on it
+        can run on (``weights``), and the latencies of a gather and of a reduction
+        (``gather_alpha``, ``reduce_alpha``, ``reduce_twice``)."""
+        # gather: (n-1) x its input; reduce: (n-1)/n x its input, plus the reduction;
+        # other shard change: (n-1)/n x, plus a copy; all_reduce: 2 (n-1)/n x, plus the
+        # reduction. Where a profile gives collectives links of their own, a gather runs
+        # as an all_gather or (of a shard made Partial) an all_reduce, a reduction as a
         # reduce_scatter or an all_reduce, an all_reduce as itself: each bound takes the
         # faster of the links that can serve it (the same link everywhere otherwise)
+        hw = self.model.profile
         self.weights = []
         self.gather_alpha = []  # latency (times log2 of the dim's size) of a gather
         self.reduce_alpha = []  # ... of a reduction
         # An all_reduce moves 2 (n-1)/n of its input in twice the hops; so does a
         # reduce_scatter on a backend that runs it as one (``reduce_scatter_via_all_reduce``)
         via = hw.reduce_scatter_via_all_reduce
-        for m, n in enumerate(sizes):
+        for m, n in enumerate(self.sizes):
             bw = best[m].bytes_per_s
             ag, rs, ar = own[m]["all_gather"], own[m]["reduce_scatter"], own[m]["all_reduce"]
             f = (n - 1) / n if n > 1 else 0.0
@@ -187,19 +186,24 @@ class Bounds:
             # adds: ``reduce_twice``)
             self.reduce_alpha.append(min(rs.latency_s, ar.latency_s) * log_n * (2 if via else 1))
         self.reduce_twice = not via
-        # temporarily sharding a dim replicated in source and target: a slice and a gather
+
+    def _set_detours(self) -> None:
+        """What temporarily sharding a dim replicated in source and target costs: a slice
+        and a gather (``detour``, ``detour_floor``, ``detour_items``)."""
+        hw = self.model.profile
         # (on an alias dim the gather may ride in a merged step, at no launch of its own)
         gather = hw.launch_s + self.per_collective
         self.detour = [
             hw.local_launch_s + (0.0 if m in self.merge_dims else gather + self.alpha_log[m])
-            for m in range(len(sizes))
+            for m in range(len(self.sizes))
         ]
         self.detour_floor = min(self.detour) if self.detour else 0.0
         # the gather that ends a detour, as an item of the heuristic's gather sequence
         # (``_sequence``); on an alias dim it may ride a merged step, which moves no
         # fewer bytes than the dims' gathers one after another (``gather_share``)
         self.detour_items = [
-            ((self.weights[m][0] * self.gather_share[m], n, -1, 0),) for m, n in enumerate(sizes)
+            ((self.weights[m][0] * self.gather_share[m], n, -1, 0),)
+            for m, n in enumerate(self.sizes)
         ]
 
     def _clear_memos(self) -> None:
@@ -243,3 +247,20 @@ class Bounds:
             if g < h:
                 return g
         return h
+
+
+def _collective_links(model, mesh, ndim: int, aliases) -> list:
+    """Per mesh dim, each collective's link (a profile may give each its own). A step
+    merged onto an alias runs on the alias's links when the profile has them
+    (``flattened``): on each of its dims, a collective's link is the faster of the dim's
+    and the alias's, so the bounds hold for every step."""
+    own = [{kind: group_link(model, mesh, (m,), kind) for kind in COLLECTIVES} for m in range(ndim)]
+    for _, dims in aliases:
+        for kind in MERGEABLE:
+            link = group_link(model, mesh, dims, kind)
+            for m in dims:
+                mine = own[m][kind]
+                own[m][kind] = Link(
+                    min(mine.latency_s, link.latency_s), max(mine.bytes_per_s, link.bytes_per_s)
+                )
+    return own

@@ -77,16 +77,10 @@ def _targets(ctx, state) -> list:
             continue
         want = _signature(ctx.shape[d], tuple((sizes[m], codes[m][1]) for m in chain))
         k = math.prod(sizes[m] for m in chain)
-        found = []
-        for n in range(1, len(free) + 1):
-            for dims in itertools.permutations(free, n):
-                if math.prod(sizes[m] for m in dims) != k:
-                    continue
-                sfs = [[c[1] for c in ctx.shards if c[0] == d]] * n
-                for combo in itertools.product(*sfs):
-                    links = tuple(zip((sizes[m] for m in dims), combo, strict=True))
-                    if _signature(ctx.shape[d], links) == want:
-                        found.append(tuple(zip(dims, combo, strict=True)))
+        key = (d, want, k, *free)
+        found = ctx.general_orders.get(key)
+        if found is None:
+            found = ctx.general_orders[key] = _orders_like(ctx, d, want, k, free)
         options.append(found)
     sharded = frozenset(m for chain in chains for m in chain)
     out = []
@@ -107,6 +101,24 @@ def _targets(ctx, state) -> list:
         n_send = math.prod(sizes[m] for m in dims if type(codes[m]) is tuple)
         out.append((t, dims, n_send))
     return out
+
+
+def _orders_like(ctx, d: int, want, k: int, free: list) -> tuple:
+    """Every shard order of tensor dim ``d`` over mesh dims of ``free`` (with the
+    context's split factors) that cuts it into ``k`` pieces as the signature ``want``
+    says (``_signature``): ``((mesh dim, split factor), ...)`` each."""
+    sizes = ctx.sizes
+    found = []
+    for n in range(1, len(free) + 1):
+        for dims in itertools.permutations(free, n):
+            if math.prod(sizes[m] for m in dims) != k:
+                continue
+            sfs = [[c[1] for c in ctx.shards if c[0] == d]] * n
+            for combo in itertools.product(*sfs):
+                links = tuple(zip((sizes[m] for m in dims), combo, strict=True))
+                if _signature(ctx.shape[d], links) == want:
+                    found.append(tuple(zip(dims, combo, strict=True)))
+    return tuple(found)
 
 
 def _is_partial(code) -> bool:
