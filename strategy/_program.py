@@ -272,26 +272,19 @@ def plan_graph(
     program = attrs.evolve(program, memory=program_memory(chosen, differentiated, per_param))
     if not free or solver != "whole" or program.method == "exact":
         return program
-    # an unproven choice is never worse than the layouts given: plan those too, keep the
-    # cheaper (the free problem's bound holds for both)
+    again = dict(out_specs=out_specs, cost_model=model, compute=compute, ruleset=ruleset)
+    again.update(limits, memory_budget=memory_budget, planner=planner)
+    return _never_worse_than_given(program, graph, arg_specs, state_bytes_per_param, again)
+
+
+def _never_worse_than_given(program: Program, graph, arg_specs, per_param, options) -> Program:
+    """An unproven choice of layouts, or the layouts given planned as fixed ones
+    (``plan_graph`` with ``options``), whichever costs less (the free problem's bound
+    holds for both)."""
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", ProgramWarning)  # warned above already
-            given_plan = plan_graph(
-                graph,
-                arg_specs,
-                out_specs=out_specs,
-                cost_model=model,
-                compute=compute,
-                max_factor=max_factor,
-                max_options=max_options,
-                max_rounds=max_rounds,
-                max_priced=max_priced,
-                ruleset=ruleset,
-                memory_budget=memory_budget,
-                state_bytes_per_param=state_bytes_per_param,
-                planner=planner,
-            )
+            given_plan = plan_graph(graph, arg_specs, state_bytes_per_param=per_param, **options)
     except StrategyError:  # the given layouts do not fit the budget
         return program
     if given_plan.cost.total >= program.cost.total:
