@@ -177,8 +177,8 @@ def _solve_round(
 ):
     """One solve at the current prices: op by op, or the whole graph (within the budget,
     with up to ``effort[0]`` branches of its search and ``effort[1]`` steps tightening
-    the shared bound)."""
-    branches, steps = effort
+    the shared bound; ``effort[2]``: a draft, see :func:`._shared.solve_shared`)."""
+    branches, steps, draft = effort
     (unary, pairs), below = _pairwise(obj, prices.price)
     greedy_args = (obj.calls, obj.var, graph, obj.terms, obj.ins, obj.outs, unary, pairs)
     if solver == "op_by_op":
@@ -203,6 +203,7 @@ def _solve_round(
         starts=starts,
         steps=steps,
         memo=memo,
+        draft=draft,
     )
 
 
@@ -229,10 +230,9 @@ def solve_lazily(
         rounds += 1
         report(progress, "solve", rounds, 0)
         branches = 64 if settled else 0
-        steps = (30 if budget is None else 8) if settled else 0  # a budget: many solves
-        sol = _solve_round(
-            graph, obj, prices, solver, max_factor, budget, seeds, (branches, steps), memo
-        )
+        steps = 30 if budget is None else 0  # a budget's search solves many times
+        effort = (branches, steps, not settled)  # unsettled prices: a draft
+        sol = _solve_round(graph, obj, prices, solver, max_factor, budget, seeds, effort, memo)
         new = prices.learn_used(obj.terms, obj.ins, obj.outs, sol.choice)
         if rounds >= max_rounds or (not new and (settled or sol.method == "exact")):
             return sol

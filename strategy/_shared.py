@@ -187,14 +187,22 @@ def _improver(unary, values, ins, outs, price, best: list[float]):
 
 
 def solve_shared(
-    above, below, shared, *, max_factor: int, starts=(), steps: int = 30, memo=None
+    above,
+    below,
+    shared,
+    *,
+    max_factor: int,
+    starts=(),
+    steps: int = 30,
+    memo=None,
+    draft: bool = False,
 ) -> Solution:
     """The shared minimum: pairwise problems ``above`` and ``below`` (``(unary, pairs)``,
     see the module docstring) solved, their answers improved on the ``shared`` objective
     (``(unary, values, ins, outs, price)``) by :func:`local_search`; the bound is
     ``below``'s (its exact minimum, or a bound of it: see :func:`._solve.solve`), raised
     and the choice improved by up to ``steps`` steps of :func:`._sharing.tighten`
-    (``steps=0``: a draft, whose bound is the cheaper, looser one). ``memo``: a dict
+    (``draft``: neither, and the cheaper, looser bound of ``below``). ``memo``: a dict
     carried between solves of one program (the readers' shares start where the last
     solve left them)."""
     unary, values, ins, outs, price = shared
@@ -202,7 +210,7 @@ def solve_shared(
     if exact is not None:
         return exact
     up = solve(*above, max_factor=max_factor, starts=starts, prove=False)
-    lo = solve(*below, max_factor=max_factor, prove=steps > 0)  # no steps: a rough draft
+    lo = solve(*below, max_factor=max_factor, prove=not draft)
     best = None
     for start in dict.fromkeys([up.choice, lo.choice, *map(tuple, starts)]):
         c = local_search(start, unary, values, ins, outs, price)
@@ -213,7 +221,7 @@ def solve_shared(
     bound = min(lo.lower_bound, cost)
     method = "exact relaxation bound" if lo.method.startswith("exact") else lo.method
     method = method.replace(" + local search", "")
-    if steps and cost - bound > 1e-9 * max(cost, 1e-300):
+    if steps and not draft and cost - bound > 1e-9 * max(cost, 1e-300):
         t = tighten(
             unary,
             (values, ins, outs, price),
