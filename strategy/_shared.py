@@ -229,7 +229,8 @@ def solve_shared(
             bound,
             pairwise_min=pairwise_min(max_factor),
             improve=_improver(unary, values, ins, outs, price, [cost]),
-            steps=steps,
+            # from the shares a solve of the same program left: half the steps
+            steps=steps if memo is None or "weights" not in memo else (steps + 1) // 2,
             start_weights=None if memo is None else memo.get("weights"),
         )
         if memo is not None:
