@@ -192,6 +192,13 @@ def min_memory_choice(weights: Sequence[Sequence[float]]) -> float:
     return float(sum(min(w) for w in weights))
 
 
+def budget_binds(weights: Sequence[Sequence[float]], budget: float | None) -> bool:
+    """Whether ``budget`` rules out any choice (the heaviest choice does not fit)."""
+    if budget is None:
+        return False
+    return float(sum(max(w, default=0.0) for w in weights)) > budget * (1 + 1e-12)
+
+
 @attrs.frozen
 class _Point:
     choice: tuple[int, ...]

@@ -21,7 +21,7 @@ import attrs
 
 from meshplan.placement import Spec
 
-from ._auto import free_grad_terms, memory_weights, solve_within
+from ._auto import budget_binds, free_grad_terms, memory_weights, solve_within
 from ._graph import Graph, Value
 from ._program_prices import Prices
 from ._program_terms import greedy, matrix, order_too_wide
@@ -221,6 +221,8 @@ def solve_lazily(
 ) -> Solution:
     """Solve, price exactly what the answer uses, and again, until the answer uses exact
     prices only (or ``max_rounds`` rounds ran)."""
+    if budget is not None and not budget_binds(obj.weights, budget - obj.fixed_bytes):
+        budget = None  # every choice fits: the budget constrains nothing
     rounds = 0
     # a budget's branch and bound, and the tightening of the shared bound, run once the
     # prices the solver sees are exact

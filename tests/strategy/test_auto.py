@@ -173,7 +173,11 @@ def test_an_unlimited_budget_on_a_slow_inter_node_link_replicates_there():
     mesh = Mesh.create((2, 2), ("dp", "tp"))
     slow = CostModel(HardwareProfile(ranks_per_node=2))
     specs = _mlp_specs(mesh)
-    hand = [specs[0], Spec(mesh, [Shard(0), Shard(1)], (16, 64)), Spec(mesh, [Shard(1), Shard(0)], (64, 16))]
+    hand = [
+        specs[0],
+        Spec(mesh, [Shard(0), Shard(1)], (16, 64)),
+        Spec(mesh, [Shard(1), Shard(0)], (64, 16)),
+    ]
     fsdp_tp = plan_program(mlp, *hand, requires_grad=GRAD, cost_model=slow)
     free = plan_graph(fsdp_tp.graph, specs, choose=[1, 2], cost_model=slow)
     assert all(s.placements[0] == R for s in free.arg_specs[1:])  # nothing sharded on dp
@@ -290,3 +294,25 @@ def test_an_unproven_choice_never_costs_more_than_the_given_layouts(program, dat
     assert chosen.lower_bound <= chosen.cost.total
     again = plan_graph(graph, list(chosen.arg_specs), max_factor=2)
     assert again.cost.total <= chosen.cost.total * (1 + 1e-12)
+
+
+def test_a_budget_every_choice_fits_constrains_nothing():
+    """A budget above the heaviest choice plans as no budget does (one unconstrained
+    solve, not a branch and bound, even where the solve is not exact); one below the
+    lightest is still refused."""
+    from meshplan.strategy._auto import budget_binds
+
+    assert not budget_binds([[1.0, 3.0], [2.0]], 5.0)
+    assert budget_binds([[1.0, 3.0], [2.0]], 4.0)
+    assert not budget_binds([[1.0]], None)
+    mesh = Mesh.create((2, 2))
+    specs = _mlp_specs(mesh)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        free = plan_program(mlp, *specs, requires_grad=GRAD, choose=[1, 2], max_factor=4)
+        roomy = plan_program(mlp, *specs, requires_grad=GRAD, choose=[1, 2], memory_budget=1e12)
+    assert roomy.cost.total == free.cost.total
+    assert roomy.arg_specs == free.arg_specs
+    assert "branch and bound" not in roomy.method
+    with pytest.raises(StrategyError, match="smallest feasible budget"):
+        plan_program(mlp, *specs, requires_grad=GRAD, choose=[1, 2], memory_budget=1.0)
