@@ -149,6 +149,8 @@ def _reduce_scatter(steps, tensors, group, op: str, me: int) -> Started:
     all_reduce, bit for bit."""
     n = group.size
     blocks = [R.reduce_blocks(s, me) for s in steps]
+    if n > 1 and _reduce_scatters_by_all_reduce(group):
+        return _reduce_scatter_by_all_reduce(steps, tensors, group, op, me, blocks)
     wires = []
     for t, segs in zip(tensors, blocks, strict=True):
         packed = [R.pack(t, segs[p]).reshape(-1) for p in range(n)]
@@ -194,6 +196,33 @@ def _reduce_scatter(steps, tensors, group, op: str, me: int) -> Started:
             target = reduced.new_empty(R._local_shape(s.dst, me))
             data = reduced[: _numel(own)]
             R.unpack_into(target, own, R.finish_reduce(data, s))
+            results.append(target)
+        return results
+
+    return Started(work, finish, what, group)
+
+
+def _reduce_scatter_by_all_reduce(steps, tensors, group, op: str, me: int, blocks) -> Started:
+    """On gloo, as run() reduce-scatters there: an all_reduce of each whole input, of
+    which the rank keeps its block; several inputs as one interleaved all_reduce, each
+    element summed in the order it is alone."""
+    flats = [t.contiguous().view(-1) for t in tensors]
+    what = f"reduce_scatter({op})"
+    if len(flats) == 1:
+        buffer, take = flats[0].clone(), (lambda reduced, i: reduced)
+    else:
+        buffer, take = _interleaved(flats, group.size)
+    work = None
+    if buffer.numel():
+        work = _issue(dist.all_reduce, what, group, buffer, op=_TORCH_OPS[op])
+
+    def finish() -> list[torch.Tensor]:
+        results = []
+        for i, (t, s, segs) in enumerate(zip(tensors, steps, blocks, strict=True)):
+            reduced = take(buffer, i).view(t.shape)
+            own = segs[group.position]
+            target = reduced.new_empty(R._local_shape(s.dst, me))
+            R.unpack_into(target, own, R.finish_reduce(R.pack(reduced, own), s))
             results.append(target)
         return results
 

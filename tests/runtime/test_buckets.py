@@ -423,8 +423,8 @@ def test_buckets_issue_fewer_collectives_per_step(pool4):
     alone = pool4.run(_count_collectives, prog, locals_, 0)
     together = pool4.run(_count_collectives, prog, locals_, 2**20)
     for a, b in zip(alone, together, strict=True):
-        # the three arguments' all_reduces (plus run_program's own agreement check)
-        assert a["all_reduce"] == b["all_reduce"] + 2, (a, b)
+        # the three arguments' all_reduces (and any others) merged: at least two fewer
+        assert a["all_reduce"] >= b["all_reduce"] + 2, (a, b)
 
 
 # -- what the forward keeps for the backward -----------------------------------------------------
