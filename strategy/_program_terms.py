@@ -13,9 +13,10 @@ __all__ = ["order_too_wide", "greedy", "term_sides", "pair_count", "all_pairs", 
 
 
 def order_too_wide(unary, pairs, max_factor: int) -> bool:
-    from ._solve import _order
+    """Whether :func:`._solve.solve` leaves the pairwise problem to its bounds."""
+    from ._solve import elimination_order
 
-    return _order(len(unary), [len(u) for u in unary], pairs.keys(), max_factor) is None
+    return elimination_order([len(u) for u in unary], pairs.keys(), max_factor) is None
 
 
 def greedy(calls, var, graph, terms, ins, outs_, unary, pairs, price, exact_price):

@@ -133,7 +133,7 @@ def tighten(
     best: tuple[float, Sequence[int]],
     bound: float,
     *,
-    pairwise_min: Callable[[list, dict, Any], tuple[float, Sequence[int], Any]],
+    pairwise_min: Callable[[list, dict, Any, int], tuple[float, Sequence[int], Any]],
     improve: Callable[[Sequence[int]], tuple[float, Sequence[int]]],
     steps: int = 30,
     tol: float = 1e-9,
@@ -144,9 +144,10 @@ def tighten(
 
     ``shared`` is ``(values, ins, outs, price)``; ``pairwise_min(unary, pairs, start,
     passes)`` returns a true lower bound of a pairwise problem, a choice for it and what
-    to start a nearby problem from (after about ``passes`` passes of work); ``improve(choice)`` returns a (cost, choice) on the shared
-    objective no worse than ``choice``; ``start_weights``: the ``weights`` of an earlier
-    result over the same values (else even shares).
+    to start a nearby problem from (after about ``passes`` passes of work);
+    ``improve(choice)`` returns a (cost, choice) on the shared objective no worse than
+    ``choice``; ``start_weights``: the ``weights`` of an earlier result over the same
+    values (else even shares).
     """
     values, ins, outs, price = shared
     splits, weights = _splits(values, ins, outs, price)
@@ -192,18 +193,23 @@ def tighten(
 
 def pairwise_min(max_factor: int) -> Callable:
     """A ``pairwise_min`` for :func:`tighten`: exact elimination where the problem is
-    narrow enough, else the message-passing bound, started from the previous step's."""
+    narrow enough, else the message-passing bound, started from the previous step's.
+    The steps' problems share their terms (only the weights change), so the elimination
+    order is found once per set of terms."""
     from ._messages import lp_bound
-    from ._solve import _eliminate, _order, total, work
+    from ._solve import _eliminate, elimination_order, total
+
+    orders: dict[frozenset, list[int] | None] = {}
 
     def run(un, pairs, start, passes):
-        sizes = [len(u) for u in un]
-        order = _order(len(un), sizes, pairs.keys(), max_factor)
-        if order is not None and work(len(un), sizes, pairs.keys(), order) <= max(max_factor, 1) << 2:
+        key = frozenset(pairs)
+        if key not in orders:
+            orders[key] = elimination_order([len(u) for u in un], pairs.keys(), max_factor)
+        order = orders[key]
+        if order is not None:
             x = _eliminate(un, pairs, order)
             return total(x, un, pairs), x, None
         r = lp_bound(un, pairs, start=start, max_passes=passes)
         return r.bound, r.choice, r.messages
 
     return run
-

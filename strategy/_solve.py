@@ -22,7 +22,7 @@ from collections.abc import Sequence
 
 import attrs
 
-__all__ = ["Solution", "solve", "total", "work"]
+__all__ = ["Solution", "elimination_order", "solve", "total", "work"]
 
 
 @attrs.frozen
@@ -61,9 +61,8 @@ def solve(
 ) -> Solution:
     """The minimum of ``sum unary[v][x_v] + sum pairs[a, b][x_a][x_b]`` over choices ``x``.
 
-    Exact by elimination when no factor exceeds ``max_factor`` entries and all of them
-    together 4 times that (:func:`work`); else the best
-    choice found, with a true lower bound (see :func:`_bounded`; ``prove=False`` when only
+    Exact by elimination where :func:`elimination_order` finds it cheap enough; else the
+    best choice found, with a true lower bound (see :func:`_bounded`; ``prove=False`` when only
     the choice matters: the bound is then the cheaper, looser one).
 
     >>> solve([[1, 0], [0, 3]], {(0, 1): [[0, 5], [5, 0]]})
@@ -71,12 +70,10 @@ def solve(
     """
     import numpy as np
 
-    n = len(unary)
     un = [np.asarray(u, dtype=float) for u in unary]
     pw = {k: np.asarray(m, dtype=float) for k, m in pairs.items()}
-    sizes = [len(u) for u in un]
-    order = _order(n, sizes, pw.keys(), max_factor)
-    if order is not None and work(n, sizes, pw.keys(), order) <= max(max_factor, 1) << 2:
+    order = elimination_order([len(u) for u in un], pw.keys(), max_factor)
+    if order is not None:
         choice = _eliminate(un, pw, order)
         c = total(choice, unary, pairs)
         return Solution(choice, c, c, "exact")
@@ -121,6 +118,16 @@ def _bounded(un, pw, unary, pairs, starts, prove: bool = True) -> Solution:
         return Solution(best[1], best[0], min(bound, best[0]), "exact")
     method = "LP bound + local search" if relaxed.bound >= bound else "forest bound + local search"
     return Solution(best[1], best[0], bound, method)
+
+
+def elimination_order(sizes: Sequence[int], edges, max_factor: int) -> list[int] | None:
+    """An order to eliminate the nodes in, if no factor exceeds ``max_factor`` entries and
+    all of them together 4 times that (:func:`work`); else None."""
+    n = len(sizes)
+    order = _order(n, list(sizes), edges, max_factor)
+    if order is None or work(n, sizes, edges, order) > max(max_factor, 1) << 2:
+        return None
+    return order
 
 
 def work(n: int, sizes, edges, order) -> int:
