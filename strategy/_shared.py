@@ -219,8 +219,9 @@ def solve_shared(
             best = (cost, tuple(c))
     cost, choice = best
     bound = min(lo.lower_bound, cost)
-    method = "exact relaxation bound" if lo.method.startswith("exact") else lo.method
-    method = method.replace(" + local search", "")
+    # what bounds the choice: the below problem's minimum, or its bound (see solve)
+    method = "exact relaxation bound" if lo.method == "exact" else lo.method
+    method = method.removesuffix(" + local search")
     if steps and not draft and cost - bound > 1e-9 * max(cost, 1e-300):
         t = tighten(
             unary,
