@@ -46,9 +46,10 @@ from ._memory import check_state_bytes_per_param, program_memory
 from ._price import check_model, check_planner
 from ._program_assemble import assemble, chosen_specs
 from ._program_prices import Prices
-from ._program_solve import objective, solve_lazily
+from ._program_solve import objective, solve_lazily, tied_bound, variables
 from ._program_value import Program, ProgramCost, ProgramOp, ProgramWarning
 from ._progress import Progress, check_progress, report
+from ._repeats import exact_untied, find_repeats
 from ._ruleset import RuleSet
 
 __all__ = [
@@ -95,6 +96,7 @@ def plan_program(
     state_bytes_per_param: float | None = None,
     progress: Progress | None = None,
     planner: Any = None,
+    tie_layers: bool = True,
 ) -> Program:
     """Trace ``fn`` (written for global tensors) and plan it whole, forward and backward.
 
@@ -113,6 +115,13 @@ def plan_program(
     ``progress`` is called as ``progress(stage, done, total)`` as planning goes (see
     :data:`PROGRESS_STAGES`; ``total`` 0 when not known ahead), e.g. to print how far a
     long plan has come.
+
+    Repeated layers: with ``tie_layers`` (default), the calls of identical layers (equal
+    calls reading from equal places, parameters of equal specs: :mod:`._repeats`) share
+    one choice, so a model of many layers plans in about the time of a few. That
+    restricts the choice; ``program.lower_bound`` still bounds the untied minimum (by
+    bounding each layer alone, :mod:`._program_parts`), more loosely than an untied plan
+    does (``tie_layers=False``: every call chosen on its own, in time growing with depth).
 
     Auto-sharding: ``choose`` lists argument indices whose layouts the planner picks
     (their specs give mesh, shape and dtype; their placements only seed the search), and
@@ -175,6 +184,7 @@ def plan_program(
         state_bytes_per_param=state_bytes_per_param,
         progress=progress,
         planner=planner,
+        tie_layers=tie_layers,
     )
 
 
@@ -197,6 +207,7 @@ def plan_graph(
     state_bytes_per_param: float | None = None,
     progress: Progress | None = None,
     planner: Any = None,
+    tie_layers: bool = True,
 ) -> Program:
     """Plan an already traced :class:`Graph` (pure: no torch).
 
@@ -206,7 +217,7 @@ def plan_graph(
     ``choose``, ``memory_budget`` and ``state_bytes_per_param``: as in :func:`plan_program`;
     a choice the solver does not prove optimal is compared with the given layouts (planned
     as fixed ones) and the cheaper is returned: never worse than the specs given.
-    ``progress`` as in :func:`plan_program`.
+    ``progress`` and ``tie_layers`` as in :func:`plan_program`.
     """
     limits = {
         "max_factor": max_factor,
@@ -236,10 +247,25 @@ def plan_graph(
     ruleset = _check_ruleset(ruleset)
     options, fallbacks = _options(graph, mesh, compute, max_options, ruleset, strict, progress)
     options += [free_options(arg_specs[i]) for i in free]
+    # repeated layers: one variable per call of a layer (see _repeats)
+    if not isinstance(tie_layers, bool):
+        raise StrategyError(
+            f"tie_layers must be True or False, got {tie_layers!r}", value=tie_layers
+        )
+    repeats = None
+    if tie_layers and solver == "whole":
+        repeats = find_repeats(graph, fixed, [graph.args[i] for i in free])
+        nodes_ = (*graph.calls, *(graph.args[i] for i in free))
+        sizes = dict(zip(nodes_, map(len, options), strict=True))
+        if repeats is not None and (not repeats.blocks or exact_untied(graph, sizes, max_factor)):
+            repeats = None  # no layers to bound alone, or the untied plan is proven anyway
+    var, nodes = variables(graph, free, None if repeats is None else repeats.tie)
+    at = {n: k for k, n in enumerate((*graph.calls, *(graph.args[i] for i in free)))}
+    options = [options[at[n]] for n in nodes]
 
     prices = Prices(model, planner)
     memory = (arg_specs, per_param, budget)
-    obj = objective(graph, options, free, fixed, (outs, grads), prices, memory)
+    obj = objective(graph, options, free, fixed, (outs, grads), prices, memory, var)
     calls = graph.calls
     report(progress, "strategies", len(calls), len(calls))
     prices.price_all(obj.terms, obj.ins, obj.outs, max_priced, progress)
@@ -262,6 +288,11 @@ def plan_graph(
         seeds=seeds,
         progress=progress,
     )
+    if repeats is not None:  # the tied problem's bound bounds only its own restriction
+        env = (fixed, prices.sid, obj.sinks, obj.free_grads)
+        bound = tied_bound(graph, obj, repeats, options, env, prices.price, max_factor)
+        method = f"{repeats.layers} layers planned as one, bound by parts"
+        sol = attrs.evolve(sol, lower_bound=min(bound, sol.cost), method=method)
     chosen, fixed = chosen_specs(graph, arg_specs, free, options, obj.var, sol, fixed)
     grads = _grad_specs(graph, chosen)
     report(progress, "moves", 0, len(calls))
@@ -273,7 +304,7 @@ def plan_graph(
     if not free or solver != "whole" or program.method == "exact":
         return program
     again = dict(out_specs=out_specs, cost_model=model, compute=compute, ruleset=ruleset)
-    again.update(limits, memory_budget=memory_budget, planner=planner)
+    again.update(limits, memory_budget=memory_budget, planner=planner, tie_layers=tie_layers)
     return _never_worse_than_given(program, graph, arg_specs, state_bytes_per_param, again)
 
 

@@ -23,13 +23,21 @@ from meshplan.placement import Spec
 
 from ._auto import budget_binds, free_grad_terms, memory_weights, solve_within
 from ._graph import Graph, Value
+from ._program_parts import parts_bound
 from ._program_prices import Prices
 from ._program_terms import greedy, matrix, order_too_wide
 from ._progress import Progress, report
-from ._shared import Reader, SharedValue, reader_weights, shared_solver
+from ._shared import Reader, SharedValue, reader_weights, shared_solver, solve_shared
 from ._solve import Solution
 
-__all__ = ["Objective", "objective", "shared_values", "solve_lazily"]
+__all__ = [
+    "Objective",
+    "objective",
+    "shared_values",
+    "solve_lazily",
+    "tied_bound",
+    "variables",
+]
 
 
 @attrs.frozen(eq=False)
@@ -37,7 +45,9 @@ class Objective:
     """A program's terms over its variables, with what the solver needs to price them:
     ``ins``/``outs`` each option's spec numbers, ``compute`` each option's compute cost,
     ``values`` the shared values and ``lams`` each term's lower-bound weights,
-    ``weights`` each option's state bytes and ``fixed_bytes`` the fixed arguments'."""
+    ``weights`` each option's state bytes and ``fixed_bytes`` the fixed arguments';
+    ``sinks`` the fixed targets ``(value, spec)`` and ``free_grads`` the free arguments'
+    gradients ``(value, argument node)``."""
 
     calls: tuple[int, ...]
     var: dict[int, int]
@@ -49,6 +59,20 @@ class Objective:
     lams: list
     weights: list
     fixed_bytes: float
+    sinks: list = attrs.field(factory=list)
+    free_grads: list = attrs.field(factory=list)
+
+
+def variables(graph: Graph, free: Sequence[int], tie=None) -> tuple[dict[int, int], list[int]]:
+    """The variables: ``(node -> variable, each variable's node)``: the calls, then the
+    free arguments, one each; a node of ``tie`` (:mod:`._repeats`) shares its
+    representative's."""
+    tie = tie or {}
+    nodes = [n for n in (*graph.calls, *(graph.args[i] for i in free)) if n not in tie]
+    var = {node: i for i, node in enumerate(nodes)}
+    for n, r in tie.items():
+        var[n] = var[r]
+    return var, nodes
 
 
 def objective(
@@ -59,15 +83,17 @@ def objective(
     targets: tuple[Sequence[Spec], Sequence[Spec | None]],
     prices: Prices,
     memory: tuple[Sequence[Spec], float | None, float | None],
+    var: dict[int, int] | None = None,
 ) -> Objective:
-    """The objective of choosing one of ``options`` per variable: ``targets`` are the
-    output and gradient specs, ``memory`` the argument specs, state bytes per parameter
-    and budget (see :func:`._auto.memory_weights`)."""
+    """The objective of choosing one of ``options`` per variable (``var``: each node's,
+    see :func:`variables`; default: one per call and free argument): ``targets`` are
+    the output and gradient specs, ``memory`` the argument specs, state bytes per
+    parameter and budget (see :func:`._auto.memory_weights`)."""
     import numpy as np
 
     calls = graph.calls
-    free_nodes = tuple(graph.args[i] for i in free)  # free arguments: variables after the calls
-    var = {node: i for i, node in enumerate((*calls, *free_nodes))}
+    if var is None:
+        var = variables(graph, free)[0]
     sid = prices.sid
     ins, outs = prices.number(options)
     # the terms: ("fixed", c, i, src) | ("pair", p, j, c, i) | ("sink", c, j, dst)
@@ -92,22 +118,34 @@ def objective(
     terms += free_grad_terms(graph, free, fixed, var, sid)
     arg_specs, per_param, budget = memory
     differentiated = tuple(g is not None for g in graph.grads)
-    weights, fixed_bytes = memory_weights(
+    free_weights, fixed_bytes = memory_weights(
         arg_specs,
         differentiated,
         free,
-        options[len(calls) :],
-        [len(o) for o in options[: len(calls)]],
+        [options[var[graph.args[i]]] for i in free],
+        [],
         per_param,
         budget,
     )
+    weights = [np.zeros(len(o)) for o in options]
+    for i, w in zip(free, free_weights, strict=True):
+        weights[var[graph.args[i]]] = weights[var[graph.args[i]]] + w
     # the same terms grouped by value: one move per distinct layout its readers want
     grad_reads = [(graph.grads[i], var[graph.args[i]]) for i in free if graph.grads[i] is not None]
     values = shared_values(graph, calls, var, fixed, sid, sinks, grad_reads)
     shares = reader_weights(values, ins)
     lams = [_term_weights(t, shares, ins) for t in terms]
-    compute = [np.array([o.compute for o in opts], dtype=float) for opts in options]
-    return Objective(calls, var, terms, ins, outs, compute, values, lams, weights, fixed_bytes)
+    times = [0] * len(options)  # how many nodes each variable stands for
+    for n in (*calls, *(graph.args[i] for i in free)):
+        times[var[n]] += 1
+    compute = [
+        np.array([o.compute for o in opts], dtype=float) * k
+        for opts, k in zip(options, times, strict=True)
+    ]
+    free_grads = [(graph.grads[i], graph.args[i]) for i in free if graph.grads[i] is not None]
+    return Objective(
+        calls, var, terms, ins, outs, compute, values, lams, weights, fixed_bytes, sinks, free_grads
+    )
 
 
 def _term_weights(t, shares, ins):
@@ -134,19 +172,22 @@ def shared_values(graph: Graph, calls, var, fixed, sid, sinks, grad_reads=()) ->
         readers.setdefault(v, []).append(Reader(a, 0))
     for v, target in sinks:
         readers.setdefault(v, []).append(Reader(-1, 0, sid(target)))
-    out = []
+    alike: dict[tuple, int] = {}  # values of tied nodes alike: one, counted
     for v, rs in readers.items():
         if v.node in fixed:
-            out.append(SharedValue(-1, 0, sid(fixed[v.node]), tuple(rs)))
+            key = (-1, 0, sid(fixed[v.node]), tuple(rs))
         else:
-            out.append(SharedValue(var[v.node], v.index, -1, tuple(rs)))
-    return out
+            key = (var[v.node], v.index, -1, tuple(rs))
+        alike[key] = alike.get(key, 0) + 1
+    return [SharedValue(*key, count=n) for key, n in alike.items()]
 
 
 def _pairwise(obj: Objective, price) -> tuple[tuple[list, dict], tuple[list, dict]]:
     """The pairwise problems above and below the shared objective at the current prices:
     ``(unary, pairs)`` with every reader paying its own move, and with each paying its
     share (see :mod:`._shared`)."""
+    import numpy as np
+
     ins, outs = obj.ins, obj.outs
     unary = [u.copy() for u in obj.compute]
     unary_lo = [u.copy() for u in obj.compute]
@@ -166,6 +207,10 @@ def _pairwise(obj: Objective, price) -> tuple[tuple[list, dict], tuple[list, dic
         else:
             _, p, j, c, i = t
             m = matrix([row[j] for row in outs[p]], [row[i] for row in ins[c]], price)
+            if p == c:  # a tied op reading its own output in the layer before
+                unary[c] += np.diagonal(m)
+                unary_lo[c] += np.diagonal(m) * lam
+                continue
             pairs[(p, c)] = m if (p, c) not in pairs else pairs[(p, c)] + m
             m = m * lam[None, :]
             pairs_lo[(p, c)] = m if (p, c) not in pairs_lo else pairs_lo[(p, c)] + m
@@ -239,3 +284,25 @@ def solve_lazily(
         if rounds >= max_rounds or (not new and (settled or sol.method == "exact")):
             return sol
         settled = settled or not new
+
+
+def tied_bound(graph: Graph, obj: Objective, repeats, options, env, price, max_factor) -> float:
+    """A true lower bound of the program's minimum when ``obj`` ties its repeated layers
+    (``repeats``, see :mod:`._program_parts`): the parts' bounds summed."""
+    import numpy as np
+
+    def solve_part(unary, terms, ins, outs, values) -> float:
+        shares = reader_weights(values, ins)
+        for v in values:  # a value read by several parts: each pays its share
+            for r in v.readers:
+                key = ("sink", v.producer, v.j) if r.op < 0 else (r.op, r.i)
+                shares[key] = {b: w * v.count for b, w in shares[key].items()}
+        lams = [_term_weights(t, shares, ins) for t in terms]
+        weights = [np.zeros(len(u)) for u in unary]
+        part = Objective((), {}, terms, ins, outs, unary, values, lams, weights, 0.0)
+        above, below = _pairwise(part, price)
+        shared = (unary, values, ins, outs, price)
+        return solve_shared(above, below, shared, max_factor=max_factor).lower_bound
+
+    tied = (obj.var, options, obj.ins, obj.outs)
+    return parts_bound(graph, repeats.blocks, dict(repeats.tie), tied, env, solve_part)[0]

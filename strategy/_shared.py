@@ -53,12 +53,15 @@ class Reader:
 @attrs.frozen
 class SharedValue:
     """A value: its source (``producer`` op and output ``j``, or a fixed ``layout`` when
-    ``producer`` is -1) and its readers."""
+    ``producer`` is -1) and its readers; ``count`` values alike (repeated layers planned
+    as one, :mod:`._repeats`) pay its moves ``count`` times (a fraction: a share of
+    them, :mod:`._program_parts`)."""
 
     producer: int
     j: int
     layout: int
     readers: tuple[Reader, ...]
+    count: float = 1
 
 
 def _source(v: SharedValue, choice: Sequence[int], outs) -> int:
@@ -68,7 +71,7 @@ def _source(v: SharedValue, choice: Sequence[int], outs) -> int:
 def _value_cost(v: SharedValue, choice, ins, outs, price) -> float:
     a = _source(v, choice, outs)
     dsts = {r.layout if r.op < 0 else ins[r.op][choice[r.op]][r.i] for r in v.readers}
-    return sum(price(a, b) for b in dsts if b != a)
+    return v.count * sum(price(a, b) for b in dsts if b != a)
 
 
 def shared_total(
@@ -291,7 +294,7 @@ def _factor(v: SharedValue, ins, outs, price, sizes):
     table = np.zeros(shape)
     srcs = [v.layout] if v.producer < 0 else [row[v.j] for row in outs[v.producer]]
     for b, hit in wanted.items():
-        cost = [0.0 if a == b else price(a, b) for a in srcs]
+        cost = [0.0 if a == b else v.count * price(a, b) for a in srcs]
         cost = cost[0] if v.producer < 0 else along(v.producer, cost)
         table = table + np.where(hit, cost, 0.0) if hit is not True else table + cost
     return tuple(scope), table

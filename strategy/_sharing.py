@@ -67,6 +67,7 @@ def _splits(values, ins, outs, price) -> tuple[list[_Split], list[Any]]:
             column = np.array([at[b] for b in w])
             able[ri, column] = 1.0
             table = np.array([[0.0 if a == b else price(a, b) for b in w] for a in srcs])
+            table = table * v.count
             splits.append(_Split(v.producer, r.op, vi, ri, table, column))
         weights.append(able / np.maximum(able.sum(axis=0), 1.0)[None, :])
     return splits, weights

@@ -1,0 +1,130 @@
+"""Repeated layers planned once: found in real model families, tied only where alike, and
+bounded truly (the tied plan's bound never exceeds the untied exact minimum)."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+from _model_families import batch, make, param_specs
+from hypothesis import assume, given, settings
+from hypothesis import strategies as st
+
+from meshplan.errors import StrategyError
+from meshplan.layout import Mesh
+from meshplan.placement import Replicate, Shard, Spec
+from meshplan.strategy import plan_module, plan_program
+from meshplan.strategy._repeats import find_repeats
+from meshplan.strategy._trace import trace
+
+
+def _stack(layers: int):
+    def fn(x, *ws):
+        for w in ws:
+            x = torch.relu(x @ w) + x
+        return x.sum()
+
+    return fn
+
+
+def _graph(fn, specs):
+    return trace(fn, specs, tuple(s.dtype == "float64" for s in specs))
+
+
+def _fixed(graph, specs):
+    return dict(zip(graph.args, specs, strict=True))
+
+
+@pytest.mark.parametrize("layers", [1, 2, 4])
+def test_a_stack_of_equal_layers_ties_every_layer_to_the_first(layers):
+    mesh = Mesh.create((2,))
+    x = Spec(mesh, [Shard(0)], (8, 8), "float64")
+    w = Spec(mesh, [Replicate()], (8, 8), "float64")
+    specs = (x, *[w] * layers)
+    g = _graph(_stack(layers), specs)
+    r = find_repeats(g, _fixed(g, specs))
+    if layers == 1:
+        assert r is None
+        return
+    assert r.layers == layers
+    for a, b in r.tie.items():
+        assert g.nodes[a].call == g.nodes[b].call
+        assert a not in r.tie.values()  # a representative is tied to nothing
+    untied = [n for n in g.calls if n not in r.tie]
+    # every layer past the first is tied, and the program keeps one layer's variables
+    assert len(untied) <= len(g.calls) - (layers - 1) * len(r.blocks[0]) + layers
+
+
+def test_a_layer_whose_weight_lies_otherwise_is_not_tied_where_it_differs():
+    mesh = Mesh.create((2,))
+    x = Spec(mesh, [Shard(0)], (8, 8), "float64")
+    w = Spec(mesh, [Replicate()], (8, 8), "float64")
+    odd = Spec(mesh, [Shard(1)], (8, 8), "float64")
+    specs = (x, w, w, odd, w)
+    g = _graph(_stack(4), specs)
+    r = find_repeats(g, _fixed(g, specs))
+    assert r is not None
+    odd_node = g.args[3]
+    readers = [n for n in g.calls if any(v.node == odd_node for v in g.nodes[n].inputs)]
+    assert readers and not any(n in r.tie for n in readers)
+
+
+def test_tie_layers_must_be_a_bool():
+    mesh = Mesh.create((2,))
+    x = Spec(mesh, [Shard(0)], (8, 8), "float64")
+    with pytest.raises(StrategyError, match="tie_layers"):
+        plan_program(lambda x: x.sum(), x, tie_layers="yes")
+
+
+_PLACEMENTS = [Replicate(), Shard(0), Shard(1)]
+
+
+@settings(max_examples=8)
+@given(
+    layers=st.integers(2, 3),
+    shape=st.just((2,)),
+    data=st.data(),
+)
+def test_the_tied_plan_is_bounded_truly_and_costs_no_less_than_the_untied_minimum(
+    layers, shape, data
+):
+    mesh = Mesh.create(shape)
+    pick = st.lists(st.sampled_from(_PLACEMENTS), min_size=len(shape), max_size=len(shape))
+    x = Spec(mesh, data.draw(pick), (8, 8), "float64")
+    w = Spec(mesh, data.draw(pick), (8, 8), "float64")
+    specs = (x, *[w] * layers)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        untied = plan_program(_stack(layers), *specs, tie_layers=False)
+        # a small max_factor: the untied problem does not solve exactly, the layers tie
+        tied = plan_program(_stack(layers), *specs, max_factor=8)
+    assume(untied.method == "exact")  # the untied minimum is known
+    assert "planned as one" in tied.method
+    lo = untied.cost.total
+    eps = 1e-12 * max(lo, 1e-30)
+    assert tied.lower_bound <= lo + eps
+    assert tied.cost.total >= lo - eps
+    assert tied.lower_bound <= tied.cost.total + eps
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["gpt2", "llama", "nanogpt", "encoder"])
+def test_a_three_layer_family_plans_its_layers_as_one_and_matches_one_process(name):
+    from test_model_families import _check_against_one_process
+
+    mesh = Mesh.create((2, 2))
+    model = make(name, layers=3)
+    ids, _ = batch()
+    b = Spec(mesh, [Shard(0), Replicate()], ids.shape, "int64")
+    mp = plan_module(model, b, b, specs=param_specs(model, 2), strict=True)
+    assert "3 layers planned as one" in mp.program.method
+    assert mp.program.lower_bound <= mp.program.cost.total
+    r = find_repeats(
+        mp.program.graph, {**_fixed(mp.program.graph, mp.program.arg_specs)}
+    )
+    chosen = {op.node: (op.input_specs, op.output_specs) for op in mp.program.ops}
+    for a, rep in r.tie.items():
+        if a in chosen:  # tied calls take one option
+            assert chosen[a] == chosen[rep]
+    _check_against_one_process(model, mp)
