@@ -23,6 +23,7 @@ from meshplan.placement import Spec
 
 from ._auto import budget_binds, free_grad_terms, memory_weights, solve_within
 from ._graph import Graph, Value
+from ._periodic import run_bound
 from ._program_parts import parts_bound
 from ._program_prices import Prices
 from ._program_terms import greedy, matrix, order_too_wide
@@ -286,12 +287,19 @@ def solve_lazily(
         settled = settled or not new
 
 
-def tied_bound(graph: Graph, obj: Objective, repeats, options, env, price, max_factor) -> float:
+def tied_bound(
+    graph: Graph, obj: Objective, repeats, options, env, price, max_factor, choice
+) -> float:
     """A true lower bound of the program's minimum when ``obj`` ties its repeated layers
-    (``repeats``, see :mod:`._program_parts`): the parts' bounds summed."""
+    (``repeats``, see :mod:`._program_parts`): the parts' bounds summed; ``choice``
+    the tied program's."""
     import numpy as np
 
-    def solve_part(unary, terms, ins, outs, values) -> float:
+    def solve_part(part, n, links=()) -> tuple[float, list]:
+        unary, terms, ins, outs, values, choice = part
+        if links:  # the layers' links priced (see _periodic)
+            shared = (values, ins, outs, price)
+            return run_bound(unary, shared, links, n=n, max_factor=max_factor, choice=choice)
         shares = reader_weights(values, ins)
         for v in values:  # a value read by several parts: each pays its share
             for r in v.readers:
@@ -302,7 +310,7 @@ def tied_bound(graph: Graph, obj: Objective, repeats, options, env, price, max_f
         part = Objective((), {}, terms, ins, outs, unary, values, lams, weights, 0.0)
         above, below = _pairwise(part, price)
         shared = (unary, values, ins, outs, price)
-        return solve_shared(above, below, shared, max_factor=max_factor).lower_bound
+        return n * solve_shared(above, below, shared, max_factor=max_factor).lower_bound, []
 
-    tied = (obj.var, options, obj.ins, obj.outs)
+    tied = (obj.var, options, obj.ins, obj.outs, choice)
     return parts_bound(graph, repeats.blocks, dict(repeats.tie), tied, env, solve_part)[0]

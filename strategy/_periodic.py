@@ -1,0 +1,99 @@
+"""A layer's bound with its neighbours' layouts priced as its own (no torch; numpy when
+used).
+
+:mod:`._program_parts` bounds each layer of a tied program alone, its inputs from the
+layers before and after it read from *copies* whose options the layer picks freely. A
+copy stands for a call of the next or previous layer, which in the program is that
+layer's own call of the same class (tied to the same representative). Lagrange
+multipliers ``lam`` price the link: ``+lam`` on every copy's option of a class, ``-lam``
+on every own call of that class once per part copying it. For any choice of the whole
+program, the copies take their calls' options, so the multipliers' terms cancel: the
+parts' bounds still sum to a bound of the program, whatever ``lam`` is. The run of
+alike layers tunes ``lam`` (:func:`run_bound`), by supergradient steps together with
+the readers' shares of shared moves (:mod:`._sharing`); the other parts take the same
+``lam``. At the best ``lam`` a layer's copies take about the layouts the layer itself
+produces, as in the program, and its bound approaches that of the layer repeated
+periodically.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+__all__ = ["run_bound"]
+
+
+def run_bound(
+    unary: Sequence,
+    shared: tuple,
+    links: Sequence[tuple[int, int]],
+    *,
+    n: int,
+    max_factor: int,
+    choice: Sequence[int],
+    steps: int = 40,
+) -> tuple[float, list]:
+    """``n`` times a lower bound of one part's minimum with the links priced by
+    multipliers, and the multipliers (per link, by option): see the module docstring.
+    ``unary`` and ``shared`` (``(values, ins, outs, price)``) are one part's, ``links``
+    its ``(copy, own)`` variable pairs, ``choice`` a choice of the part whose copies
+    agree with their own calls (the program's: its cost aims the steps)."""
+    import numpy as np
+
+    from ._shared import shared_total
+    from ._sharing import _ascent, _problem, _project, _splits, pairwise_min
+
+    values, ins, outs, price = shared
+    splits, weights = _splits(values, ins, outs, price)
+    able = [w > 0 for w in weights]
+    lam = [np.zeros(len(unary[c])) for c, _ in links]
+    solve = pairwise_min(max_factor)
+
+    def at(weights, lam, start, passes):
+        un, pairs, const = _problem(unary, splits, weights)
+        for (c, o), m in zip(links, lam, strict=True):
+            un[c] = un[c] + m
+            un[o] = un[o] - m
+        low, x, start = solve(un, pairs, start, passes)
+        return low + const, x, start
+
+    def total(low, lam) -> float:
+        return n * low
+
+    best = None  # (total, weights, lam, start)
+    upper = shared_total(choice, unary, values, ins, outs, price)
+    theta, stale, start = 1.0, 0, None
+    for _ in range(steps):
+        low, x, start = at(weights, lam, start, 40)
+        if best is None or total(low, lam) > best[0]:
+            best, stale = (total(low, lam), weights, [m.copy() for m in lam], start), 0
+        else:
+            stale += 1
+            if stale >= 4:
+                theta, stale = theta / 2, 0
+        # a choice of the linked parts: each copy as its own call, priced on the part
+        y = list(x)
+        for c, o in links:
+            y[c] = y[o]
+        upper = min(upper, shared_total(y, unary, values, ins, outs, price))
+        grads, norm = _ascent(splits, weights, x)
+        moved = [(k, x[c], x[o]) for k, (c, o) in enumerate(links) if x[c] != x[o]]
+        if (norm <= 0 and not moved) or theta < 1e-3:
+            break
+        if upper - low <= 1e-9 * max(abs(upper), 1e-300):
+            break
+        # the shares (no unit) and the multipliers (a price) take a step each, of half
+        # the gap: their supergradients differ in units
+        gap = theta * max(upper - low, 0.0) / 2
+        if norm > 0:
+            t = gap / norm
+            weights = [_project(w + t * g, a) for w, g, a in zip(weights, grads, able, strict=True)]
+        lam = [m.copy() for m in lam]
+        for k, xc, xo in moved:  # the copy's option dearer, its own call's cheaper
+            lam[k][xc] += gap / (2 * len(moved))
+            lam[k][xo] -= gap / (2 * len(moved))
+    _, weights, lam, start = best
+    if start is not None:  # the best point's bound, its passes run to convergence
+        low, _, _ = at(weights, lam, start, 200)
+        return max(best[0], total(low, lam)), lam
+    return best[0], lam
