@@ -116,12 +116,13 @@ def plan_program(
     :data:`PROGRESS_STAGES`; ``total`` 0 when not known ahead), e.g. to print how far a
     long plan has come.
 
-    Repeated layers: with ``tie_layers`` (default), the calls of identical layers (equal
-    calls reading from equal places, parameters of equal specs: :mod:`._repeats`) share
-    one choice, so a model of many layers plans in about the time of a few. That
-    restricts the choice; ``program.lower_bound`` still bounds the untied minimum (by
-    bounding each layer alone, :mod:`._program_parts`), more loosely than an untied plan
-    does (``tie_layers=False``: every call chosen on its own, in time growing with depth).
+    Repeated layers: with ``tie_layers`` (default), the calls of four or more identical
+    layers (equal calls reading from equal places, parameters of equal specs:
+    :mod:`._repeats`) share one choice, so a model of many layers plans in about the
+    time of a few. That restricts the choice; ``program.lower_bound`` still bounds the
+    untied minimum (each layer bounded alone, its links to its neighbours priced:
+    :mod:`._program_parts`), more loosely than an untied plan does
+    (``tie_layers=False``: every call chosen on its own, in time growing with depth).
 
     Auto-sharding: ``choose`` lists argument indices whose layouts the planner picks
     (their specs give mesh, shape and dtype; their placements only seed the search), and

@@ -194,20 +194,26 @@ def _pairwise(obj: Objective, price) -> tuple[tuple[list, dict], tuple[list, dic
     unary_lo = [u.copy() for u in obj.compute]
     pairs: dict[tuple[int, int], Any] = {}
     pairs_lo: dict[tuple[int, int], Any] = {}
+    alike: dict[tuple, list] = {}  # terms of tied layers repeat: priced once, counted
     for t, lam in zip(obj.terms, obj.lams, strict=True):
+        if t in alike:
+            alike[t][1] += 1
+        else:
+            alike[t] = [lam, 1]
+    for t, (lam, k) in alike.items():
         if t[0] == "fixed":
             _, c, i, src = t
-            row = matrix([src], [row[i] for row in ins[c]], price)[0]
+            row = matrix([src], [row[i] for row in ins[c]], price)[0] * k
             unary[c] += row
             unary_lo[c] += row * lam
         elif t[0] == "sink":
             _, c, j, dst = t
-            col = matrix([row[j] for row in outs[c]], [dst], price)[:, 0]
+            col = matrix([row[j] for row in outs[c]], [dst], price)[:, 0] * k
             unary[c] += col
             unary_lo[c] += col * lam
         else:
             _, p, j, c, i = t
-            m = matrix([row[j] for row in outs[p]], [row[i] for row in ins[c]], price)
+            m = matrix([row[j] for row in outs[p]], [row[i] for row in ins[c]], price) * k
             if p == c:  # a tied op reading its own output in the layer before
                 unary[c] += np.diagonal(m)
                 unary_lo[c] += np.diagonal(m) * lam

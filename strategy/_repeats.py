@@ -30,6 +30,9 @@ __all__ = ["Repeats", "exact_untied", "find_repeats"]
 
 #: the shortest stretch of calls taken as a layer's
 MIN_PERIOD = 4
+#: the fewest layers tied: tying restricts the choice and loosens the bound (each layer
+#: bounded alone, :mod:`._program_parts`), and two or three layers plan untied about as fast
+MIN_LAYERS = 4
 #: the least share of the calls tied for the repeats to count as layers (a layer's q, k
 #: and v projections repeat too, but tying them would only restrict one layer's plan)
 MIN_TIED = 0.25
@@ -97,6 +100,8 @@ def find_repeats(
                 tuple(tuple(calls[start + i * m : start + (i + 1) * m]) for i in range(reps))
             )
     if not runs:
+        return None
+    if max(len(r) for r in runs) < MIN_LAYERS:
         return None
     tie = _check_ties(graph, runs, fixed, set(free_args))
     if len(tie) < MIN_TIED * len(graph.calls):
