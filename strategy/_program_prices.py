@@ -31,6 +31,15 @@ class Prices:
         self.exact: dict[tuple[int, int], float] = {}
         self.bounds: dict[tuple[int, int], float] = {}
 
+    def owner(self) -> Any:
+        """The planner that prices (and keeps what planning learns): the default one when
+        none was given."""
+        if self.planner is not None:
+            return self.planner
+        from meshplan.redistribute._store import default_planner
+
+        return default_planner()
+
     def sid(self, spec: Spec) -> int:
         """The number of ``spec`` (a new one the first time it is seen)."""
         k = self.ids.get(spec)

@@ -29,7 +29,7 @@ from ._progress import Progress, report
 from ._shared import Reader, SharedValue, reader_weights, shared_solver
 from ._solve import Solution
 
-__all__ = ["Objective", "objective", "shared_values", "solve_lazily"]
+__all__ = ["Objective", "content_key", "objective", "shared_values", "solve_lazily"]
 
 
 @attrs.frozen(eq=False)
@@ -220,9 +220,29 @@ def solve_lazily(
     progress: Progress | None,
 ) -> Solution:
     """Solve, price exactly what the answer uses, and again, until the answer uses exact
-    prices only (or ``max_rounds`` rounds ran)."""
+    prices only (or ``max_rounds`` rounds ran).
+
+    The planner keeps each whole-program answer under the content of its objective
+    (:func:`content_key`): the same objective planned again takes the exact prices and
+    the answer from there, once the answer's cost is checked at the exact prices
+    (the same answer the solve gives: it is a pure function of that content)."""
     if budget is not None and not budget_binds(obj.weights, budget - obj.fixed_bytes):
         budget = None  # every choice fits: the budget constrains nothing
+    key = None
+    if solver == "whole":
+        key = content_key(obj, prices, (max_factor, max_rounds, budget, seeds))
+        known = _recall(obj, prices, key)
+        if known is not None:
+            report(progress, "solve", 1, 0)
+            return known
+    sol = _solve_rounds(graph, obj, prices, solver, max_factor, max_rounds, budget, seeds, progress)
+    if key is not None:
+        prices.owner().remember_program(key, (dict(prices.exact), sol))
+    return sol
+
+
+def _solve_rounds(graph, obj, prices, solver, max_factor, max_rounds, budget, seeds, progress):
+    """The rounds of :func:`solve_lazily`."""
     rounds = 0
     # a budget's branch and bound, and the tightening of the shared bound, run once the
     # prices the solver sees are exact
@@ -239,3 +259,53 @@ def solve_lazily(
         if rounds >= max_rounds or (not new and (settled or sol.method == "exact")):
             return sol
         settled = settled or not new
+
+
+def content_key(obj: Objective, prices: Prices, settings: tuple) -> tuple:
+    """What a whole-program solve's answer depends on, as a hashable value: the specs the
+    objective's numbers stand for, its terms, values, each option's spec numbers, compute
+    and state bytes, the cost model, and the solve's ``settings``."""
+
+    def arrays(xs) -> tuple:
+        return tuple((len(x), bytes(memoryview(np.asarray(x, dtype=float)))) for x in xs)
+
+    def numbers(xs) -> tuple:  # per variable, per option, the spec numbers
+        return tuple(tuple(map(tuple, opts)) for opts in xs)
+
+    import numpy as np
+
+    budget, seeds = settings[2], settings[3]
+    return (
+        tuple(prices.table),
+        prices.model,
+        tuple(obj.terms),
+        numbers(obj.ins),
+        numbers(obj.outs),
+        arrays(obj.compute),
+        tuple(obj.values),
+        arrays(obj.weights) if budget is not None else None,
+        obj.fixed_bytes if budget is not None else None,
+        (*settings[:3], tuple(tuple(sorted(s.items())) for s in seeds)),
+    )
+
+
+def _recall(obj: Objective, prices: Prices, key: tuple) -> Solution | None:
+    """The answer the planner keeps for ``key``, with its exact prices learned, if its
+    cost checks out at those prices (else None: solve)."""
+    from ._shared import shared_total
+
+    known = prices.owner().programs.get(key)
+    if known is None:
+        return None
+    exact, sol = known
+
+    def price(a: int, b: int) -> float:
+        c = exact.get((a, b))
+        return prices.price(a, b) if c is None else c
+
+    cost = shared_total(sol.choice, obj.compute, obj.values, obj.ins, obj.outs, price)
+    if abs(cost - sol.cost) > 1e-12 * max(abs(sol.cost), 1e-300):
+        return None  # solved again from the same prices as the first time
+    for pair, c in exact.items():
+        prices.exact.setdefault(pair, c)
+    return sol
