@@ -17,6 +17,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+import math
+
 import attrs
 
 from meshplan.placement import Spec
@@ -248,6 +250,7 @@ def _solve_rounds(graph, obj, prices, solver, max_factor, max_rounds, budget, se
     # prices the solver sees are exact
     settled = False
     memo: dict = {}  # what one solve leaves the next (see solve_shared)
+    bound = -math.inf  # the best bound of an earlier round (prices only rise)
     while True:
         rounds += 1
         report(progress, "solve", rounds, 0)
@@ -256,15 +259,29 @@ def _solve_rounds(graph, obj, prices, solver, max_factor, max_rounds, budget, se
         effort = (branches, steps, not settled)  # unsettled prices: a draft
         sol = _solve_round(graph, obj, prices, solver, max_factor, budget, seeds, effort, memo)
         new = prices.learn_used(obj.terms, obj.ins, obj.outs, sol.choice)
-        if rounds >= max_rounds or (not new and (settled or sol.method == "exact")):
-            return sol
+        if rounds >= max_rounds:
+            return _with_bound(sol, bound)
+        if not new and (settled or sol.method == "exact"):
+            return _with_bound(sol, bound)
         settled = settled or not new
+        if sol.method != "op by op":  # a bound at prices at most the exact ones holds on
+            bound = max(bound, sol.lower_bound)
+
+
+def _with_bound(sol: Solution, bound: float) -> Solution:
+    """``sol`` with the best of its bound and ``bound`` (an earlier round's)."""
+    if bound <= sol.lower_bound:
+        return sol
+    bound = min(bound, sol.cost)
+    method = "exact" if sol.cost - bound <= 1e-12 * max(abs(sol.cost), 1e-300) else sol.method
+    return attrs.evolve(sol, lower_bound=bound, method=method)
 
 
 def content_key(obj: Objective, prices: Prices, settings: tuple) -> tuple:
     """What a whole-program solve's answer depends on, as a hashable value: the specs the
     objective's numbers stand for, its terms, values, each option's spec numbers, compute
-    and state bytes, the cost model, and the solve's ``settings``."""
+    and state bytes, the cost model, the solve's ``settings`` and the pairs priced
+    already."""
 
     def arrays(xs) -> tuple:
         return tuple((len(x), bytes(memoryview(np.asarray(x, dtype=float)))) for x in xs)
@@ -286,6 +303,7 @@ def content_key(obj: Objective, prices: Prices, settings: tuple) -> tuple:
         arrays(obj.weights) if budget is not None else None,
         obj.fixed_bytes if budget is not None else None,
         (*settings[:3], tuple(tuple(sorted(s.items())) for s in seeds)),
+        tuple(prices.exact),  # the pairs priced before the solve (all of them, when few)
     )
 
 

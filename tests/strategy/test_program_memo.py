@@ -84,3 +84,16 @@ def test_a_kept_answer_that_does_not_check_out_is_solved_again():
     again = _plan(graph, specs, planner)
     assert _answer(again) == _answer(cold)
     assert planner.programs[key][1] == sol  # solved again and kept
+
+
+def test_pricing_every_pair_up_front_or_lazily_are_other_entries():
+    """What is priced before the solve changes its path, so it is part of the key."""
+    from meshplan.strategy._trace import trace
+
+    mesh = Mesh.create((2,))
+    _, specs = transformer_args(mesh, layers=1)
+    graph = trace(lambda *a: transformer(*a, layers=1), specs, [s.dtype != "int64" for s in specs])
+    planner = Planner()
+    _plan(graph, specs, planner, max_priced=0)
+    _plan(graph, specs, planner, max_priced=1 << 40)
+    assert len(planner.programs) == 2
