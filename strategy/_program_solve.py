@@ -324,6 +324,5 @@ def _recall(obj: Objective, prices: Prices, key: tuple) -> Solution | None:
     cost = shared_total(sol.choice, obj.compute, obj.values, obj.ins, obj.outs, price)
     if abs(cost - sol.cost) > 1e-12 * max(abs(sol.cost), 1e-300):
         return None  # solved again from the same prices as the first time
-    for pair, c in exact.items():
-        prices.exact.setdefault(pair, c)
+    prices.learn(exact)
     return sol
