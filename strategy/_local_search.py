@@ -150,7 +150,7 @@ def local_search(
     for more searches over the same values and prices.)
 
     >>> from meshplan.strategy._shared import Reader, SharedValue
-    >>> v = SharedValue(-1, 0, 0, (Reader(0, 0), Reader(1, 0)))
+    >>> v = SharedValue(-1, 0, 2, (Reader(0, 0), Reader(1, 0)))  # fixed in layout 2
     >>> ins = [[[0], [1]], [[1]]]  # op 0 reads the value in layout 0 or 1, op 1 in 1
     >>> local_search([0, 0], [[0.0, 0.0], [0.0]], [v], ins, [[[]], [[]]], lambda a, b: 2.0)
     [1, 0]
