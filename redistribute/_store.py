@@ -32,6 +32,7 @@ __all__ = ["Planner", "default_planner", "STATE_BUDGET"]
 
 _PLANS_KEPT = 4096  # plans per planner before the oldest are dropped
 _PRICES_KEPT = 65536  # plan prices (``plan_cost``) per planner
+_PROGRAMS_KEPT = 64  # whole-program solves per planner
 _CONTEXTS_KEPT = 256  # search contexts per planner
 _ENCODED_KEPT = 65536  # spec encodings (and decodings, steps) per planner
 
@@ -108,6 +109,9 @@ class Planner:
         self.tables = Tables(self.lock, tables)  # all-pairs plan tables of contexts
         self.families = Families(self.lock)  # plans shared across tensor sizes
         self.warned: set = set()  # mesh shapes a missed merge has warned about
+        # whole-program solves (strategy's ``solve_lazily``): the content of a program's
+        # objective -> the exact prices its solve learned and its answer
+        self.programs: dict = {}
 
     def __repr__(self) -> str:
         return (
@@ -174,6 +178,14 @@ class Planner:
                 prices.clear()
             prices[key] = price
 
+    def remember_program(self, key: tuple, entry: tuple) -> None:
+        """Keep a whole program's solve (``entry``) under its objective's content (``key``)."""
+        programs = self.programs
+        with self.lock:
+            while len(programs) >= _PROGRAMS_KEPT:
+                del programs[next(iter(programs))]
+            programs[key] = entry
+
     def clear(self, *, tables: bool = True) -> None:
         """Forget the plans made, and with ``tables`` every other memo too: contexts, plan
         tables, shared moves and sizes, spec encodings (which mesh shapes have warned is
@@ -181,6 +193,7 @@ class Planner:
         with self.lock:
             self.plans.clear()
             self.prices.clear()
+            self.programs.clear()
             if tables:
                 self.encoded.clear()
                 self.decoded.clear()

@@ -30,6 +30,16 @@ class Prices:
         self.table: list[Spec] = []
         self.exact: dict[tuple[int, int], float] = {}
         self.bounds: dict[tuple[int, int], float] = {}
+        self.known: dict[tuple[int, int], float] = {}  # what :meth:`price` answers
+
+    def owner(self) -> Any:
+        """The planner that prices (and keeps what planning learns): the default one when
+        none was given."""
+        if self.planner is not None:
+            return self.planner
+        from meshplan.redistribute._store import default_planner
+
+        return default_planner()
 
     def sid(self, spec: Spec) -> int:
         """The number of ``spec`` (a new one the first time it is seen)."""
@@ -57,20 +67,22 @@ class Prices:
         """The exact price of moving spec ``a`` to spec ``b`` (planned once)."""
         c = self.exact.get((a, b))
         if c is None:
-            c = self.exact[(a, b)] = self._plan_price(a, b)
+            c = self.exact[(a, b)] = self.known[(a, b)] = self._plan_price(a, b)
         return c
+
+    def learn(self, exact: dict[tuple[int, int], float]) -> None:
+        """Take exact prices learned elsewhere (by a solve of the same program)."""
+        for pair, c in exact.items():
+            if pair not in self.exact:
+                self.exact[pair] = self.known[pair] = c
 
     def price(self, a: int, b: int) -> float:
         """The exact price where known, else a lower bound of it (cheap: no planning)."""
-        c = self.exact.get((a, b))
+        c = self.known.get((a, b))
         if c is None:
-            c = self.bounds.get((a, b))
-            if c is None:
-                c = self.bounds[(a, b)] = (
-                    0.0
-                    if a == b
-                    else input_bound(self.table[a], self.table[b].placements, self.model)
-                )
+            c = self.bounds[(a, b)] = self.known[(a, b)] = (
+                0.0 if a == b else input_bound(self.table[a], self.table[b].placements, self.model)
+            )
         return c
 
     def price_all(self, terms, ins, outs, max_priced: int, progress: Progress | None) -> None:
@@ -84,7 +96,7 @@ class Prices:
             if done % every == 0:
                 report(progress, "prices", done, count)
             if (a, b) not in self.exact:
-                self.exact[(a, b)] = self._plan_price(a, b)
+                self.exact[(a, b)] = self.known[(a, b)] = self._plan_price(a, b)
         report(progress, "prices", count, count)
 
     def learn_used(self, terms, ins, outs, choice) -> int:
@@ -97,7 +109,7 @@ class Prices:
         def learn(a: int, b: int) -> None:
             nonlocal new
             if (a, b) not in self.exact:
-                self.exact[(a, b)] = self._plan_price(a, b)
+                self.exact[(a, b)] = self.known[(a, b)] = self._plan_price(a, b)
                 new += 1
 
         for t in terms:

@@ -17,6 +17,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+import math
+
 import attrs
 
 from meshplan.placement import Spec
@@ -33,6 +35,7 @@ from ._solve import Solution
 
 __all__ = [
     "Objective",
+    "content_key",
     "objective",
     "shared_values",
     "solve_lazily",
@@ -272,14 +275,35 @@ def solve_lazily(
     progress: Progress | None,
 ) -> Solution:
     """Solve, price exactly what the answer uses, and again, until the answer uses exact
-    prices only (or ``max_rounds`` rounds ran)."""
+    prices only (or ``max_rounds`` rounds ran).
+
+    The planner keeps each whole-program answer under the content of its objective
+    (:func:`content_key`): the same objective planned again takes the exact prices and
+    the answer from there, once the answer's cost is checked at the exact prices
+    (the same answer the solve gives: it is a pure function of that content)."""
     if budget is not None and not budget_binds(obj.weights, budget - obj.fixed_bytes):
         budget = None  # every choice fits: the budget constrains nothing
+    key = None
+    if solver == "whole":
+        key = content_key(obj, prices, (max_factor, max_rounds, budget, seeds))
+        known = _recall(obj, prices, key)
+        if known is not None:
+            report(progress, "solve", 1, 0)
+            return known
+    sol = _solve_rounds(graph, obj, prices, solver, max_factor, max_rounds, budget, seeds, progress)
+    if key is not None:
+        prices.owner().remember_program(key, (dict(prices.exact), sol))
+    return sol
+
+
+def _solve_rounds(graph, obj, prices, solver, max_factor, max_rounds, budget, seeds, progress):
+    """The rounds of :func:`solve_lazily`."""
     rounds = 0
     # a budget's branch and bound, and the tightening of the shared bound, run once the
     # prices the solver sees are exact
     settled = False
     memo: dict = {}  # what one solve leaves the next (see solve_shared)
+    bound = -math.inf  # the best bound of an earlier round (prices only rise)
     while True:
         rounds += 1
         report(progress, "solve", rounds, 0)
@@ -288,9 +312,73 @@ def solve_lazily(
         effort = (branches, steps, not settled)  # unsettled prices: a draft
         sol = _solve_round(graph, obj, prices, solver, max_factor, budget, seeds, effort, memo)
         new = prices.learn_used(obj.terms, obj.ins, obj.outs, sol.choice)
-        if rounds >= max_rounds or (not new and (settled or sol.method == "exact")):
-            return sol
+        if rounds >= max_rounds:
+            return _with_bound(sol, bound)
+        if not new and (settled or sol.method == "exact"):
+            return _with_bound(sol, bound)
         settled = settled or not new
+        if sol.method != "op by op":  # a bound at prices at most the exact ones holds on
+            bound = max(bound, sol.lower_bound)
+
+
+def _with_bound(sol: Solution, bound: float) -> Solution:
+    """``sol`` with the best of its bound and ``bound`` (an earlier round's)."""
+    if bound <= sol.lower_bound:
+        return sol
+    bound = min(bound, sol.cost)
+    method = "exact" if sol.cost - bound <= 1e-12 * max(abs(sol.cost), 1e-300) else sol.method
+    return attrs.evolve(sol, lower_bound=bound, method=method)
+
+
+def content_key(obj: Objective, prices: Prices, settings: tuple) -> tuple:
+    """What a whole-program solve's answer depends on, as a hashable value: the specs the
+    objective's numbers stand for, its terms, values, each option's spec numbers, compute
+    and state bytes, the cost model, the solve's ``settings`` and the pairs priced
+    already."""
+
+    def arrays(xs) -> tuple:
+        return tuple((len(x), bytes(memoryview(np.asarray(x, dtype=float)))) for x in xs)
+
+    def numbers(xs) -> tuple:  # per variable, per option, the spec numbers
+        return tuple(tuple(map(tuple, opts)) for opts in xs)
+
+    import numpy as np
+
+    budget, seeds = settings[2], settings[3]
+    return (
+        tuple(prices.table),
+        prices.model,
+        tuple(obj.terms),
+        numbers(obj.ins),
+        numbers(obj.outs),
+        arrays(obj.compute),
+        tuple(obj.values),
+        arrays(obj.weights) if budget is not None else None,
+        obj.fixed_bytes if budget is not None else None,
+        (*settings[:3], tuple(tuple(sorted(s.items())) for s in seeds)),
+        tuple(prices.exact),  # the pairs priced before the solve (all of them, when few)
+    )
+
+
+def _recall(obj: Objective, prices: Prices, key: tuple) -> Solution | None:
+    """The answer the planner keeps for ``key``, with its exact prices learned, if its
+    cost checks out at those prices (else None: solve)."""
+    from ._shared import shared_total
+
+    known = prices.owner().programs.get(key)
+    if known is None:
+        return None
+    exact, sol = known
+
+    def price(a: int, b: int) -> float:
+        c = exact.get((a, b))
+        return prices.price(a, b) if c is None else c
+
+    cost = shared_total(sol.choice, obj.compute, obj.values, obj.ins, obj.outs, price)
+    if abs(cost - sol.cost) > 1e-12 * max(abs(sol.cost), 1e-300):
+        return None  # solved again from the same prices as the first time
+    prices.learn(exact)
+    return sol
 
 
 def tied_bound(

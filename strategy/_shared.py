@@ -26,6 +26,7 @@ from typing import Any
 
 import attrs
 
+from ._local_search import Searcher, local_search
 from ._sharing import pairwise_min, tighten
 from ._solve import Solution, solve
 
@@ -115,73 +116,14 @@ def reader_weights(values: Sequence[SharedValue], ins) -> dict[tuple, dict[int, 
     return out
 
 
-def local_search(
-    choice: Sequence[int],
-    unary: Sequence[Sequence[float]],
-    values: Sequence[SharedValue],
-    ins,
-    outs,
-    price: Callable[[int, int], float],
-    max_visits: int | None = None,
-) -> list[int]:
-    """Re-choose each op given the others, on the shared objective, until nothing improves.
-
-    A worklist: every op once, then only the ops sharing a value with one that changed
-    (the others' best options cannot have moved); at most ``max_visits`` visits
-    (default 50 per op).
-    """
-    from collections import deque
-
-    choice = list(choice)
-    touching: list[list[SharedValue]] = [[] for _ in unary]
-    near: list[set[int]] = [set() for _ in unary]
-    for v in values:
-        ops = {r.op for r in v.readers if r.op >= 0}
-        if v.producer >= 0:
-            ops.add(v.producer)
-        for c in ops:
-            touching[c].append(v)
-            near[c] |= ops
-    queue = deque(range(len(unary)))
-    queued = [True] * len(unary)
-    visits = 0
-    limit = 50 * len(unary) if max_visits is None else max_visits
-    while queue and visits < limit:
-        c = queue.popleft()
-        queued[c] = False
-        visits += 1
-        if len(unary[c]) < 2:
-            continue
-        orig = choice[c]
-        best_k, best = orig, _option_cost(c, orig, choice, unary, touching[c], ins, outs, price)
-        for k in range(len(unary[c])):
-            if k != orig:
-                s = _option_cost(c, k, choice, unary, touching[c], ins, outs, price)
-                if s < best - 1e-18:
-                    best_k, best = k, s
-        choice[c] = best_k
-        if best_k != orig:
-            for u in sorted(near[c]):
-                if u != c and not queued[u]:
-                    queued[u] = True
-                    queue.append(u)
-    return choice
-
-
-def _option_cost(c, k, choice, unary, touching, ins, outs, price) -> float:
-    """Op ``c``'s part of the shared objective with option ``k`` (sets ``choice[c]``)."""
-    choice[c] = k
-    return float(unary[c][k]) + sum(_value_cost(v, choice, ins, outs, price) for v in touching)
-
-
-def _improver(unary, values, ins, outs, price, best: list[float]):
-    """Local search from a choice that costs at most 5% over the best one seen (others
-    rarely end below it), on the shared objective."""
+def _improver(unary, values, ins, outs, price, best: list[float], search: Searcher):
+    """Local search (``search``) from a choice that costs at most 10% over the best one
+    seen (others rarely end below it), on the shared objective."""
 
     def improve(x) -> tuple[float, Sequence[int]]:
         c = shared_total(x, unary, values, ins, outs, price)
         if c <= best[0] * 1.1:
-            x = local_search(x, unary, values, ins, outs, price)
+            x = search(x, unary)
             c = shared_total(x, unary, values, ins, outs, price)
         best[0] = min(best[0], c)
         return c, x
@@ -215,8 +157,9 @@ def solve_shared(
     up = solve(*above, max_factor=max_factor, starts=starts, prove=False)
     lo = solve(*below, max_factor=max_factor, prove=not draft)
     best = None
+    search = Searcher(values, ins, outs, price)  # the price tables, built once
     for start in dict.fromkeys([up.choice, lo.choice, *map(tuple, starts)]):
-        c = local_search(start, unary, values, ins, outs, price)
+        c = search(start, unary)
         cost = shared_total(c, unary, values, ins, outs, price)
         if best is None or cost < best[0]:
             best = (cost, tuple(c))
@@ -232,7 +175,7 @@ def solve_shared(
             (cost, choice),
             bound,
             pairwise_min=pairwise_min(max_factor),
-            improve=_improver(unary, values, ins, outs, price, [cost]),
+            improve=_improver(unary, values, ins, outs, price, [cost], search),
             # from the shares a solve of the same program left: half the steps
             steps=steps if memo is None or "weights" not in memo else (steps + 1) // 2,
             start_weights=None if memo is None else memo.get("weights"),

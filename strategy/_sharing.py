@@ -166,7 +166,7 @@ def tighten(
         if cost - bound <= tol * max(abs(cost), 1e-300):
             break
         un, pairs, const = _problem(unary, splits, weights)
-        low, x, start = pairwise_min(un, pairs, start, 40)
+        low, x, start = pairwise_min(un, pairs, start, 10)
         low += const
         if low > bound + 1e-12 * max(abs(bound), 1e-300):
             bound, stale, kept = low, 0, (weights, start)

@@ -161,3 +161,63 @@ def test_the_forest_bound_with_folded_terms_lies_below_the_pairwise_minimum(data
     best = min(total(c, unary, pairs) for c in itertools.product(*map(range, sizes)))
     assert sol.lower_bound <= best + 1e-9
     assert sol.cost >= best - 1e-9
+
+
+def _reference_local_search(choice, unary, values, ins, outs, price):
+    """Local search as plain loops: each op in a worklist re-chosen by pricing each of its
+    options on the shared objective, one at a time (the reference)."""
+    from collections import deque
+
+    choice = list(choice)
+    touching = [[] for _ in unary]
+    near = [set() for _ in unary]
+    for v in values:
+        ops = {r.op for r in v.readers if r.op >= 0} | ({v.producer} - {-1})
+        for c in ops:
+            touching[c].append(v)
+            near[c] |= ops
+
+    def part(c, k):
+        choice[c] = k
+        return float(unary[c][k]) + shared_total(choice, [[0.0] * len(u) for u in unary],
+                                                 touching[c], ins, outs, price)
+
+    queue, queued = deque(range(len(unary))), [True] * len(unary)
+    visits = 0
+    while queue and visits < 50 * len(unary):
+        c = queue.popleft()
+        queued[c] = False
+        visits += 1
+        orig = choice[c]
+        best_k, best = orig, part(c, orig)
+        for k in range(len(unary[c])):
+            if k != orig:
+                s = part(c, k)
+                if s < best - 1e-18:
+                    best_k, best = k, s
+        choice[c] = best_k
+        if best_k != orig:
+            for u in sorted(near[c]):
+                if u != c and not queued[u]:
+                    queued[u] = True
+                    queue.append(u)
+    return choice
+
+
+@settings(max_examples=min(settings.default.max_examples, 200), deadline=None)
+@given(problems(max_ops=6, max_options=4), st.data())
+def test_local_search_prices_all_options_at_once_as_the_loop_does_one_by_one(problem, data):
+    """Prices in quarters: sums are exact, so both pick the very same options."""
+    from meshplan.strategy._shared import local_search
+
+    unary, values, ins, outs, price = problem
+    start = [data.draw(st.integers(0, len(u) - 1)) for u in unary]
+    got = local_search(start, unary, values, ins, outs, price)
+    assert got == _reference_local_search(start, unary, values, ins, outs, price)
+    cost = shared_total(got, unary, values, ins, outs, price)
+    assert cost <= shared_total(start, unary, values, ins, outs, price)
+    for c in range(len(unary)):  # no op alone can do better
+        for k in range(len(unary[c])):
+            other = list(got)
+            other[c] = k
+            assert shared_total(other, unary, values, ins, outs, price) >= cost - 1e-12
