@@ -96,9 +96,9 @@ class Searcher:
                 self.near.setdefault(c, set()).update(ops)
 
     def __call__(self, choice: Sequence[int], unary, max_visits: int | None = None) -> list[int]:
-        import numpy as np
-
         from collections import deque
+
+        import numpy as np
 
         choice = list(choice)
         n = len(unary)

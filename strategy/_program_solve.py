@@ -14,10 +14,9 @@ the answer is the exact minimum whenever the solver's is.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import Any
-
-import math
 
 import attrs
 
