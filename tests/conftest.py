@@ -120,8 +120,25 @@ def pytest_configure(config):
     # own gloo pools; group them instead (see below)
     if getattr(config.option, "numprocesses", None) and config.option.dist == "load":
         config.option.dist = "loadgroup"
+    # a worker reads the command line afresh (``-n 2``: no ``--dist``), so it would not name
+    # its tests after their groups; its controller tells it to (below)
+    if getattr(config, "workerinput", {}).get("loadgroup"):
+        config.option.loadgroup = True
 
 
+@pytest.hookimpl(optionalhook=True)
+def pytest_configure_node(node):
+    node.workerinput["loadgroup"] = node.config.option.dist == "loadgroup"
+
+
+# A wrapper around every other implementation of this hook. Before them: the marks, because a
+# pytest-xdist worker names each test after its xdist_group in its own implementation (marked
+# later, each gloo test would be a unit of its own, and both workers would start pools). After
+# them (pytest's own ordering by fixtures included): under xdist, the gloo group
+# first, then the slow tests, then the quick ones (each kind in collection order). xdist
+# hands out units in collection order; starting with the long ones lets the two workers
+# finish together, instead of one running a minute-long test alone at the end.
+@pytest.hookimpl(wrapper=True, tryfirst=True)
 def pytest_collection_modifyitems(config, items):
     for item in items:
         if _starts_processes(item):
@@ -130,6 +147,16 @@ def pytest_collection_modifyitems(config, items):
             # to one worker, so that each pool starts once, while the other worker takes the
             # pure tests
             item.add_marker(pytest.mark.xdist_group(GLOO_GROUP))
+    result = yield
+    if hasattr(config, "workerinput"):
+        items.sort(key=_longest_first)
+    return result
+
+
+def _longest_first(item) -> int:
+    if item.get_closest_marker("distributed"):
+        return 0
+    return 1 if item.get_closest_marker("slow") else 2
 
 
 # -- garbage collection ------------------------------------------------------------------
