@@ -1,5 +1,6 @@
 """The test configuration (``tests/conftest.py``) under pytest-xdist, as CI runs it: every test
-of the gloo tier in one worker, the slow tests handed out before the quick ones."""
+of the shared gloo pools in one worker; the other gloo tests, then the slow ones, handed out
+before the quick ones."""
 
 from __future__ import annotations
 
@@ -12,6 +13,8 @@ import sys
 import pytest
 
 _SUITE = """
+from multiprocessing import get_context
+
 import pytest
 
 
@@ -30,6 +33,10 @@ def test_gloo(stub_pool, i):
     pass
 
 
+def test_own_processes():  # starts processes of its own: gloo tier, but no shared pool
+    assert get_context
+
+
 @pytest.mark.slow
 def test_slow():
     pass
@@ -37,7 +44,7 @@ def test_slow():
 
 
 @pytest.mark.slow  # three pytest processes: seconds
-def test_two_workers_run_the_gloo_tier_in_one_and_start_the_other_on_the_slow_tests(tmp_path):
+def test_two_workers_run_the_pools_tests_in_one_and_start_the_other_on_the_long_tests(tmp_path):
     shutil.copy(os.path.join(os.path.dirname(__file__), "conftest.py"), tmp_path)
     (tmp_path / "test_suite.py").write_text(_SUITE)
     done = subprocess.run(
@@ -47,10 +54,10 @@ def test_two_workers_run_the_gloo_tier_in_one_and_start_the_other_on_the_slow_te
     )  # fmt: skip
     assert done.returncode == 0, done.stdout + done.stderr
     ran = re.findall(r"^\[(gw\d)\] \[\s*\d+%\] PASSED test_suite\.py::(\S+)", done.stdout, re.M)
-    assert len(ran) == 9, done.stdout
+    assert len(ran) == 10, done.stdout
     gloo = {worker for worker, test in ran if test.startswith("test_gloo")}
     # each gloo test named after its group (``@gloo``): one unit of work, so one worker
     assert all(test.endswith("@gloo") for _, test in ran if test.startswith("test_gloo"))
     assert len(gloo) == 1, ran
     other = [test for worker, test in ran if worker not in gloo]
-    assert other and other[0] == "test_slow", ran
+    assert other[:2] == ["test_own_processes", "test_slow"], ran
