@@ -148,14 +148,16 @@ def pytest_configure_node(node):
 @pytest.hookimpl(wrapper=True, tryfirst=True)
 def pytest_collection_modifyitems(config, items):
     for item in items:
-        if _starts_processes(item):
-            item.add_marker(pytest.mark.distributed)
-        if _uses_pool(item):
-            # under pytest-xdist (``-n 2 --dist loadgroup``, as CI runs) every test of the
-            # shared pools goes to one worker, so that each pool starts once; the tests that
-            # start processes of their own (example scripts, their own WorkerPool) and the
-            # pure tests are shared by both workers
-            item.add_marker(pytest.mark.xdist_group(GLOO_GROUP))
+        if not _starts_processes(item):
+            continue
+        item.add_marker(pytest.mark.distributed)
+        # under pytest-xdist (``-n 2 --dist loadgroup``, as CI runs) every test of the shared
+        # pools goes to one worker, so that each pool starts once; the tests that start
+        # processes of their own (example scripts, their own WorkerPool) go to either worker,
+        # a module's together (their module fixtures run an example once), and the pure
+        # tests are shared by both workers
+        group = GLOO_GROUP if _uses_pool(item) else item.nodeid.split("::")[0]
+        item.add_marker(pytest.mark.xdist_group(group))
     result = yield
     if hasattr(config, "workerinput"):
         items.sort(key=_longest_first)
@@ -163,10 +165,8 @@ def pytest_collection_modifyitems(config, items):
 
 
 def _longest_first(item) -> int:
-    if item.get_closest_marker("xdist_group"):
-        return 0
     if item.get_closest_marker("distributed"):
-        return 1
+        return 0 if _uses_pool(item) else 1
     return 2 if item.get_closest_marker("slow") else 3
 
 

@@ -33,7 +33,8 @@ def test_gloo(stub_pool, i):
     pass
 
 
-def test_own_processes():  # starts processes of its own: gloo tier, but no shared pool
+@pytest.mark.parametrize("i", range(2))
+def test_own_processes(i):  # starts processes of its own: gloo tier, but no shared pool
     assert get_context
 
 
@@ -54,10 +55,16 @@ def test_two_workers_run_the_pools_tests_in_one_and_start_the_other_on_the_long_
     )  # fmt: skip
     assert done.returncode == 0, done.stdout + done.stderr
     ran = re.findall(r"^\[(gw\d)\] \[\s*\d+%\] PASSED test_suite\.py::(\S+)", done.stdout, re.M)
-    assert len(ran) == 10, done.stdout
+    assert len(ran) == 11, done.stdout
+    # each test of the pools named after its group: one unit of work, so one worker
     gloo = {worker for worker, test in ran if test.startswith("test_gloo")}
-    # each gloo test named after its group (``@gloo``): one unit of work, so one worker
-    assert all(test.endswith("@gloo") for _, test in ran if test.startswith("test_gloo"))
+    assert all(test.endswith("]@gloo") for _, test in ran if test.startswith("test_gloo"))
     assert len(gloo) == 1, ran
+    # the other worker starts with the module that starts processes (one unit), then the slow
+    # test, then quick ones
     other = [test for worker, test in ran if worker not in gloo]
-    assert other[:2] == ["test_own_processes", "test_slow"], ran
+    assert other[:3] == [
+        "test_own_processes[0]@test_suite.py",
+        "test_own_processes[1]@test_suite.py",
+        "test_slow",
+    ], ran
