@@ -98,20 +98,26 @@ _POOL = re.compile(r"(.*_)?pool\d*")
 _EXAMPLES = os.path.join(os.path.dirname(__file__), "examples")
 
 
-def _starts_processes(item) -> bool:
-    """Whether the test asks for a worker pool (as an argument, or by name through
-    ``request.getfixturevalue``), starts one (or other processes) itself, or runs an example
-    script on gloo ranks."""
+def _uses_pool(item) -> bool:
+    """Whether the test asks for a worker pool, as an argument or by name through
+    ``request.getfixturevalue``."""
     if any(_POOL.fullmatch(name) for name in getattr(item, "fixturenames", ())):
         return True
-    if str(item.path).startswith(_EXAMPLES):
+    code = getattr(getattr(item, "function", None), "__code__", None)
+    return (
+        code is not None
+        and "getfixturevalue" in code.co_names
+        and any(isinstance(c, str) and _POOL.fullmatch(c) for c in code.co_consts)
+    )
+
+
+def _starts_processes(item) -> bool:
+    """Whether the test uses a worker pool, starts one (or other processes) itself, or runs
+    an example script on gloo ranks."""
+    if _uses_pool(item) or str(item.path).startswith(_EXAMPLES):
         return True
     code = getattr(getattr(item, "function", None), "__code__", None)
     names = set(code.co_names) if code is not None else set()
-    if "getfixturevalue" in names and any(
-        isinstance(c, str) and _POOL.fullmatch(c) for c in code.co_consts
-    ):
-        return True
     return bool(names & {"get_context", "start_processes"}) or {"WorkerPool", "run"} <= names
 
 
@@ -120,16 +126,48 @@ def pytest_configure(config):
     # own gloo pools; group them instead (see below)
     if getattr(config.option, "numprocesses", None) and config.option.dist == "load":
         config.option.dist = "loadgroup"
+    # a worker reads the command line afresh (``-n 2``: no ``--dist``), so it would not name
+    # its tests after their groups; its controller tells it to (below)
+    if getattr(config, "workerinput", {}).get("loadgroup"):
+        config.option.loadgroup = True
 
 
+@pytest.hookimpl(optionalhook=True)
+def pytest_configure_node(node):
+    node.workerinput["loadgroup"] = node.config.option.dist == "loadgroup"
+
+
+# A wrapper around every other implementation of this hook. Before them: the marks, because a
+# pytest-xdist worker names each test after its xdist_group in its own implementation (marked
+# later, each gloo test would be a unit of its own, and both workers would start pools). After
+# them (pytest's own ordering by fixtures included): under xdist, the gloo group
+# first, then the other distributed tests, the slow tests and the quick ones (each kind in
+# collection order). xdist hands out units in collection order; starting with the long ones
+# lets the two workers finish together, instead of one running a minute-long test alone at
+# the end.
+@pytest.hookimpl(wrapper=True, tryfirst=True)
 def pytest_collection_modifyitems(config, items):
     for item in items:
-        if _starts_processes(item):
-            item.add_marker(pytest.mark.distributed)
-            # under pytest-xdist (``-n 2 --dist loadgroup``, as CI runs) every gloo test goes
-            # to one worker, so that each pool starts once, while the other worker takes the
-            # pure tests
-            item.add_marker(pytest.mark.xdist_group(GLOO_GROUP))
+        if not _starts_processes(item):
+            continue
+        item.add_marker(pytest.mark.distributed)
+        # under pytest-xdist (``-n 2 --dist loadgroup``, as CI runs) every test of the shared
+        # pools goes to one worker, so that each pool starts once; the tests that start
+        # processes of their own (example scripts, their own WorkerPool) go to either worker,
+        # a module's together (their module fixtures run an example once), and the pure
+        # tests are shared by both workers
+        group = GLOO_GROUP if _uses_pool(item) else item.nodeid.split("::")[0]
+        item.add_marker(pytest.mark.xdist_group(group))
+    result = yield
+    if hasattr(config, "workerinput"):
+        items.sort(key=_longest_first)
+    return result
+
+
+def _longest_first(item) -> int:
+    if item.get_closest_marker("distributed"):
+        return 0 if _uses_pool(item) else 1
+    return 2 if item.get_closest_marker("slow") else 3
 
 
 # -- garbage collection ------------------------------------------------------------------
