@@ -291,7 +291,7 @@ def plan_graph(
     )
     if repeats is not None:  # the tied problem's bound bounds only its own restriction
         env = (fixed, prices.sid, obj.sinks, obj.free_grads)
-        bound = tied_bound(graph, obj, repeats, options, env, prices.price, max_factor, sol.choice)
+        bound = tied_bound(graph, obj, repeats, options, env, prices, max_factor, sol.choice)
         method = f"{repeats.layers} layers planned as one, bound by parts"
         sol = attrs.evolve(sol, lower_bound=min(bound, sol.cost), method=method)
     chosen, fixed = chosen_specs(graph, arg_specs, free, options, obj.var, sol, fixed)

@@ -343,7 +343,8 @@ def content_key(obj: Objective, prices: Prices, settings: tuple) -> tuple:
 
     import numpy as np
 
-    budget, seeds = settings[2], settings[3]
+    budget = settings[2] if len(settings) > 2 else None
+    seeds = settings[3] if len(settings) > 3 else ()
     return (
         tuple(prices.table),
         prices.model,
@@ -381,11 +382,20 @@ def _recall(obj: Objective, prices: Prices, key: tuple) -> Solution | None:
 
 
 def tied_bound(
-    graph: Graph, obj: Objective, repeats, options, env, price, max_factor, choice
+    graph: Graph, obj: Objective, repeats, options, env, prices: Prices, max_factor, choice
 ) -> float:
     """A true lower bound of the program's minimum when ``obj`` ties its repeated layers
     (``repeats``, see :mod:`._program_parts`): the parts' bounds summed; ``choice``
-    the tied program's."""
+    the tied program's. Kept by the planner, as solves are (:func:`solve_lazily`)."""
+    key = ("tied bound", content_key(obj, prices, (max_factor,)), tuple(choice))
+    known = prices.owner().programs.get(key)
+    if known is None:
+        known = _tied_bound(graph, obj, repeats, options, env, prices.price, max_factor, choice)
+        prices.owner().remember_program(key, known)
+    return known
+
+
+def _tied_bound(graph, obj, repeats, options, env, price, max_factor, choice) -> float:
     import numpy as np
 
     def solve_part(part, n, links=()) -> tuple[float, list]:
