@@ -219,6 +219,7 @@ def solve_within(
     seeds: Sequence[dict[int, int]] = (),
     final: dict | None = None,
     state: dict | None = None,
+    lines: dict | None = None,
     **solve_kwargs,
 ) -> Solution:
     """The least-cost choice whose ``sum weights[v][x_v]`` is at most ``budget``.
@@ -239,6 +240,9 @@ def solve_within(
     calls on one problem whose objective only rises from call to call (prices learned
     exactly where bounds stood): the search goes on where the last call left it, its
     bounds still true, its choices costed anew, ``max_branches`` solves in all.
+    ``lines``: a dict carried between calls on one problem (any objective): the root's
+    multiplier search starts from the choices on both sides of the budget that the last
+    call's ended with (every bound still from a solve of this call).
 
     >>> from meshplan.strategy._solve import solve
     >>> s = solve_within(solve, [[0.0, 5.0]], {}, [[10.0, 1.0]], 4.0)
@@ -261,6 +265,7 @@ def solve_within(
     if not (isinstance(gap, int | float) and 0 <= gap < 1):
         raise StrategyError(f"gap must be a fraction in [0, 1), got {gap!r}", value=gap)
     search = _Search(solve, un, pairs, w, budget, solve_kwargs, cost)
+    search.lines = lines
     if state:
         tree = search.resume(state)
     else:
@@ -318,6 +323,7 @@ class _Search:
         self.best: _Point | None = None
         self._heavy: float | None = None
         self.fits: dict[tuple[int, ...], None] = {}  # the choices seen within the budget
+        self.lines: dict | None = None  # the root dual's two sides, kept for the next search
         self.lightest = [float(x.min()) for x in w]
 
     def memory(self, choice) -> float:
@@ -383,7 +389,14 @@ class _Search:
         self, allowed: dict[int, frozenset]
     ) -> tuple[float, float, _Point | None, _Point | None]:
         """The Lagrangian dual's maximum within a branch: (bound, the maximizing
-        multiplier, the over-budget and within-budget minimizers there)."""
+        multiplier, the over-budget and within-budget minimizers there). At the root,
+        from the two sides a last search's root left (``lines``), costed anew, if any."""
+        lines = self.lines if not allowed and self.lines is not None else {}
+        if "lo" in lines:
+            lo, hi = (self._costed(lines[k]) for k in ("lo", "hi"))
+            out = self._intersect(allowed, -math.inf, lo, hi)
+            if out[0] > -math.inf:  # else no solve ran: from the start
+                return self._keep(lines, out)
         lo, bound = self.at(0.0, allowed)
         if lo is None or lo.memory <= self.budget:
             return bound, 0.0, lo, lo
@@ -391,6 +404,20 @@ class _Search:
         hi, b_hi = self.at(lam_hi, allowed)  # memory first: the lightest choice
         if hi is None or hi.memory > self.budget:
             return math.inf, lam_hi, lo, None
+        return self._keep(lines, self._intersect(allowed, bound, lo, hi))
+
+    def _costed(self, choice) -> _Point:
+        p = _Point(choice, self.cost(choice), self.memory(choice))
+        self._offer(p)
+        return p
+
+    def _keep(self, lines: dict, out: tuple) -> tuple:
+        if self.lines is not None and lines is self.lines:
+            lines.update(lo=out[2].choice, hi=out[3].choice)
+        return out
+
+    def _intersect(self, allowed, bound, lo: _Point, hi: _Point) -> tuple:
+        """The multiplier search between an over-budget and a within-budget choice."""
         lam = 0.0
         for _ in range(60):
             if lo.memory <= hi.memory:

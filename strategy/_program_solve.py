@@ -203,10 +203,11 @@ def _solve_round(
         max_branches=branches,
         gap=_GAP,
         cost=shared_cost,
-        seeds=seeds,
+        seeds=() if draft else seeds,  # the given layouts matter to the answer only
         final=None if draft or not within else {"steps": steps, "draft": False},
         # the settled rounds' branch and bound: one search, prices learned as it goes
         state=memo.setdefault("search", {}) if branches else None,
+        lines=memo.setdefault("lines", {}),
         max_factor=max_factor,
         starts=starts,
         steps=0 if within else steps,
@@ -239,7 +240,7 @@ def solve_lazily(
     while True:
         rounds += 1
         report(progress, "solve", rounds, 0)
-        branches = 64 if settled else 0
+        branches = 32 if settled else 0  # solves of one search, over the settled rounds
         effort = (branches, 30, not settled)  # unsettled prices: a draft
         sol = _solve_round(graph, obj, prices, solver, max_factor, budget, seeds, effort, memo)
         new = prices.learn_used(obj.terms, obj.ins, obj.outs, sol.choice)

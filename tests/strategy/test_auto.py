@@ -408,3 +408,20 @@ def test_a_final_solve_at_the_root_tightens_the_bound():
     assert plain.lower_bound < tight.lower_bound <= 12  # 12: the constrained minimum
     with pytest.raises(StrategyError, match="gap"):
         solve_within(solve, unary, {}, weights, 18, gap=1.5)
+
+
+@given(st.randoms(use_true_random=False))
+@settings(max_examples=60)
+def test_a_multiplier_search_from_the_last_ones_sides_finds_the_same_minimum(rnd):
+    # the second problem's prices differ either way: its bounds come from its own solves
+    unary, pairs, weights, budget = _random_problem(rnd)
+    lines: dict = {}
+    solve_within(solve, unary, pairs, weights, budget, max_branches=10_000, lines=lines)
+    other = [[max(c + rnd.randint(-4, 4), 0) for c in u] for u in unary]
+    best = _brute_best(other, pairs, weights, budget)
+    sol = solve_within(solve, other, pairs, weights, budget, max_branches=10_000, lines=lines)
+    assert sum(w[k] for w, k in zip(weights, sol.choice, strict=True)) <= budget
+    assert sol.lower_bound <= best + 1e-9, (sol, best)
+    assert sol.method == "exact" and abs(sol.cost - best) <= 1e-9, (sol, best)
+    warm = solve_within(solve, other, pairs, weights, budget, max_branches=0, lines=lines)
+    assert warm.lower_bound <= best + 1e-9 <= warm.cost + 2e-9
