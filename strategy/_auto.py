@@ -18,9 +18,13 @@ a choice it returns that fits the budget is an upper bound. The multiplier is se
 by intersecting the lines of the cheapest over-budget and the cheapest within-budget
 choices found (the dual is concave and piecewise linear: it reaches its maximum in
 finitely many steps). Where a gap remains (the budget falls between two of the dual's
-breakpoints) a depth-first branch and bound over the free arguments closes it, each
-branch bounded by the same relaxation, up to ``max_branches`` solves; the gap left,
-if any, is what ``Solution.lower_bound`` reports.
+breakpoints) a best-first branch and bound over the free arguments closes it, each
+branch bounded by the same relaxation, up to ``max_branches`` solves or until the gap
+is within ``gap`` of the cost; the gap left, if any, is what ``Solution.lower_bound``
+reports. With an inexact solver the search's solves may be cheap drafts: one costlier
+solve at the root's multiplier then gives the bound (``final``), and a search can go on
+over calls whose objective only rises (``state``: the lazily priced rounds of a
+program, whose bound prices become exact ones).
 
 Repeated layers are not forced to share a layout. Sharing is exact when identical
 layers (identical subgraphs between identical boundary specs) each minimize the
