@@ -355,12 +355,13 @@ def main(argv=None) -> None:
     ap.add_argument("--layers", default=None, help="comma-separated depths (default 1,2,4,8,32)")
     ap.add_argument("--meshes", default=None, help="e.g. 8,2x4,2x2x2")
     ap.add_argument("--auto", action="store_true", help="auto-sharding: see auto_speed.py")
-    args, rest = ap.parse_known_args(argv)
-    if args.auto:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if "--auto" in argv:  # every other argument is auto_speed.py's (--layers, --meshes too)
         sys.path.insert(0, HERE)
         import auto_speed
 
-        return auto_speed.main(rest)
+        return auto_speed.main([a for a in argv if a != "--auto"])
+    args, rest = ap.parse_known_args(argv)
     if rest:
         ap.error(f"unrecognized arguments: {' '.join(rest)}")
     layers = [1, 2] if args.quick else [1, 2, 4, 8, 32]

@@ -18,9 +18,13 @@ a choice it returns that fits the budget is an upper bound. The multiplier is se
 by intersecting the lines of the cheapest over-budget and the cheapest within-budget
 choices found (the dual is concave and piecewise linear: it reaches its maximum in
 finitely many steps). Where a gap remains (the budget falls between two of the dual's
-breakpoints) a depth-first branch and bound over the free arguments closes it, each
-branch bounded by the same relaxation, up to ``max_branches`` solves; the gap left,
-if any, is what ``Solution.lower_bound`` reports.
+breakpoints) a best-first branch and bound over the free arguments closes it, each
+branch bounded by the same relaxation, up to ``max_branches`` solves or until the gap
+is within ``gap`` of the cost; the gap left, if any, is what ``Solution.lower_bound``
+reports. With an inexact solver the search's solves may be cheap drafts: one costlier
+solve at the root's multiplier then gives the bound (``final``), and a search can go on
+over calls whose objective only rises (``state``: the lazily priced rounds of a
+program, whose bound prices become exact ones).
 
 Repeated layers are not forced to share a layout. Sharing is exact when identical
 layers (identical subgraphs between identical boundary specs) each minimize the
@@ -214,8 +218,12 @@ def solve_within(
     budget: float | None,
     *,
     max_branches: int = 64,
+    gap: float = 0.0,
     cost: Callable[[Sequence[int]], float] | None = None,
     seeds: Sequence[dict[int, int]] = (),
+    final: dict | None = None,
+    state: dict | None = None,
+    lines: dict | None = None,
     **solve_kwargs,
 ) -> Solution:
     """The least-cost choice whose ``sum weights[v][x_v]`` is at most ``budget``.
@@ -228,7 +236,17 @@ def solve_within(
     no gap is left). ``seeds`` are partial choices (variable -> option) completed by one
     solve each before the search: with an exact solver, a known layout that fits (the
     specs given by hand) is then never beaten by the result (an inexact one completes the
-    seed as well as it can).
+    seed as well as it can). The branching stops once the gap left is at most ``gap``
+    times the cost of the best choice (0: until it is closed, or ``max_branches`` solves
+    ran). ``final``: keyword arguments of one more solve at the root's maximizing
+    multiplier, before any branching (a solver's costlier, tighter bound: the search's
+    solves may then be drafts whose bounds are loose). ``state``: a dict carried between
+    calls on one problem whose objective only rises from call to call (prices learned
+    exactly where bounds stood): the search goes on where the last call left it, its
+    bounds still true, its choices costed anew, ``max_branches`` solves in all.
+    ``lines``: a dict carried between calls on one problem (any objective): the root's
+    multiplier search starts from the choices on both sides of the budget that the last
+    call's ended with (every bound still from a solve of this call).
 
     >>> from meshplan.strategy._solve import solve
     >>> s = solve_within(solve, [[0.0, 5.0]], {}, [[10.0, 1.0]], 4.0)
@@ -248,12 +266,21 @@ def solve_within(
             f"{least:.0f} bytes per rank, the budget leaves {budget:.0f}",
             value=budget,
         )
+    if not (isinstance(gap, int | float) and 0 <= gap < 1):
+        raise StrategyError(f"gap must be a fraction in [0, 1), got {gap!r}", value=gap)
     search = _Search(solve, un, pairs, w, budget, solve_kwargs, cost)
-    for seed in seeds:
-        search.at(0.0, {v: frozenset({k}) for v, k in seed.items()})
-    best, bound, exact = search.run(max_branches)
+    search.lines = lines
+    if state:
+        tree = search.resume(state)
+    else:
+        for seed in seeds:
+            search.at(0.0, {v: frozenset({k}) for v, k in seed.items()})
+        tree = search.start(final)
+    best, bound = search.run(tree, max_branches, gap)
+    if state is not None:
+        state.update(tree=tree, solves=search.solves, fits=search.fits)
     gap_free = best.cost - bound <= 1e-12 * max(abs(best.cost), 1e-30)
-    method = "exact" if exact and gap_free else "lagrangian bound + branch and bound"
+    method = "exact" if gap_free else "lagrangian bound + branch and bound"
     return Solution(best.choice, best.cost, min(bound, best.cost), method)
 
 
@@ -297,9 +324,10 @@ class _Search:
         self.cost = cost or (lambda choice: total(choice, un, pairs))
         self.budget, self.kwargs = budget, solve_kwargs
         self.solves = 0
-        self.exact = True
         self.best: _Point | None = None
         self._heavy: float | None = None
+        self.fits: dict[tuple[int, ...], None] = {}  # the choices seen within the budget
+        self.lines: dict | None = None  # the root dual's two sides, kept for the next search
         self.lightest = [float(x.min()) for x in w]
 
     def memory(self, choice) -> float:
@@ -344,27 +372,35 @@ class _Search:
             rows.append(row)
         return rows
 
-    def at(self, lam: float, allowed: dict[int, frozenset]) -> tuple[_Point | None, float]:
-        """The relaxation at ``lam`` within a branch: its minimizer and its bound."""
+    def at(
+        self, lam: float, allowed: dict[int, frozenset], kwargs: dict | None = None
+    ) -> tuple[_Point | None, float]:
+        """The relaxation at ``lam`` within a branch: its minimizer and its bound
+        (``kwargs``: the solver's keyword arguments in place of the search's)."""
         un = self._rows(lam, allowed)
         if un is None:
             return None, math.inf
         problem = _condition(un, self.pairs, allowed) if self.condition else (un, self.pairs)
-        sol = self.solve(*problem, **self.kwargs)
+        sol = self.solve(*problem, **(self.kwargs if kwargs is None else {**self.kwargs, **kwargs}))
         self.solves += 1
-        self.exact &= sol.method == "exact"
         p = _Point(sol.choice, self.cost(sol.choice), self.memory(sol.choice))
         if any(p.choice[v] not in ks for v, ks in allowed.items()):
             return None, math.inf  # every choice of the branch is excluded
-        if p.memory <= self.budget * (1 + 1e-12) and (
-            self.best is None or p.cost < self.best.cost
-        ):
-            self.best = p
+        self._offer(p)
         return p, sol.lower_bound - lam * self.budget
 
-    def dual(self, allowed: dict[int, frozenset]) -> tuple[float, float, _Point | None, _Point | None]:
+    def dual(
+        self, allowed: dict[int, frozenset]
+    ) -> tuple[float, float, _Point | None, _Point | None]:
         """The Lagrangian dual's maximum within a branch: (bound, the maximizing
-        multiplier, the over-budget and within-budget minimizers there)."""
+        multiplier, the over-budget and within-budget minimizers there). At the root,
+        from the two sides a last search's root left (``lines``), costed anew, if any."""
+        lines = self.lines if not allowed and self.lines is not None else {}
+        if "lo" in lines:
+            lo, hi = (self._costed(lines[k]) for k in ("lo", "hi"))
+            out = self._intersect(allowed, -math.inf, lo, hi)
+            if out[0] > -math.inf:  # else no solve ran: from the start
+                return self._keep(lines, out)
         lo, bound = self.at(0.0, allowed)
         if lo is None or lo.memory <= self.budget:
             return bound, 0.0, lo, lo
@@ -372,6 +408,20 @@ class _Search:
         hi, b_hi = self.at(lam_hi, allowed)  # memory first: the lightest choice
         if hi is None or hi.memory > self.budget:
             return math.inf, lam_hi, lo, None
+        return self._keep(lines, self._intersect(allowed, bound, lo, hi))
+
+    def _costed(self, choice) -> _Point:
+        p = _Point(choice, self.cost(choice), self.memory(choice))
+        self._offer(p)
+        return p
+
+    def _keep(self, lines: dict, out: tuple) -> tuple:
+        if self.lines is not None and lines is self.lines:
+            lines.update(lo=out[2].choice, hi=out[3].choice)
+        return out
+
+    def _intersect(self, allowed, bound, lo: _Point, hi: _Point) -> tuple:
+        """The multiplier search between an over-budget and a within-budget choice."""
         lam = 0.0
         for _ in range(60):
             if lo.memory <= hi.memory:
@@ -390,12 +440,19 @@ class _Search:
                 hi = p
         return bound, lam, lo, hi
 
-    def _done(self, bound: float) -> bool:
-        return self.best.cost - bound <= 1e-12 * max(abs(self.best.cost), 1e-30)
+    def _close(self, bound: float, gap: float) -> bool:
+        cost = abs(self.best.cost)
+        return self.best.cost - bound <= max(gap * cost, 1e-12 * max(cost, 1e-30))
 
-    def run(self, max_branches: int) -> tuple[_Point, float, bool]:
-        """Best first over branches; each branch's bound is the dual at its parent's
-        multiplier until it is expanded, then its own dual's maximum."""
+    def _offer(self, p: _Point) -> None:
+        if p.memory <= self.budget * (1 + 1e-12):
+            self.fits[p.choice] = None
+            if self.best is None or p.cost < self.best.cost:
+                self.best = p
+
+    def start(self, final: dict | None) -> dict:
+        """The search tree's root: the dual's maximum, and (``final``: the solver's
+        keyword arguments) one solve at its multiplier whose bound holds beside the tree's."""
         root, lam, lo, hi = self.dual({})
         if self.best is None:  # only an inexact solver misses the lightest choice
             raise StrategyError(
@@ -403,36 +460,62 @@ class _Search:
                 "fits; raise max_factor so that it solves exactly",
                 value=self.budget,
             )
-        # (bound, tie-break, branch, multiplier, lo, hi, refined)
-        frontier = [(root, 0, {}, lam, lo, hi, True)]
-        count = 1
+        proven = self.at(lam, {}, final)[1] if final is not None else -math.inf
+        # frontier entries: (bound, tie-break, branch, multiplier, lo, hi, refined); floor:
+        # the least bound of the branches left without a proof
+        return {
+            "frontier": [(root, 0, {}, lam, lo, hi, True)],
+            "closed": [],
+            "floor": math.inf,
+            "proven": proven,
+            "count": 1,
+        }
+
+    def resume(self, state: dict) -> dict:
+        """The tree a last search left, its choices costed at today's prices, the
+        branches it closed open again, and each to be bounded anew before it branches
+        (its bound still true, but perhaps looser than today's prices allow)."""
+        self.solves = state["solves"]
+        for choice in state["fits"]:
+            self._offer(_Point(choice, self.cost(choice), self.memory(choice)))
+        tree = state["tree"]
+        tree["frontier"] = [(*e[:6], False) for e in tree["frontier"] + tree["closed"]]
+        tree["closed"] = []
+        return tree
+
+    def run(self, tree: dict, max_branches: int, gap: float = 0.0) -> tuple[_Point, float]:
+        """(the best choice, a lower bound of the constrained minimum): best first over
+        the ``tree``'s branches (updated in place); each branch's bound is the dual at its
+        parent's multiplier until it is expanded, then its own dual's maximum."""
+        frontier, proven = tree["frontier"], tree["proven"]
         while frontier:
             frontier.sort(key=lambda e: (e[0], e[1]))
-            if self._done(frontier[0][0]):
-                return self.best, self.best.cost, self.exact
-            if self.solves >= max_branches:
-                return self.best, frontier[0][0], False
+            bound = max(proven, min(frontier[0][0], tree["floor"]))
+            if self._close(bound, gap) or self.solves >= max_branches:
+                return self.best, min(bound, self.best.cost)
             b, _, allowed, lam, lo, hi, refined = frontier.pop(0)
-            if b >= self.best.cost:
+            if b < self.best.cost and not refined:
+                rb, lam, lo, hi = self.dual(allowed)
+                frontier.append((max(b, rb), tree["count"], allowed, lam, lo, hi, True))
+                tree["count"] += 1
                 continue
-            if not refined:
-                rb, rlam, rlo, rhi = self.dual(allowed)
-                if rb < self.best.cost:
-                    frontier.append((max(b, rb), count, allowed, rlam, rlo, rhi, True))
-                    count += 1
+            if b >= self.best.cost:  # closed, unless a later call's best costs more
+                tree["closed"].append((b, tree["count"], allowed, lam, lo, hi, False))
+                tree["count"] += 1
                 continue
             v = self._branch_var(allowed, lo, hi)
-            if v is None:
+            if v is None:  # its memory decided: an inexact solver leaves its bound open
+                tree["floor"] = min(tree["floor"], b)
                 continue
             ks = allowed.get(v, frozenset(range(len(self.w[v]))))
             heavy = lo.choice[v] if lo.choice[v] in ks else max(ks, key=lambda k: self.w[v][k])
             for part in (frozenset({heavy}), ks - {heavy}):
                 child = {**allowed, v: part}
                 _, cb = self.at(lam, child)
-                if cb < self.best.cost:
-                    frontier.append((max(b, cb), count, child, lam, lo, hi, False))
-                    count += 1
-        return self.best, self.best.cost, self.exact
+                if cb < math.inf:
+                    frontier.append((max(b, cb), tree["count"], child, lam, lo, hi, False))
+                    tree["count"] += 1
+        return self.best, min(max(proven, tree["floor"]), self.best.cost)
 
     def _branch_var(self, allowed, lo, hi) -> int | None:
         """A free variable the two sides of the dual disagree on (else any undecided one)."""
@@ -441,7 +524,11 @@ class _Search:
             for v in range(len(self.w))
             if self.w[v].max() > self.w[v].min() and len(allowed.get(v, self.w[v])) > 1
         ]
-        for v in open_:
-            if hi is not None and lo is not None and lo.choice[v] != hi.choice[v]:
-                return v
+        if hi is not None and lo is not None:
+            # of those the two sides disagree on, the one whose choice moves most memory
+            split = [v for v in open_ if lo.choice[v] != hi.choice[v]]
+            if split:
+                return max(
+                    split, key=lambda v: abs(self.w[v][lo.choice[v]] - self.w[v][hi.choice[v]])
+                )
         return open_[0] if open_ else None

@@ -42,6 +42,8 @@ __all__ = [
     "variables",
 ]
 
+_GAP = 0.01  # a budget's branch and bound stops once its gap is within 1% of the cost
+
 
 @attrs.frozen(eq=False)
 class Objective:
@@ -229,9 +231,10 @@ def _pairwise(obj: Objective, price) -> tuple[tuple[list, dict], tuple[list, dic
 def _solve_round(
     graph, obj: Objective, prices: Prices, solver, max_factor, budget, seeds, effort, memo
 ):
-    """One solve at the current prices: op by op, or the whole graph (within the budget,
-    with up to ``effort[0]`` branches of its search and ``effort[1]`` steps tightening
-    the shared bound; ``effort[2]``: a draft, see :func:`._shared.solve_shared`)."""
+    """One solve at the current prices: op by op, or the whole graph (``effort[1]`` steps
+    tightening the shared bound; ``effort[2]``: a draft, see :func:`._shared.solve_shared`).
+    Within a budget, up to ``effort[0]`` solves of its search, drafts all, and unless a
+    draft, one solve with the steps at the search's root whose bound holds for all."""
     branches, steps, draft = effort
     (unary, pairs), below = _pairwise(obj, prices.price)
     greedy_args = (obj.calls, obj.var, graph, obj.terms, obj.ins, obj.outs, unary, pairs)
@@ -244,6 +247,7 @@ def _solve_round(
     shared_solve, shared_cost = shared_solver(
         (unary, pairs), below, (obj.compute, obj.values, obj.ins, obj.outs, prices.price)
     )
+    within = free_budget is not None  # a search solving many times: drafts
     return solve_within(
         shared_solve,
         unary,
@@ -251,13 +255,18 @@ def _solve_round(
         obj.weights,
         free_budget,
         max_branches=branches,
+        gap=_GAP,
         cost=shared_cost,
-        seeds=seeds,
+        seeds=() if draft else seeds,  # the given layouts matter to the answer only
+        final=None if draft or not within else {"steps": steps, "draft": False},
+        # the settled rounds' branch and bound: one search, prices learned as it goes
+        state=memo.setdefault("search", {}) if branches else None,
+        lines=memo.setdefault("lines", {}),
         max_factor=max_factor,
         starts=starts,
-        steps=steps,
+        steps=0 if within else steps,
         memo=memo,
-        draft=draft,
+        draft=draft or within,
     )
 
 
@@ -306,9 +315,8 @@ def _solve_rounds(graph, obj, prices, solver, max_factor, max_rounds, budget, se
     while True:
         rounds += 1
         report(progress, "solve", rounds, 0)
-        branches = 64 if settled else 0
-        steps = 30 if budget is None else 0  # a budget's search solves many times
-        effort = (branches, steps, not settled)  # unsettled prices: a draft
+        branches = 32 if settled else 0  # solves of one search, over the settled rounds
+        effort = (branches, 30, not settled)  # unsettled prices: a draft
         sol = _solve_round(graph, obj, prices, solver, max_factor, budget, seeds, effort, memo)
         new = prices.learn_used(obj.terms, obj.ins, obj.outs, sol.choice)
         if rounds >= max_rounds:

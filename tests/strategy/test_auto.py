@@ -13,6 +13,7 @@ import itertools
 import re
 import warnings
 
+import attrs
 import pytest
 import torch
 from _program_cases import build, programs
@@ -316,3 +317,111 @@ def test_a_budget_every_choice_fits_constrains_nothing():
     assert "branch and bound" not in roomy.method
     with pytest.raises(StrategyError, match="smallest feasible budget"):
         plan_program(mlp, *specs, requires_grad=GRAD, choose=[1, 2], memory_budget=1.0)
+
+
+def _brute_best(unary, pairs, weights, budget, rises=None):
+    n = len(unary)
+    best = None
+    for ch in itertools.product(*(range(len(u)) for u in unary)):
+        if sum(weights[v][ch[v]] for v in range(n)) <= budget:
+            c = sum(unary[v][ch[v]] for v in range(n))
+            c += sum(m[ch[a]][ch[b]] for (a, b), m in pairs.items())
+            best = c if best is None else min(best, c)
+    return best
+
+
+@given(st.randoms(use_true_random=False), st.sampled_from([0.0, 0.05, 0.3]))
+@settings(max_examples=60)
+def test_the_branch_and_bound_stops_within_its_gap_and_its_bound_stays_true(rnd, gap):
+    unary, pairs, weights, budget = _random_problem(rnd)
+    best = _brute_best(unary, pairs, weights, budget)
+    sol = solve_within(solve, unary, pairs, weights, budget, max_branches=10_000, gap=gap)
+    assert sum(w[k] for w, k in zip(weights, sol.choice, strict=True)) <= budget
+    assert sol.lower_bound <= best + 1e-9
+    assert sol.cost - sol.lower_bound <= gap * sol.cost + 1e-9  # the gap honored
+    assert sol.cost - best <= gap * sol.cost + 1e-9
+
+
+def _unary_greedy(unary, pairs, **kwargs):
+    """An inexact solver: each variable's cheapest unary option (pairs ignored), with a
+    true but loose bound (the exact minimum less 3)."""
+    from meshplan.strategy._solve import Solution, total
+
+    choice = tuple(min(range(len(u)), key=lambda k: u[k]) for u in unary)
+    exact = solve(unary, pairs)
+    return Solution(choice, total(choice, unary, pairs), exact.cost - 3.0, "greedy")
+
+
+def test_a_leaf_an_inexact_solver_leaves_open_keeps_its_bound():
+    # the budget decides variable 0; the greedy solver misses the pairing of variables
+    # 1 and 2, so the one leaf's choice costs 10 where 1 is the minimum: its bound must
+    # stay open
+    unary, weights = [[0, 0], [0, 0], [0, 1]], [[1, 2], [0, 0], [0, 0]]
+    pairs = {(1, 2): [[10, 0], [10, 0]]}
+    sol = solve_within(_unary_greedy, unary, pairs, weights, 1, max_branches=100)
+    assert sol.cost == 10 and sol.lower_bound <= 1 and sol.method != "exact"
+
+
+@given(st.randoms(use_true_random=False))
+@settings(max_examples=60)
+def test_an_inexact_solver_never_makes_the_search_claim_a_bound_above_the_minimum(rnd):
+    # the search may close every branch with choices dearer than the minimum: the
+    # branches it leaves unproven keep their bounds in the result's
+    unary, pairs, weights, budget = _random_problem(rnd)
+    best = _brute_best(unary, pairs, weights, budget)
+    try:
+        sol = solve_within(_unary_greedy, unary, pairs, weights, budget, max_branches=10_000)
+    except StrategyError:
+        return  # the greedy choice missed every choice that fits: refused, not wrong
+    assert sum(w[k] for w, k in zip(weights, sol.choice, strict=True)) <= budget
+    assert sol.lower_bound <= best + 1e-9, (sol, best)
+    assert sol.method != "exact" or abs(sol.cost - best) <= 1e-9
+
+
+@given(st.randoms(use_true_random=False), st.integers(0, 3))
+@settings(max_examples=60)
+def test_a_search_resumed_after_the_objective_rose_keeps_a_true_bound(rnd, few):
+    # prices learned between rounds only raise the objective: the tree goes on
+    unary, pairs, weights, budget = _random_problem(rnd)
+    state: dict = {}
+    solve_within(solve, unary, pairs, weights, budget, max_branches=few + 2, state=state)
+    risen = [[c + rnd.randint(0, 4) for c in u] for u in unary]
+    best = _brute_best(risen, pairs, weights, budget)
+    sol = solve_within(solve, risen, pairs, weights, budget, max_branches=10_000, state=state)
+    assert sum(w[k] for w, k in zip(weights, sol.choice, strict=True)) <= budget
+    assert sol.lower_bound <= best + 1e-9, (sol, best)
+    assert sol.method == "exact" and abs(sol.cost - best) <= 1e-9, (sol, best)
+
+
+def test_a_final_solve_at_the_root_tightens_the_bound():
+    calls = []
+
+    def loose(unary, pairs, tight=False):
+        calls.append(tight)
+        s = solve(unary, pairs)
+        return attrs.evolve(s, lower_bound=s.cost - (0.0 if tight else 4.0), method="loose")
+
+    unary, weights = [[6, 1], [9, 5, 9], [2]], [[1, 8], [3, 7, 3], [5]]
+    plain = solve_within(loose, unary, {}, weights, 18, max_branches=0)
+    tight = solve_within(loose, unary, {}, weights, 18, max_branches=0, final={"tight": True})
+    assert calls.count(True) == 1
+    assert plain.lower_bound < tight.lower_bound <= 12  # 12: the constrained minimum
+    with pytest.raises(StrategyError, match="gap"):
+        solve_within(solve, unary, {}, weights, 18, gap=1.5)
+
+
+@given(st.randoms(use_true_random=False))
+@settings(max_examples=60)
+def test_a_multiplier_search_from_the_last_ones_sides_finds_the_same_minimum(rnd):
+    # the second problem's prices differ either way: its bounds come from its own solves
+    unary, pairs, weights, budget = _random_problem(rnd)
+    lines: dict = {}
+    solve_within(solve, unary, pairs, weights, budget, max_branches=10_000, lines=lines)
+    other = [[max(c + rnd.randint(-4, 4), 0) for c in u] for u in unary]
+    best = _brute_best(other, pairs, weights, budget)
+    sol = solve_within(solve, other, pairs, weights, budget, max_branches=10_000, lines=lines)
+    assert sum(w[k] for w, k in zip(weights, sol.choice, strict=True)) <= budget
+    assert sol.lower_bound <= best + 1e-9, (sol, best)
+    assert sol.method == "exact" and abs(sol.cost - best) <= 1e-9, (sol, best)
+    warm = solve_within(solve, other, pairs, weights, budget, max_branches=0, lines=lines)
+    assert warm.lower_bound <= best + 1e-9 <= warm.cost + 2e-9
