@@ -103,15 +103,16 @@ def find_repeats(
         return None
     if max(len(r) for r in runs) < MIN_LAYERS:
         return None
+    runs, blocks = _by_layer(graph, runs)
     tie = _check_ties(graph, runs, fixed, set(free_args))
     if len(tie) < MIN_TIED * len(graph.calls):
         return None
-    return Repeats(tie, _blocks(graph, runs, tie))
+    return Repeats(tie, blocks)
 
 
 def _check_ties(graph: Graph, runs, fixed, free_args: set[int]) -> dict[int, int]:
-    """Each repeat's call tied to its run's first repeat's, where its call and every
-    input's source agree; untied until nothing changes."""
+    """Each repeat's call tied to its run's first repeat's (all of one layer), where its
+    call and every input's source agree; untied until nothing changes."""
     inside = {c for repeats in runs for inst in repeats for c in inst}
     tie: dict[int, int] = {}
     for repeats in runs:
@@ -192,33 +193,46 @@ def _arg_ties(graph, tie, free_args: set[int]) -> dict[int, int]:
     return out
 
 
-def _blocks(graph: Graph, runs, tie) -> tuple[tuple[int, ...], ...]:
-    """Per layer its calls: the main run's repeat and, of every other run with as many
-    repeats, the repeat whose values flow to and from it most (empty when some repeat
-    cannot be placed one to one)."""
+def _by_layer(graph: Graph, runs) -> tuple[list, tuple[tuple[int, ...], ...]]:
+    """The runs with each one's repeats in layer order, and per layer its calls.
+
+    The main run (the most calls) gives the layers; of every other run with as many
+    repeats, each repeat goes to the layer whose calls its values flow to and from most
+    (the backward runs layer by layer in reverse). Every run's first repeat is then the
+    same layer's, so all runs tie to one layer. A run whose repeats do not fall one per
+    layer keeps its order and stays out of the blocks (with the calls around the layers).
+    """
     main = max(runs, key=lambda r: len(r) * len(r[0]))
     layer_of = {c: i for i, inst in enumerate(main) for c in inst}
     readers = graph.consumers()
     blocks = [list(inst) for inst in main]
+    ordered = []
     for repeats in runs:
         if repeats is main or len(repeats) != len(main):
+            ordered.append(repeats)
             continue
-        placed = []
-        for inst in repeats:
-            votes: dict[int, int] = {}
-            for c in inst:
-                near = [x.node for x in graph.nodes[c].inputs]
-                for j in range(len(graph.nodes[c].metas)):
-                    near += [n for n, _ in readers.get(_value(c, j), ())]
-                for n in near:
-                    if n in layer_of:
-                        votes[layer_of[n]] = votes.get(layer_of[n], 0) + 1
-            placed.append(max(votes, key=votes.get) if votes else -1)
+        placed = [_layer_of(graph, inst, layer_of, readers) for inst in repeats]
         if sorted(placed) != list(range(len(main))):
-            continue  # not one repeat per layer: left with the calls around the layers
-        for inst, i in zip(repeats, placed, strict=True):
+            ordered.append(repeats)
+            continue
+        by_layer = [inst for _, inst in sorted(zip(placed, repeats, strict=True))]
+        ordered.append(tuple(by_layer))
+        for i, inst in enumerate(by_layer):
             blocks[i].extend(inst)
-    return tuple(tuple(b) for b in blocks)
+    return ordered, tuple(tuple(b) for b in blocks)
+
+
+def _layer_of(graph: Graph, inst, layer_of, readers) -> int:
+    """The layer of the main run a repeat's calls read from and feed most (-1: none)."""
+    votes: dict[int, int] = {}
+    for c in inst:
+        near = [x.node for x in graph.nodes[c].inputs]
+        for j in range(len(graph.nodes[c].metas)):
+            near += [n for n, _ in readers.get(_value(c, j), ())]
+        for n in near:
+            if n in layer_of:
+                votes[layer_of[n]] = votes.get(layer_of[n], 0) + 1
+    return max(votes, key=votes.get) if votes else -1
 
 
 def _value(node: int, j: int):

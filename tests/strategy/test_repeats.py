@@ -128,3 +128,24 @@ def test_a_four_layer_family_plans_its_layers_as_one_and_matches_one_process(nam
         if a in chosen:  # tied calls take one option
             assert chosen[a] == chosen[rep]
     _check_against_one_process(model, mp)
+
+
+def test_free_weights_of_tied_layers_share_one_layout_and_the_bound_holds():
+    mesh = Mesh.create((2,))
+    x = Spec(mesh, [Shard(0)], (8, 8), "float64")
+    w = Spec(mesh, [Replicate()], (8, 8), "float64")
+    specs = (x, *[w] * 4)
+    g = _graph(_stack(4), specs)
+    r = find_repeats(g, {g.args[0]: x}, g.args[1:])
+    assert r is not None
+    assert len({r.tie.get(a, a) for a in g.args[1:]}) == 1  # one variable for all four
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        untied = plan_program(_stack(4), *specs, choose=(1, 2, 3, 4), tie_layers=False)
+        tied = plan_program(_stack(4), *specs, choose=(1, 2, 3, 4), max_factor=8)
+    assert "planned as one" in tied.method
+    assert len(set(tied.arg_specs[1:])) == 1
+    eps = 1e-12 * untied.cost.total
+    if untied.method == "exact":
+        assert tied.lower_bound <= untied.cost.total + eps
+    assert tied.cost.total >= untied.lower_bound - eps
