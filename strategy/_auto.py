@@ -281,7 +281,8 @@ def solve_within(
         state.update(tree=tree, solves=search.solves, fits=search.fits)
     gap_free = best.cost - bound <= 1e-12 * max(abs(best.cost), 1e-30)
     method = "exact" if gap_free else "lagrangian bound + branch and bound"
-    return Solution(best.choice, best.cost, min(bound, best.cost), method)
+    multiplier = float(tree.get("multiplier", 0.0))
+    return Solution(best.choice, best.cost, min(bound, best.cost), method, multiplier)
 
 
 def _condition(un: list, pairs: dict, allowed: dict[int, frozenset]) -> tuple[list, dict]:
@@ -469,6 +470,7 @@ class _Search:
             "floor": math.inf,
             "proven": proven,
             "count": 1,
+            "multiplier": lam,
         }
 
     def resume(self, state: dict) -> dict:

@@ -123,6 +123,9 @@ def plan_program(
     untied minimum (each layer bounded alone, its links to its neighbours priced:
     :mod:`._program_parts`), more loosely than an untied plan does
     (``tie_layers=False``: every call chosen on its own, in time growing with depth).
+    Under a ``memory_budget`` tied layers also take one layout per parameter of a
+    layer, so a budget that only a mix fits (some layers sharded, some whole) is met
+    by the lighter layout everywhere: ``tie_layers=False`` finds the mix.
 
     Auto-sharding: ``choose`` lists argument indices whose layouts the planner picks
     (their specs give mesh, shape and dtype; their placements only seed the search), and
@@ -291,7 +294,9 @@ def plan_graph(
     )
     if repeats is not None:  # the tied problem's bound bounds only its own restriction
         env = (fixed, prices.sid, obj.sinks, obj.free_grads)
-        bound = tied_bound(graph, obj, repeats, options, env, prices, max_factor, sol.choice)
+        priced = None if budget is None else (sol.multiplier, budget - obj.fixed_bytes)
+        args = (graph, obj, repeats, options, env, prices, max_factor, sol.choice, priced)
+        bound = tied_bound(*args)
         method = f"{repeats.layers} layers planned as one, bound by parts"
         sol = attrs.evolve(sol, lower_bound=min(bound, sol.cost), method=method)
     chosen, fixed = chosen_specs(graph, arg_specs, free, options, obj.var, sol, fixed)

@@ -96,6 +96,7 @@ def parts_bound(
     tied: tuple,
     env: tuple,
     solve_part,
+    node_unary: dict | None = None,
 ) -> tuple[float, int]:
     """A lower bound of the untied program's minimum (see the module docstring) and the
     number of parts solved. ``tied`` is ``(var, options, ins, outs, choice)``: each
@@ -142,7 +143,8 @@ def parts_bound(
     total, lam = 0.0, {}
     if chain is not None:
         links = _links(chain[0], copied)
-        bound, lams = solve_part(_problem(chain[0], tied), len(chain), links=links)
+        problem = _problem(chain[0], tied, None, node_unary)
+        bound, lams = solve_part(problem, len(chain), links=links)
         total += bound
         lam = {
             chain[0].tied.get(q, q): m for q, m in zip(_linked(chain[0], copied), lams, strict=True)
@@ -150,7 +152,7 @@ def parts_bound(
     for g in groups:
         if g is not chain:
             extra = _multipliers(g[0], lam, copied)
-            total += solve_part(_problem(g[0], tied, extra), len(g))[0]
+            total += solve_part(_problem(g[0], tied, extra, node_unary), len(g))[0]
     return total, len(alike)
 
 
@@ -183,7 +185,7 @@ def _multipliers(p: _Part, lam: dict, copied) -> dict[int, object]:
     return extra
 
 
-def _problem(p: _Part, tied, extra=None) -> tuple:
+def _problem(p: _Part, tied, extra=None, node_unary=None) -> tuple:
     """The part's problem ``(unary, terms, ins, outs, values, choice)``: its calls'
     compute (plus ``extra`` terms by variable), the terms, spec numbers, values and the
     tied program's choice as the part sees it (copies take their calls' options)."""
@@ -198,6 +200,9 @@ def _problem(p: _Part, tied, extra=None) -> tuple:
     ]
     for k, m in (extra or {}).items():
         unary[k] = unary[k] + m
+    for n in p.own:
+        if node_unary and n in node_unary:
+            unary[p.local[n]] = unary[p.local[n]] + node_unary[n]
     values = []
     for v, rs in p.readers.items():
         if v.node in p.env[0]:

@@ -390,20 +390,33 @@ def _recall(obj: Objective, prices: Prices, key: tuple) -> Solution | None:
 
 
 def tied_bound(
-    graph: Graph, obj: Objective, repeats, options, env, prices: Prices, max_factor, choice
+    graph: Graph,
+    obj: Objective,
+    repeats,
+    options,
+    env,
+    prices: Prices,
+    max_factor,
+    choice,
+    budget: tuple[float, float] | None = None,
 ) -> float:
     """A true lower bound of the program's minimum when ``obj`` ties its repeated layers
     (``repeats``, see :mod:`._program_parts`): the parts' bounds summed; ``choice``
-    the tied program's. Kept by the planner, as solves are (:func:`solve_lazily`)."""
-    key = ("tied bound", content_key(obj, prices, (max_factor,)), tuple(choice))
+    the tied program's. ``budget``: ``(multiplier, bytes)``, a memory budget left to the
+    free arguments and a Lagrange multiplier for it: each free argument's state bytes
+    times the multiplier join its part, and the multiplier times the budget is taken
+    off (a true bound of the budgeted minimum for any multiplier >= 0). Kept by the
+    planner, as solves are (:func:`solve_lazily`)."""
+    key = ("tied bound", content_key(obj, prices, (max_factor,)), tuple(choice), budget)
     known = prices.owner().programs.get(key)
     if known is None:
-        known = _tied_bound(graph, obj, repeats, options, env, prices.price, max_factor, choice)
+        args = (graph, obj, repeats, options, env, prices.price, max_factor, choice)
+        known = _tied_bound(*args, budget)
         prices.owner().remember_program(key, known)
     return known
 
 
-def _tied_bound(graph, obj, repeats, options, env, price, max_factor, choice) -> float:
+def _tied_bound(graph, obj, repeats, options, env, price, max_factor, choice, budget) -> float:
     import numpy as np
 
     # the parts' dual steps each solve a pairwise problem: exact elimination of a wide
@@ -428,4 +441,15 @@ def _tied_bound(graph, obj, repeats, options, env, price, max_factor, choice) ->
         return n * solve_shared(above, below, shared, max_factor=max_factor).lower_bound, []
 
     tied = (obj.var, options, obj.ins, obj.outs, choice)
-    return parts_bound(graph, repeats.blocks, dict(repeats.tie), tied, env, solve_part)[0]
+    node_unary, taken = None, 0.0
+    if budget is not None and budget[0] > 0:
+        mu, room = budget
+        args = [a for _, a in env[3]]
+        times: dict[int, int] = {}
+        for a in args:
+            times[obj.var[a]] = times.get(obj.var[a], 0) + 1
+        # a tied variable's weights sum its arguments' (alike: equal shares)
+        node_unary = {a: mu * obj.weights[obj.var[a]] / times[obj.var[a]] for a in args}
+        taken = mu * room
+    parts = (graph, repeats.blocks, dict(repeats.tie), tied, env, solve_part, node_unary)
+    return parts_bound(*parts)[0] - taken

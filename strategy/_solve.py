@@ -27,12 +27,15 @@ __all__ = ["Solution", "elimination_order", "solve", "total", "work"]
 
 @attrs.frozen
 class Solution:
-    """One option per node, its total cost, a lower bound of the minimum, and the method."""
+    """One option per node, its total cost, a lower bound of the minimum, and the method;
+    under a memory budget, ``multiplier`` is the Lagrange multiplier (cost per byte) the
+    search's root bound was found at (0: none)."""
 
     choice: tuple[int, ...]
     cost: float
     lower_bound: float
     method: str
+    multiplier: float = 0.0
 
     @property
     def gap(self) -> float:

@@ -149,3 +149,26 @@ def test_free_weights_of_tied_layers_share_one_layout_and_the_bound_holds():
     if untied.method == "exact":
         assert tied.lower_bound <= untied.cost.total + eps
     assert tied.cost.total >= untied.lower_bound - eps
+
+
+@pytest.mark.parametrize("share", [0.3, 0.6])
+def test_under_a_memory_budget_the_tied_bound_holds_and_the_budget_is_kept(share):
+    mesh = Mesh.create((2,))
+    x = Spec(mesh, [Shard(0)], (8, 8), "float64")
+    w = Spec(mesh, [Replicate()], (8, 8), "float64")
+    specs = (x, *[w] * 4)
+    free = (1, 2, 3, 4)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        ws = Spec(mesh, [Shard(0)], (8, 8), "float64")
+        hi = plan_program(_stack(4), *specs).memory.total  # every weight whole
+        lo = plan_program(_stack(4), x, *[ws] * 4).memory.total  # every weight sharded
+        budget = lo + share * (hi - lo)
+        untied = plan_program(_stack(4), *specs, choose=free, memory_budget=budget, tie_layers=False)
+        tied = plan_program(_stack(4), *specs, choose=free, memory_budget=budget, max_factor=8)
+    assert "planned as one" in tied.method
+    assert tied.memory.total <= budget
+    eps = 1e-12 * untied.cost.total
+    if untied.method == "exact":
+        assert tied.lower_bound <= untied.cost.total + eps
+        assert tied.cost.total >= untied.cost.total - eps
