@@ -35,7 +35,7 @@ class Solution:
     cost: float
     lower_bound: float
     method: str
-    multiplier: float = 0.0
+    multiplier: float = attrs.field(default=0.0, repr=False)
 
     @property
     def gap(self) -> float:
