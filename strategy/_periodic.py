@@ -57,16 +57,13 @@ def run_bound(
         low, x, start = solve(un, pairs, start, passes)
         return low + const, x, start
 
-    def total(low, lam) -> float:
-        return n * low
-
     best = None  # (total, weights, lam, start)
     upper = shared_total(choice, unary, values, ins, outs, price)
     theta, stale, start = 1.0, 0, None
     for _ in range(steps):
         low, x, start = at(weights, lam, start, 40)
-        if best is None or total(low, lam) > best[0]:
-            best, stale = (total(low, lam), weights, [m.copy() for m in lam], start), 0
+        if best is None or n * low > best[0]:
+            best, stale = (n * low, weights, [m.copy() for m in lam], start), 0
         else:
             stale += 1
             if stale >= 4:
@@ -95,5 +92,5 @@ def run_bound(
     _, weights, lam, start = best
     if start is not None:  # the best point's bound, its passes run to convergence
         low, _, _ = at(weights, lam, start, 200)
-        return max(best[0], total(low, lam)), lam
+        return max(best[0], n * low), lam
     return best[0], lam

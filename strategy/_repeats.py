@@ -24,7 +24,7 @@ from collections.abc import Mapping, Sequence
 
 import attrs
 
-from ._graph import Graph
+from ._graph import Graph, Value
 
 __all__ = ["Repeats", "exact_untied", "find_repeats"]
 
@@ -176,15 +176,12 @@ def _arg_ties(graph, tie, free_args: set[int]) -> dict[int, int]:
         for x, u in zip(graph.nodes[a].inputs, graph.nodes[b].inputs, strict=True):
             if x.node in free_args and x.node != u.node:
                 pair.setdefault(x.node, set()).add(u.node)
-    readers: dict[int, int] = {}
-    for n in graph.calls:
-        for x in graph.nodes[n].inputs:
-            if x.node in free_args:
-                readers[x.node] = readers.get(x.node, 0) + (0 if n in tie else 1 << 20) + 1
+    # free arguments an untied call reads: their layout is not one layer's alone
+    untied = {x.node for n in graph.calls if n not in tie for x in graph.nodes[n].inputs}
     out = {}
     used = set()
     for x, us in pair.items():
-        if len(us) != 1 or readers.get(x, 0) >= 1 << 20:  # an untied reader reads it
+        if len(us) != 1 or x in untied:
             continue
         u = next(iter(us))
         if u not in free_args or u in pair or u in used:
@@ -228,17 +225,11 @@ def _layer_of(graph: Graph, inst, layer_of, readers) -> int:
     for c in inst:
         near = [x.node for x in graph.nodes[c].inputs]
         for j in range(len(graph.nodes[c].metas)):
-            near += [n for n, _ in readers.get(_value(c, j), ())]
+            near += [n for n, _ in readers.get(Value(c, j), ())]
         for n in near:
             if n in layer_of:
                 votes[layer_of[n]] = votes.get(layer_of[n], 0) + 1
     return max(votes, key=votes.get) if votes else -1
-
-
-def _value(node: int, j: int):
-    from ._graph import Value
-
-    return Value(node, j)
 
 
 def exact_untied(graph: Graph, sizes: Mapping[int, int], max_factor: int) -> bool:
