@@ -15,14 +15,23 @@ tensors), which is what lets the auto-sharding solver price memory per argument.
 
 from __future__ import annotations
 
+import sys
+
 import attrs
 
 from meshplan.errors import StrategyError
+from meshplan.layout._ints import brief
 from meshplan.placement import Spec, dtype_itemsize
 
 from ._candidates import local_numel
 
-__all__ = ["ProgramMemory", "state_bytes", "program_memory", "check_state_bytes_per_param"]
+__all__ = [
+    "ProgramMemory",
+    "state_bytes",
+    "program_memory",
+    "check_state_bytes_per_param",
+    "as_float",
+]
 
 
 @attrs.frozen
@@ -52,17 +61,35 @@ class ProgramMemory:
         )
 
 
+def as_float(value) -> float | None:
+    """``value`` as a float if it is an int or float (never a bool) a float can hold,
+    else None (an int beyond a float's range too).
+
+    >>> as_float(3), as_float(10**400), as_float(True)
+    (3.0, None, None)
+    """
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    try:
+        return float(value)
+    except OverflowError:
+        return None
+
+
 def check_state_bytes_per_param(value) -> float | None:
-    """``value`` if it is None or a number >= 0; raise otherwise."""
+    """``value`` as a float if it is None or a number >= 0 a float can hold; raise a
+    StrategyError naming it and the range otherwise."""
     if value is None:
         return None
-    if isinstance(value, bool) or not isinstance(value, int | float) or not value >= 0:
+    number = as_float(value)
+    if number is None or not number >= 0:
         raise StrategyError(
-            f"state_bytes_per_param={value!r} must be a number of bytes >= 0 per parameter "
-            "element (None: two moments in the parameter's dtype, as AdamW keeps)",
+            f"state_bytes_per_param={brief(value)} must be a number of bytes >= 0 and <= "
+            f"{sys.float_info.max:.2g} per parameter element (None: two moments in the "
+            "parameter's dtype, as AdamW keeps)",
             value=value,
         )
-    return float(value)
+    return number
 
 
 def _parts(spec: Spec, state_bytes_per_param: float | None) -> tuple[float, float, float]:

@@ -28,6 +28,7 @@ reduce-scattered once, and a row-parallel partial sum is reduced once.
 
 from __future__ import annotations
 
+import sys
 import warnings
 from collections.abc import Callable, Collection, Sequence
 from typing import Any
@@ -35,6 +36,7 @@ from typing import Any
 import attrs
 
 from meshplan.errors import StrategyError
+from meshplan.layout._ints import brief
 from meshplan.placement import Replicate, Spec
 from meshplan.redistribute._steps import grad_spec
 
@@ -42,7 +44,7 @@ from ._auto import free_options, resolve_choose
 from ._candidates import ComputeModel, Option, is_float
 from ._candidates import options as candidate_options
 from ._graph import Graph
-from ._memory import check_state_bytes_per_param, program_memory
+from ._memory import as_float, check_state_bytes_per_param, program_memory
 from ._price import check_model, check_planner
 from ._program_assemble import assemble, chosen_specs
 from ._program_prices import Prices
@@ -394,14 +396,18 @@ def _options(graph, mesh, compute, max_options, ruleset, strict, progress):
 
 
 def _check_budget(value) -> float | None:
+    """``value`` as a float of bytes per rank, None for no limit; a StrategyError naming
+    it and the range otherwise (an int beyond a float's range too)."""
     if value is None:
         return None
-    if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
+    number = as_float(value)
+    if number is None or not number > 0:
         raise StrategyError(
-            f"memory_budget={value!r} must be a number of bytes per rank > 0 (or None: no limit)",
+            f"memory_budget={brief(value)} must be a number of bytes per rank > 0 and <= "
+            f"{sys.float_info.max:.2g} (or None: no limit)",
             value=value,
         )
-    return float(value)
+    return number
 
 
 def _check_ruleset(ruleset: Any) -> RuleSet:
