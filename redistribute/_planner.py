@@ -85,7 +85,7 @@ from ._profile import CostModel, as_model
 from ._sizes import padded_local_bytes
 from ._store import Planner, default_planner
 
-__all__ = ["plan", "plan_cost", "check_plannable", "clear_plan_cache", "Planner"]
+__all__ = ["plan", "plan_cost", "price_bound", "check_plannable", "clear_plan_cache", "Planner"]
 
 # -- input checks ---------------------------------------------------------------------------
 
@@ -152,21 +152,24 @@ def _min_cost_plan(
 ) -> tuple[Plan, tuple]:
     """The cheapest plan of single-dim steps, permutes and (with ``merge``) steps merged
     onto the mesh's aliases, to ``dst`` or another spec of its layout (``_goals.goal_class``),
-    and its steps' prices."""
+    its steps' prices, and None, or where the budget cut the search, the price every plan
+    costs at least (the plan is then the best found, not proven the cheapest)."""
     start_state, goal_state = planner.state(src), planner.state(dst)
     if start_state == goal_state or (
         _may_share_layout(start_state[0], goal_state[0], 0 in src.shape) and same_layout(src, dst)
     ):
         # every rank holds its target already (the specs may say so in two ways)
-        return Plan(src, dst, ()), ()
+        return Plan(src, dst, ()), (), None
     shards, ptargets = universe_of(start_state.codes, goal_state.codes, src.ndim)
     problem = Problem(
         src.mesh, src.shape, src.dtype, model, shards, ptargets, bound, objective, merge
     )
     goals = goal_class(goal_state, src.shape, src.mesh.shape, shards)
     moves, over = _moves_to(planner, problem, start_state, goals)
+    lower = None
     if over is not None:
         _past_budget(planner, src, dst, over, moves)
+        lower = _proven_lower(over)
     if moves is None:
         b_start = padded_local_bytes(src)
         b_goal = padded_local_bytes(dst)
@@ -191,7 +194,13 @@ def _min_cost_plan(
             break
         a = b
     prices = tuple(edge.price for _, edge, _ in moves[: len(steps)])
-    return Plan(src, dst, tuple(steps)), prices
+    return Plan(src, dst, tuple(steps)), prices, lower
+
+
+def _proven_lower(over: OverBudget) -> float:
+    """The price every plan costs at least, by a search cut at its budget (the least rank
+    left in its queue, taken down by more than the tie-breaking factors' share)."""
+    return max(0.0, over.lower) * (1.0 - 1e-9)
 
 
 def _may_share_layout(codes_a: tuple, codes_b: tuple, empty: bool) -> bool:
@@ -328,19 +337,20 @@ def _extend(planner: Planner, fam, ctx, start_state, goals, key) -> bool:
 def _planned(
     planner: Planner, src: Spec, dst: Spec, model: CostModel, merge: bool, bound, objective: str
 ):
-    """The plan and the merges a missing alias kept apart (None: not looked for yet),
-    remembered by ``planner``."""
+    """The plan, the merges a missing alias kept apart (None: not looked for yet), and
+    None, or where the planner's budget cut the search, the price every plan costs at
+    least; remembered by ``planner``."""
     key = (src, dst, model, merge, bound, objective)
     entry = planner.plans.get(key)
     if entry is not None:
         return entry
     check_plannable(src, dst)
-    p, prices = _min_cost_plan(planner, src, dst, model, bound, objective, merge)
-    entry = (p, None)
+    p, prices, lower = _min_cost_plan(planner, src, dst, model, bound, objective, merge)
+    missed = None
     if merge and len(p.steps) > 1 and src.mesh.aliases:
         # steps merged onto aliases are moves of the search already; this merges what
         # runs one after another onto an alias (a tie) and notes what lacks one
-        entry = merge_plan(
+        p, missed = merge_plan(
             p,
             model,
             prices,
@@ -349,6 +359,9 @@ def _planned(
             bound=bound,
             planner=planner,
         )
+    entry = (p, missed, lower)
+    if lower is not None:
+        planner.cut_plans += 1
     planner.remember(key, entry)
     return entry
 
@@ -362,8 +375,9 @@ def _plan_cached(
     objective: str,
     planner: Planner | None = None,
 ):
-    """:func:`plan`'s answer on ``planner`` (the default one when None), and the merges a
-    missing alias kept apart (None: not looked for yet), without the warning (for pricing
+    """:func:`plan`'s answer on ``planner`` (the default one when None), the merges a
+    missing alias kept apart (None: not looked for yet) and the proven lower price of a
+    plan the budget cut (None: the plan is the cheapest), without the warning (for pricing
     many candidate redistributions that never run)."""
     return _planned(_planner_of(planner), src, dst, model, merge, bound, objective)
 
@@ -393,19 +407,39 @@ def plan_cost(
     >>> plan_cost(a, b) == cost(plan(a, b)).total
     True
     """
+    return price_bound(src, dst, cost_model=cost_model, planner=planner)[0]
+
+
+def price_bound(
+    src: Spec, dst: Spec, *, cost_model: CostModel | None = None, planner: Planner | None = None
+) -> tuple[float, float]:
+    """``(price, lower)``: :func:`plan_cost`, and a price every plan from ``src`` to ``dst``
+    costs at least. The two are equal when the plan is proven the cheapest; where the
+    planner's budget cut its search, ``lower`` is the least rank left in its queue (what
+    a whole program's bound must use: the plan is only the best found).
+
+    >>> from meshplan.layout import Mesh
+    >>> from meshplan.placement import Replicate, Shard
+    >>> mesh = Mesh.create(2)
+    >>> a, b = Spec(mesh, [Shard(0)], (8,)), Spec(mesh, [Replicate()], (8,))
+    >>> price, lower = price_bound(a, b)
+    >>> price == lower == plan_cost(a, b)
+    True
+    """
     model = as_model(cost_model)
     planner = _planner_of(planner)
     key = (src, dst, model)
-    price = planner.prices.get(key)
-    if price is None:
+    known = planner.prices.get(key)
+    if known is None:
         if src == dst:
             check_plannable(src, dst)
-            price = 0.0
+            known = (0.0, 0.0)
         else:
-            p = _planned(planner, src, dst, model, True, None, "time")[0]
+            p, _, lower = _planned(planner, src, dst, model, True, None, "time")
             price = _plan_cost(p, model).total
-        planner.remember_price(key, price)
-    return price
+            known = (price, price if lower is None else min(lower, price))
+        planner.remember_price(key, known)
+    return known
 
 
 def _weight(src: Spec, model: CostModel, objective: str) -> float:
@@ -481,7 +515,9 @@ def plan(
     merge = _flag(merge, "merge")
     planner = _planner_of(planner)
     try:
-        p, missed = _planned(planner, src, dst, cost_model, merge, max_local_bytes, objective)
+        p, missed, lower = _planned(
+            planner, src, dst, cost_model, merge, max_local_bytes, objective
+        )
     except TypeError:  # unhashable input: validate to raise a clear error
         check_plannable(src, dst)
         raise
@@ -490,7 +526,8 @@ def plan(
         if not merge or len(p.steps) < 2 or src.mesh.shape in warned:
             return p
         missed = _missed_merges(p, cost_model, objective, max_local_bytes, planner)
-        planner.remember((src, dst, cost_model, merge, max_local_bytes, objective), (p, missed))
+        key = (src, dst, cost_model, merge, max_local_bytes, objective)
+        planner.remember(key, (p, missed, lower))
     if missed:
         warn_missed(p, missed, warned)
     return p

@@ -100,7 +100,9 @@ class Planner:
         # (src, dst, cost model, merge, bound, objective) -> (plan, merges a missing
         # alias kept apart, or None while not looked for)
         self.plans: dict = {}
-        self.prices: dict = {}  # (src, dst, cost model) -> ``plan_cost``'s price
+        # (src, dst, cost model) -> ``plan_cost``'s price and the least any plan costs
+        # (``price_bound``: below the price only where the budget cut the search)
+        self.prices: dict = {}
         self.encoded: dict = {}  # Spec -> its State (``_encoding.encode``)
         self.decoded: dict = {}  # (mesh, shape, dtype, state) -> its Spec (``decode``)
         self.steps: dict = {}  # a Step's fields -> the Step
@@ -109,6 +111,7 @@ class Planner:
         self.tables = Tables(self.lock, tables)  # all-pairs plan tables of contexts
         self.families = Families(self.lock)  # plans shared across tensor sizes
         self.warned: set = set()  # mesh shapes a missed merge has warned about
+        self.cut_plans = 0  # plans made whose search the budget cut (never decreases)
         # whole-program solves (strategy's ``solve_lazily``): the content of a program's
         # objective -> the exact prices its solve learned and its answer
         self.programs: dict = {}
@@ -170,8 +173,9 @@ class Planner:
                 del plans[next(iter(plans))]
             plans[key] = entry
 
-    def remember_price(self, key: tuple, price: float) -> None:
-        """Keep a plan's price (``plan_cost``) under its arguments (``key``)."""
+    def remember_price(self, key: tuple, price: tuple[float, float]) -> None:
+        """Keep a plan's price and proven lower price (``price_bound``) under its
+        arguments (``key``)."""
         prices = self.prices
         with self.lock:
             if len(prices) >= _PRICES_KEPT:

@@ -35,6 +35,7 @@ from meshplan.placement import (
 
 __all__ = [
     "redistribute_cost",
+    "redistribute_bound",
     "transition_bound",
     "input_bound",
     "default_model",
@@ -76,6 +77,17 @@ def redistribute_cost(src: Spec, dst: Spec, model, planner=None) -> float:
     from meshplan.redistribute._planner import plan_cost
 
     return plan_cost(src, dst, cost_model=model, planner=planner)
+
+
+def redistribute_bound(src: Spec, dst: Spec, model, planner=None) -> tuple[float, float]:
+    """``(price, lower)``: :func:`redistribute_cost` and a price every plan from ``src`` to
+    ``dst`` costs at least, below it only where the planner's budget cut the plan's search
+    (``meshplan.redistribute._planner.price_bound``)."""
+    if src == dst:
+        return 0.0, 0.0
+    from meshplan.redistribute._planner import price_bound
+
+    return price_bound(src, dst, cost_model=model, planner=planner)
 
 
 def _plan(src: Spec, dst: Spec, model, planner=None):

@@ -45,7 +45,7 @@ from ._candidates import ComputeModel, Option, is_float
 from ._candidates import options as candidate_options
 from ._graph import Graph
 from ._memory import as_float, check_state_bytes_per_param, program_memory
-from ._price import check_model, check_planner
+from ._price import check_model, check_planner, redistribute_bound
 from ._program_assemble import assemble, chosen_specs
 from ._program_prices import Prices
 from ._program_solve import objective, solve_lazily, tied_bound, variables
@@ -307,6 +307,11 @@ def plan_graph(
     program = assemble(
         graph, chosen, outs, cots, grads, fixed, options, obj.var, sol, model, fallbacks, planner
     )
+    cut = {(prices.table[a], prices.table[b]) for a, b in prices.cut}
+    if prices.owner().cut_plans:  # (no plan of this planner was ever cut: none here)
+        cut |= _cut_moves(program, model, planner)
+    if cut:
+        program = _with_cut_pairs(program, sol.lower_bound, sol.method, len(cut))
     differentiated = tuple(g is not None for g in graph.grads)
     program = attrs.evolve(program, memory=program_memory(chosen, differentiated, per_param))
     if not free or solver != "whole" or program.method == "exact":
@@ -314,6 +319,34 @@ def plan_graph(
     again = dict(out_specs=out_specs, cost_model=model, compute=compute, ruleset=ruleset)
     again.update(limits, memory_budget=memory_budget, planner=planner, tie_layers=tie_layers)
     return _never_worse_than_given(program, graph, arg_specs, state_bytes_per_param, again)
+
+
+def _cut_moves(program: Program, model, planner) -> set:
+    """The ``(source, target)`` specs of ``program``'s moves that run a plan whose search
+    the planner's budget cut (the planner remembers each pair's proven lower price)."""
+    moves = [m for op in program.ops for m in op.moves]
+    moves += [*program.out_moves, *program.grad_moves]
+    pairs = {(m.src, m.dst) for m in moves if m is not None}
+    return {pair for pair in pairs if _is_cut(*redistribute_bound(*pair, model, planner))}
+
+
+def _is_cut(price: float, lower: float) -> bool:
+    return lower < price
+
+
+def _with_cut_pairs(program: Program, bound: float, method: str, cut: int) -> Program:
+    """``program`` priced with ``cut`` redistribution plans whose search the planner's
+    budget cut: its bound is ``bound`` (the solve's, at those pairs' proven lower prices;
+    its cost runs the plans found), and unless the cost meets it, its method is not
+    "exact"."""
+    bound = min(bound, program.cost.total)
+    if program.cost.total <= bound * (1 + 1e-12):
+        return attrs.evolve(program, lower_bound=bound)
+    method = (
+        f"{method} at proven prices; {cut} redistribution plan(s) cut by the planner's "
+        "budget (raise Planner(max_states=...))"
+    )
+    return attrs.evolve(program, lower_bound=bound, method=method)
 
 
 def _never_worse_than_given(program: Program, graph, arg_specs, per_param, options) -> Program:

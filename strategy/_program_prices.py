@@ -6,6 +6,11 @@ plans the redistribution with the planner's cost model; where it is not known ye
 solver sees the strategy search's cheap lower bound of it
 (:func:`~meshplan.strategy._price.input_bound`). :meth:`Prices.learn_used` prices
 exactly the pairs a solution uses (and their neighbours): the step of lazy pricing.
+
+A pair whose plan search the planner's budget cut has a price that is not proven the
+least: the solver sees its proven lower price (every price it sees is then at most the
+true one, so its bound holds), and :attr:`Prices.cut` lists it, so a program priced
+with it does not claim to be exact.
 """
 
 from __future__ import annotations
@@ -14,7 +19,7 @@ from typing import Any
 
 from meshplan.placement import Spec
 
-from ._price import input_bound, redistribute_cost
+from ._price import input_bound, redistribute_bound
 from ._program_terms import all_pairs, pair_count
 from ._progress import Progress, report
 
@@ -31,6 +36,9 @@ class Prices:
         self.exact: dict[tuple[int, int], float] = {}
         self.bounds: dict[tuple[int, int], float] = {}
         self.known: dict[tuple[int, int], float] = {}  # what :meth:`price` answers
+        # pairs whose plan the planner's budget cut -> (the plan's price, the proven lower
+        # price, which ``exact`` holds)
+        self.cut: dict[tuple[int, int], tuple[float, float]] = {}
 
     def owner(self) -> Any:
         """The planner that prices (and keeps what planning learns): the default one when
@@ -59,9 +67,14 @@ class Prices:
         return ins, outs
 
     def _plan_price(self, a: int, b: int) -> float:
+        """The planned price of moving spec ``a`` to ``b``, or where the planner's budget
+        cut the plan's search, the least price it proved (the pair noted in ``cut``)."""
         if a == b:
             return 0.0
-        return redistribute_cost(self.table[a], self.table[b], self.model, self.planner)
+        price, lower = redistribute_bound(self.table[a], self.table[b], self.model, self.planner)
+        if lower < price:
+            self.cut[(a, b)] = (price, lower)
+        return lower
 
     def learn_exact(self, a: int, b: int) -> float:
         """The exact price of moving spec ``a`` to spec ``b`` (planned once)."""
@@ -72,9 +85,12 @@ class Prices:
 
     def learn(self, exact: dict[tuple[int, int], float]) -> None:
         """Take exact prices learned elsewhere (by a solve of the same program)."""
+        recheck = self.owner().cut_plans > 0  # (a cut plan's pair is noted again)
         for pair, c in exact.items():
             if pair not in self.exact:
                 self.exact[pair] = self.known[pair] = c
+                if recheck and pair[0] != pair[1]:
+                    self._plan_price(*pair)
 
     def price(self, a: int, b: int) -> float:
         """The exact price where known, else a lower bound of it (cheap: no planning)."""
