@@ -14,6 +14,9 @@ torch interop lets a torch program adopt it piece by piece: ``Mesh.from_device_m
 groups), :func:`from_dtensor` / :func:`to_dtensor`, and :func:`redistribute_dtensor`
 (``DTensor.redistribute`` planned by meshplan).
 
+:func:`parallelize` turns a model into a :class:`ParallelModule` of this rank's shards,
+planned whole, that a stock torch optimizer steps (see :mod:`meshplan.runtime._parallelize`).
+
 Attributes are imported on first use, so ``import meshplan.runtime`` is cheap until a
 name that needs torch is touched.
 """
@@ -37,6 +40,8 @@ _LAZY = {
     "to_device_mesh": "_interop",
     "redistribute_dtensor": "_interop",
     "run_program": "_program",
+    "parallelize": "_parallelize",
+    "ParallelModule": "_parallelize",
     "simulate_program": "_program",
 }
 
@@ -44,6 +49,7 @@ __getattr__ = lazy_attributes(__name__, _LAZY)
 
 __all__ = [
     "Group",
+    "ParallelModule",
     "ProcessGroups",
     "RuntimeShellError",
     "WorkerError",
@@ -52,6 +58,7 @@ __all__ = [
     "derived_grad_spec",
     "from_dtensor",
     "grad_spec",
+    "parallelize",
     "prepare_groups",
     "redistribute",
     "redistribute_dtensor",

@@ -1,0 +1,208 @@
+"""parallelize on 4 gloo ranks: a stock torch optimizer on the shards equals it on the whole model.
+
+A small module (embedding, layer norm, MLP, a buffer) is planned FSDP x TP on (dp 2, tp 2)
+by name patterns, trained with ``torch.optim`` and ``pm.clip_grad_norm_`` for a few steps,
+saved with its optimizer's state, and resumed on another mesh (4-way FSDP): every loss,
+every gradient norm and the final weights equal one process's ``torch.optim`` and
+``torch.nn.utils.clip_grad_norm_`` on the whole model (float64).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from _shell_cases import groups_for
+
+from meshplan.errors import RuntimeShellError
+from meshplan.layout import Mesh
+from meshplan.placement import Replicate, Shard, Sharded, Spec, unshard
+from meshplan.runtime import ParallelModule, parallelize
+from meshplan.strategy import ComputeModel, plan_module
+
+V, D, B, T = 16, 8, 8, 6
+CLIP = 0.05  # small enough that every step clips
+
+
+class Tiny(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.emb = torch.nn.Embedding(V, D, dtype=torch.float64)
+        self.ln = torch.nn.LayerNorm(D, dtype=torch.float64)
+        self.fc1 = torch.nn.Linear(D, 2 * D, dtype=torch.float64)
+        self.fc2 = torch.nn.Linear(2 * D, V, dtype=torch.float64)
+        self.register_buffer("scale", torch.tensor([0.5, 2.0], dtype=torch.float64))
+
+    def forward(self, tok, tgt):
+        x = self.ln(self.emb(tok))
+        logits = self.fc2(F.gelu(self.fc1(x))) * self.scale.sum()
+        return F.cross_entropy(logits.flatten(0, 1), tgt.flatten())
+
+
+FSDP_TP = {
+    "fc1.weight": "S(0) S(0)",  # column-parallel, then FSDP
+    "fc2.weight": "S(0) S(1)",  # row-parallel
+    "emb.weight": "S(0) S(1)",
+    "*": "S(0) R",  # biases and norms
+}
+FSDP = {"*weight": "S(0)", "*bias": "S(0)"}
+
+
+def _batches(n: int, seed: int = 1):
+    g = torch.Generator().manual_seed(seed)
+    return [
+        (torch.randint(0, V, (B, T), generator=g), torch.randint(0, V, (B, T), generator=g))
+        for _ in range(n)
+    ]
+
+
+def _optimizer(kind: str, params):
+    if kind == "adamw":
+        return torch.optim.AdamW(params, lr=1e-2, weight_decay=0.1)
+    return torch.optim.SGD(params, lr=0.5, momentum=0.9)
+
+
+def _batch_spec(mesh: Mesh) -> Spec:
+    return Spec(mesh, [Shard(0)] + [Replicate()] * (mesh.ndim - 1), (B, T), "int64")
+
+
+def _train(mesh, specs, kind, batches, save=None, resume=None):
+    """On every rank: parallelize, optionally resume, train, optionally save."""
+    groups = groups_for(mesh)
+    b = _batch_spec(mesh)
+    pm = parallelize(Tiny(), groups, b, b, specs=specs, compute=ComputeModel.cpu())
+    opt = _optimizer(kind, pm.parameters())
+    if resume:
+        pm.load(resume, opt)
+    out = []
+    for tok, tgt in batches:
+        loss = pm(*pm.local_batch(tok, tgt))
+        loss.backward()
+        norm = pm.clip_grad_norm_(CLIP)
+        opt.step()
+        opt.zero_grad()
+        out.append((loss.item(), norm.item()))
+    if save:
+        pm.save(save, opt)
+    return out, {n: s.local for n, s in pm.state_dict().items()}, pm.specs
+
+
+def _reference(kind, batches):
+    model = Tiny()
+    opt = _optimizer(kind, model.parameters())
+    out = []
+    for tok, tgt in batches:
+        loss = model(tok, tgt)
+        loss.backward()
+        norm = torch.nn.utils.clip_grad_norm_(model.parameters(), CLIP)
+        opt.step()
+        opt.zero_grad()
+        out.append((loss.item(), norm.item()))
+    return out, model.state_dict()
+
+
+def _close(got, want, what):
+    for (la, na), (lb, nb) in zip(got, want, strict=True):
+        assert abs(la - lb) <= 1e-12 * abs(lb), (what, got, want)
+        assert abs(na - nb) <= 1e-12 * abs(nb), (what, got, want)
+
+
+def _same_weights(results, want):
+    _, state, specs = results[0]
+    for name, spec in specs.items():
+        got = unshard({r: res[1][name] for r, res in enumerate(results)}, spec)
+        assert torch.allclose(got, want[name], rtol=1e-12, atol=1e-14), name
+
+
+@pytest.mark.parametrize("kind", ["adamw", "sgd"])
+def test_a_stock_optimizer_on_the_shards_equals_it_on_the_whole_model_and_resumes_elsewhere(
+    pool4, kind, tmp_path
+):
+    batches = _batches(5)
+    want, _ = _reference(kind, batches)
+    _, final = _reference(kind, batches)
+    three, _ = _reference(kind, batches[:3])
+    grid = Mesh.create((2, 2), ("dp", "tp"))
+    path = str(tmp_path / "ckpt")
+    results = pool4.run(_train, grid, FSDP_TP, kind, batches[:3], save=path)
+    for got, _, _ in results:
+        _close(got, three, "fsdp x tp")
+    assert all(norm > CLIP for _, norm in want[:3])  # the clipping did clip
+    line = Mesh.create((4,), ("dp",))
+    resumed = pool4.run(_train, line, FSDP, kind, batches[3:], resume=path)
+    for got, _, _ in resumed:
+        _close(got, want[3:], "resumed on another mesh")
+    _same_weights(resumed, final)
+
+
+def _shards_and_errors(mesh):
+    rank = dist.get_rank()
+    groups = groups_for(mesh)
+    b = _batch_spec(mesh)
+    model = Tiny()
+    mp = plan_module(model, b, b, specs=FSDP_TP, compute=ComputeModel.cpu())
+    # a planned program and the whole model's state dict (tied-free, buffers included)
+    pm = parallelize(mp, groups)
+    out = {"names": [n for n, _ in pm.named_parameters()], "zeros": pm.scale.clone()}
+    with pytest.raises(RuntimeShellError, match="hold no weights"):
+        pm(*pm.local_batch(*_batches(1)[0]))
+    pm.load_state_dict(model.state_dict())
+    out["shards"] = {n: p.detach().clone() for n, p in pm.named_parameters()}
+    out["scale"] = pm.scale.clone()
+    out["specs"] = pm.specs
+    # errors name the fix
+    with pytest.raises(RuntimeShellError, match="missing"):
+        pm.load_state_dict({"fc1.weight": model.fc1.weight})
+    other = Spec(mesh, [Replicate(), Replicate()], (2 * D, D), "float64")
+    with pytest.raises(RuntimeShellError, match="pm.load"):
+        pm.load_state_dict(
+            {"fc1.weight": Sharded(torch.zeros(2 * D, D, dtype=torch.float64), other, rank)},
+            strict=False,
+        )
+    with pytest.raises(RuntimeShellError, match="shape"):
+        pm.load_state_dict({"fc1.weight": torch.zeros(3)}, strict=False)
+    with pytest.raises(RuntimeShellError, match="not a parameter of this model"):
+        pm.optimizer_state_dict(torch.optim.SGD([torch.zeros(2, requires_grad=True)]))
+    with pytest.raises(RuntimeShellError, match="no parameter or buffer is named"):
+        pm.spec_of("fc3.weight")
+    with pytest.raises(RuntimeShellError, match="eval mode|train mode"):
+        pm.eval()(*pm.local_batch(*_batches(1)[0]))
+    # a meta model: shards wait for weights, then load from the initialized whole model
+    with torch.device("meta"):
+        meta = Tiny()
+    pm2 = parallelize(meta, groups, b, b, specs=FSDP_TP, compute=ComputeModel.cpu())
+    pm2.load_state_dict(model)
+    out["meta_equal"] = all(
+        torch.equal(a, b) for a, b in zip(pm2.parameters(), pm.parameters(), strict=True)
+    )
+    out["loss"] = pm2(*pm2.local_batch(*_batches(1)[0])).item()
+    return out
+
+
+def test_the_shards_are_parameters_named_as_the_model_and_load_from_a_whole_model(pool4):
+    model = Tiny()
+    grid = Mesh.create((2, 2), ("dp", "tp"))
+    results = pool4.run(_shards_and_errors, grid)
+    assert results[0]["names"] == [n for n, _ in model.named_parameters()]
+    specs = results[0]["specs"]
+    for name, t in model.named_parameters():
+        got = unshard({r: res["shards"][name] for r, res in enumerate(results)}, specs[name])
+        assert torch.equal(got, t.detach()), name
+    assert str(specs["fc1.weight"]) == "f64[16,8](S(0) S(0))"
+    assert all(not res["zeros"].any() for res in results)  # no weights before the load
+    scale = unshard({r: res["scale"] for r, res in enumerate(results)}, specs["scale"])
+    assert torch.equal(scale, model.scale)  # a buffer, sharded as "*" says
+    assert all(res["meta_equal"] for res in results)
+    want = Tiny()(*_batches(1)[0]).item()
+    assert all(abs(res["loss"] - want) <= 1e-12 * abs(want) for res in results)
+
+
+def test_parallelize_refuses_what_is_not_a_model():
+    with pytest.raises(RuntimeShellError, match="nn.Module"):
+        parallelize(42, None)
+    with pytest.raises(RuntimeShellError, match="names="):
+        b = _batch_spec(Mesh.create((2,)))
+        parallelize(plan_module(Tiny(), b, b).program, None)
+    assert issubclass(ParallelModule, torch.nn.Module)
