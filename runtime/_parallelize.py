@@ -397,7 +397,9 @@ class ParallelModule(torch.nn.Module):
         left out). With ``strict`` a name missing or unknown raises."""
         if assign:
             raise RuntimeShellError("assign=True is not supported: the shards are copied into")
+        aliases = self._aliases
         if isinstance(state, torch.nn.Module):  # every tensor, non-persistent buffers too
+            aliases = {**_tied_aliases(state), **aliases}
             module = state
             state = dict(module.named_parameters(remove_duplicate=False))
             state.update(module.named_buffers(remove_duplicate=False))
@@ -407,7 +409,7 @@ class ParallelModule(torch.nn.Module):
                 f"nn.Module), got {state!r:.80}",
                 value=state,
             )
-        canonical = {a: n for a, n in self._aliases.items() if a not in self._specs}
+        canonical = {a: n for a, n in aliases.items() if a not in self._specs}
         unexpected, seen = [], set()
         with torch.no_grad():
             for key, value in state.items():

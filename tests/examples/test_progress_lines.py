@@ -49,7 +49,7 @@ def test_train_planning_reports_its_stages_as_it_goes():
     opts = train.parse(["--mesh", "2x2", "--dtype", "float64"])
     program = train.plan(opts, train.make_mesh("2x2"), say=lines.append)
     text = "\n".join(lines)
-    n = len(program.ops)
+    n = len(program.program.ops)
     assert "traced forward + backward" in text, text
     assert f"{n}/{n} ops given their candidate strategies" in text, text
     assert re.search(r"layout pairs priced|solver round", text), text

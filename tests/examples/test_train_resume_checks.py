@@ -34,12 +34,12 @@ def step4(tmp_path_factory):
     folder = tmp_path_factory.mktemp("resume")
     one = Mesh.create(1)
     state = {
-        "param.tok_emb": Sharded(
+        "tok_emb": Sharded(
             torch.zeros(64, 32, dtype=torch.float64),
             Spec(one, [Replicate()], (64, 32), "float64"),
             0,
         ),
-        "state.counters": Sharded(torch.tensor([4, 4]), Spec(one, [Replicate()], (2,), "int64"), 0),
+        "state.counters": Sharded(torch.tensor([4, 4, 4]), Spec(one, [Replicate()], (3,), "int64"), 0),
     }
     save(state, folder / "step-4")
     return folder
