@@ -42,6 +42,7 @@ _LAZY = {
     "run_program": "_program",
     "parallelize": "_parallelize",
     "ParallelModule": "_parallelize",
+    "run_unsharded": "_program",
     "simulate_program": "_program",
 }
 
@@ -65,6 +66,7 @@ __all__ = [
     "run",
     "run_program",
     "run_step",
+    "run_unsharded",
     "simulate_program",
     "to_device_mesh",
     "to_dtensor",

@@ -23,10 +23,12 @@ import torch
 
 from meshplan.errors import RuntimeShellError
 from meshplan.placement import Spec, global_offset, local_shape, shard
+from meshplan.placement._tensor import shard_one
 from meshplan.strategy._aten import SIZE_ARGS, TensorArg
 from meshplan.strategy._aten_pieces import local_range
 from meshplan.strategy._graph import TorchConst, Value
 from meshplan.strategy._program import Program, ProgramOp
+from meshplan.strategy._random import draw_kind, draw_seed
 from meshplan.strategy._trace import to_torch_const
 
 from ._agree import _fingerprint, check_same_call, program_fingerprint
@@ -40,14 +42,13 @@ from ._overlap import (
     saved_for_backward,
 )
 
-__all__ = ["run_program", "simulate_program"]
+__all__ = ["run_program", "run_unsharded", "simulate_program"]
 
 _VIEWS = {"view", "_unsafe_view"}
 
 
 def _target(op: ProgramOp):
-    _, name, overload = op.call.target.split(".")
-    return getattr(getattr(torch.ops.aten, name), overload)
+    return _target_of(op.call)
 
 
 def _decode(value: Any, tensors: Sequence[Any], device: Any) -> Any:
@@ -76,8 +77,14 @@ _STRIDE_FREE = {
 }
 
 
-def _local_call(op: ProgramOp, tensors: Sequence[torch.Tensor], rank: int, device: Any):
+def _local_call(
+    op: ProgramOp, tensors: Sequence[torch.Tensor], rank: int, device: Any, seed: int | None = None
+):
+    """Rank ``rank``'s part of ``op`` from its local tensors (``seed``: the generator's of a
+    random op)."""
     call = op.call
+    if seed is not None:
+        return _draw(call, op.output_specs, tensors, rank, device, seed)
     if call.op not in _STRIDE_FREE:
         # a local piece may be a strided view of a bigger buffer; some CPU kernels
         # (embedding_dense_backward) read such a gradient wrong
@@ -103,6 +110,71 @@ def _local_call(op: ProgramOp, tensors: Sequence[torch.Tensor], rank: int, devic
     return _target(op)(*args, **kwargs)
 
 
+def _draw(call, output_specs, tensors, rank: int, device: Any, seed: int) -> Any:
+    """A random op's result on rank ``rank``: its shard of the one global draw from a
+    generator seeded ``seed`` (see :mod:`meshplan.strategy._random`). Every rank draws
+    the whole global tensor and keeps its chunks: exact, at O(global numel) per op."""
+    kind = draw_kind(call.target, call.names)
+    gen = torch.Generator(device=device if device is not None else "cpu")
+    gen.manual_seed(seed)
+    spec = output_specs[0] if output_specs else None
+    meta = call.outputs[0]
+    dtype = getattr(torch, meta.dtype)
+    args = [_decode(a, tensors, device) for a in call.args]
+    kwargs = {k: _decode(v, tensors, device) for k, v in call.kwargs if k != "generator"}
+
+    def mine(whole: torch.Tensor) -> torch.Tensor:
+        return whole if spec is None else shard_one(whole, spec, rank)
+
+    if kind == "generator":  # no rule: it runs replicated, on whole tensors
+        return _target_of(call)(*args, **kwargs, generator=gen)
+    whole = torch.empty(meta.shape, dtype=dtype, device=device)
+    if kind == "shaped":  # the input gives only shape and dtype
+        return mine(_target_of(call)(whole, *args[1:], **kwargs, generator=gen))
+    if kind == "factory":
+        name, named = call.op, call.named_args()
+        if name in ("rand", "rand_like"):
+            return mine(whole.uniform_(0, 1, generator=gen))
+        if name in ("randn", "randn_like"):
+            return mine(whole.normal_(0, 1, generator=gen))
+        return mine(whole.random_(named.get("low", 0), named["high"], generator=gen))
+    # elementwise: one uniform draw per element, compared with the local input there
+    x = tensors[0]
+    u = mine(torch.empty(meta.shape, dtype=x.dtype, device=device).uniform_(0, 1, generator=gen))
+    if call.op == "bernoulli":
+        p = x if len(tensors) == 1 else tensors[1]
+        return (u < p).to(x.dtype)
+    p = float(call.named_args().get("p", 0.5))  # native_dropout(input, p, train)
+    if call.named_args().get("train") is False:
+        return x.clone(), torch.ones_like(x, dtype=torch.bool)
+    keep = u < 1 - p
+    out = x * keep * (1.0 / (1 - p)) if p < 1 else torch.zeros_like(x)
+    return out, keep
+
+
+def _target_of(call):
+    _, name, overload = call.target.split(".")
+    return getattr(getattr(torch.ops.aten, name), overload)
+
+
+def _draw_seeds(program: Program, seed: int | None, step: int) -> dict[int, int]:
+    """Each random op's generator seed, by node (see :mod:`meshplan.strategy._random`)."""
+    draws = program.draws
+    if not draws:
+        return {}
+    if seed is None or isinstance(seed, bool) or not isinstance(seed, int):
+        names = sorted({program.graph.nodes[n].call.target for n in draws})
+        raise RuntimeShellError(
+            f"the program draws random numbers ({', '.join(names)}), so it needs seed= (an "
+            f"int, the same on every rank; got {seed!r}) and step= (the training step, so "
+            "each step draws anew and a resumed run continues the stream)",
+            value=seed,
+        )
+    if isinstance(step, bool) or not isinstance(step, int) or step < 0:
+        raise RuntimeShellError(f"step= must be an int >= 0, got {step!r}", value=step)
+    return {n: draw_seed(seed, step, k) for k, n in enumerate(draws)}
+
+
 def _outputs(result: Any, op: ProgramOp) -> tuple[Any, ...]:
     return tuple(result) if isinstance(result, tuple | list) else (result,)
 
@@ -111,7 +183,9 @@ def _outputs(result: Any, op: ProgramOp) -> tuple[Any, ...]:
 
 
 class _Shell:
-    def __init__(self, groups: Any, bucket_bytes: int, prefetch: int | None) -> None:
+    def __init__(
+        self, groups: Any, bucket_bytes: int, prefetch: int | None, seeds: dict[int, int]
+    ) -> None:
         from ._groups import ProcessGroups
 
         if not isinstance(groups, ProcessGroups):
@@ -124,6 +198,7 @@ class _Shell:
         self.rank = groups.rank
         self.device = None
         self.bucket_bytes, self.prefetch = bucket_bytes, prefetch
+        self.seeds = seeds
 
     def start(self, launch: Launch, values: Sequence[torch.Tensor]) -> Any:
         from ._buckets import start
@@ -139,12 +214,14 @@ class _Shell:
 
     def call(self, op: ProgramOp, tensors: Sequence[torch.Tensor]) -> tuple[Any, ...]:
         device = tensors[0].device if tensors else self.device
-        return _outputs(_local_call(op, tensors, self.rank, device), op)
+        seed = self.seeds.get(op.node)
+        return _outputs(_local_call(op, tensors, self.rank, device, seed), op)
 
 
 class _Sim:
-    def __init__(self, program: Program) -> None:
+    def __init__(self, program: Program, seeds: dict[int, int]) -> None:
         self.ranks = tuple(program.arg_specs[0].mesh.ranks)
+        self.seeds = seeds
 
     def move(self, plan: Any, value: dict[int, torch.Tensor]) -> dict[int, torch.Tensor]:
         if plan is None:
@@ -160,10 +237,11 @@ class _Sim:
 
     def call(self, op: ProgramOp, tensors: Sequence[dict[int, torch.Tensor]]):
         per_rank = {}
+        seed = self.seeds.get(op.node)
         for r in self.ranks:
             local = [t[r] for t in tensors]
             device = local[0].device if local else "cpu"
-            per_rank[r] = _outputs(_local_call(op, local, r, device), op)
+            per_rank[r] = _outputs(_local_call(op, local, r, device, seed), op)
         n = len(next(iter(per_rank.values())))
         return tuple({r: per_rank[r][j] for r in self.ranks} for j in range(n))
 
@@ -274,19 +352,25 @@ def simulate_program(
     program: Program,
     *args: Mapping[int, torch.Tensor],
     cotangents: Sequence[Mapping[int, torch.Tensor]] | None = None,
+    seed: int | None = None,
+    step: int = 0,
 ) -> tuple[tuple[dict[int, torch.Tensor], ...], tuple[dict[int, torch.Tensor] | None, ...]]:
     """Run ``program`` for every rank at once: (outputs, gradients), each rank -> tensor.
 
     ``args`` hold every rank's local tensor of each argument (e.g. from
     :func:`~meshplan.placement.shard`); ``cotangents`` the gradients arriving for the
-    outputs, in ``program.cot_specs`` (default: ones, the gradient of a loss).
+    outputs, in ``program.cot_specs`` (default: ones, the gradient of a loss). The
+    outputs are the function's, then the new value of each argument it writes into
+    (``program.writes``: a buffer's update), in that argument's spec; ``args`` are not
+    changed. A program that draws random numbers needs ``seed`` (and ``step``), as
+    :func:`run_program` does.
     """
     _check_program(program)
     if len(args) != len(program.arg_specs):
         raise RuntimeShellError(
             f"the program takes {len(program.arg_specs)} arguments, got {len(args)}", value=args
         )
-    backend = _Sim(program)
+    backend = _Sim(program, _draw_seeds(program, seed, step))
     env: dict[Value, Any] = {}
     for k, a in zip(program.graph.args, args, strict=True):
         env[Value(k)] = dict(a)
@@ -316,8 +400,11 @@ class _RunProgram(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, program: Program, backend: _Shell, *locals_: torch.Tensor):  # type: ignore[override]
         env: dict[Value, Any] = {}
-        for k, t in zip(program.graph.args, locals_, strict=True):
-            env[Value(k)] = t.detach()
+        saved = saved_for_backward(program)
+        for i, (k, t) in enumerate(zip(program.graph.args, locals_, strict=True)):
+            # an argument written after the call keeps its old value for the backward
+            keep = i in program.writes and Value(k) in saved
+            env[Value(k)] = t.detach().clone() if keep else t.detach()
         moved = _Moved(program)
         options = {"bucket_bytes": backend.bucket_bytes, "prefetch": backend.prefetch}
         _run_ops(
@@ -335,16 +422,17 @@ class _RunProgram(torch.autograd.Function):
         ctx.program, ctx.backend, ctx.moved = program, backend, moved
         # saved as autograd saves tensors: freed by a backward without retain_graph, kept
         # for the next with it (and a second backward after a free raises torch's error)
-        saved = saved_for_backward(program)
         ctx.keys = tuple(v for v in env if v in saved)
         ctx.save_for_backward(*(env[v] for v in ctx.keys))
         ctx.devices = [t.device for t in locals_]
+        ctx.mark_non_differentiable(*outs[program.graph.n_results :])
         return outs
 
     @staticmethod
     def backward(ctx: Any, *gouts: torch.Tensor):  # type: ignore[override]
         program, backend = ctx.program, ctx.backend
         env = dict(zip(ctx.keys, ctx.saved_tensors, strict=True))
+        gouts = gouts[: program.graph.n_results]  # none arrive for written arguments
         for k, g, spec in zip(program.graph.cotangents, gouts, program.cot_specs, strict=True):
             if g is None:
                 g = torch.zeros(local_shape(spec, backend.rank), dtype=getattr(torch, spec.dtype))
@@ -373,11 +461,25 @@ def run_program(
     *locals_: torch.Tensor,
     bucket_bytes: int = BUCKET_BYTES,
     prefetch: int | None = PREFETCH,
+    seed: int | None = None,
+    step: int = 0,
 ) -> Any:
     """Run ``program`` on this rank's local tensors over ``groups``; differentiable.
 
     Returns the local outputs (one tensor, or a tuple for several), each in its
-    ``program.out_specs`` layout. Their backward runs the program's backward calls and
+    ``program.out_specs`` layout. An argument the function writes into (in place, like
+    a BatchNorm's running statistics: ``program.writes``) is written here too: its local
+    tensor receives this rank's part of the new value, in its own spec, as the module's
+    buffer would on one process.
+
+    Random ops (dropout's ``bernoulli``, ``rand``, ``normal_`` ...) give each rank its
+    shard of one global draw, so the run equals one process with the same stream
+    (:func:`run_unsharded`); the stream is a pure function of ``seed`` and ``step``
+    (required when the program draws; every rank passes the same): pass the training
+    step as ``step`` so each step draws anew, and a resumed run continues the stream by
+    passing the step it resumes at. Each rank draws each random op's whole global tensor
+    and keeps its chunks (exact on CPU; O(global numel) per random op, see
+    :mod:`meshplan.strategy._random`). Their backward runs the program's backward calls and
     leaves each argument's gradient in the argument's own spec (``program.grad_specs``);
     the gradient arriving for an output must be in ``program.cot_specs`` (a replicated
     loss's ``loss.backward()`` is). Like torch's autograd, ``backward(retain_graph=True)``
@@ -403,21 +505,83 @@ def run_program(
     """
     _check_program(program)
     check_options(bucket_bytes, prefetch)
-    backend = _Shell(groups, bucket_bytes, prefetch)
+    backend = _Shell(groups, bucket_bytes, prefetch, _draw_seeds(program, seed, step))
     problem = _misfit(program, backend.rank, locals_)
     if groups.check_specs:  # every rank stops here if one does (see _agree)
-        mine = _call_fingerprint(program, bucket_bytes, prefetch)
+        mine = _call_fingerprint(program, bucket_bytes, prefetch, (seed, step))
         check_same_call(groups, mine, problem, "program")
     elif problem is not None:
         raise problem
     outs = _RunProgram.apply(program, backend, *locals_)
+    n = program.graph.n_results
+    with torch.no_grad():
+        for k, new in zip(program.writes, outs[n:], strict=True):
+            locals_[k].copy_(new)
+    outs = outs[:n]
     return outs[0] if len(outs) == 1 else outs
+
+
+def run_unsharded(
+    program: Program,
+    *tensors: torch.Tensor,
+    cotangents: Sequence[torch.Tensor] | None = None,
+    seed: int | None = None,
+    step: int = 0,
+) -> tuple[tuple[torch.Tensor, ...], tuple[torch.Tensor | None, ...]]:
+    """The program's traced calls on whole tensors, in this process: (outputs, gradients).
+
+    The one-process reference of a sharded run: no layouts, no moves, every call its
+    aten op on global tensors, and each random op drawing from the same stream as
+    :func:`run_program` with the same ``seed`` and ``step`` (so a sharded run with
+    dropout equals this exactly). Outputs as :func:`simulate_program` gives them (the
+    function's, then the written arguments' new values); ``cotangents`` default to ones.
+
+    >>> import torch
+    >>> from meshplan.layout import Mesh
+    >>> from meshplan.placement import Shard, Spec
+    >>> from meshplan.strategy import plan_program
+    >>> x = Spec(Mesh.create((2,)), [Shard(0)], (4, 3), "float64")
+    >>> prog = plan_program(lambda x: torch.nn.functional.dropout(x, 0.5).sum(), x)
+    >>> (loss,), (grad,) = run_unsharded(prog, torch.ones(4, 3, dtype=torch.float64), seed=0)
+    >>> bool(loss == grad.sum())
+    True
+    """
+    _check_program(program)
+    graph = program.graph
+    if len(tensors) != len(program.arg_specs):
+        raise RuntimeShellError(
+            f"the program takes {len(program.arg_specs)} tensors, got {len(tensors)}",
+            value=len(tensors),
+        )
+    seeds = _draw_seeds(program, seed, step)
+    env: dict[Value, Any] = {Value(k): t.detach() for k, t in zip(graph.args, tensors, strict=True)}
+    if cotangents is None:
+        cotangents = [torch.ones(s.shape, dtype=getattr(torch, s.dtype)) for s in program.cot_specs]
+    for k, c in zip(graph.cotangents, cotangents, strict=True):
+        env[Value(k)] = c
+    for n in graph.calls:
+        node = graph.nodes[n]
+        op = ProgramOp(n, node.call, node.inputs, (), (), (), node.phase)
+        ins = [env[v] for v in node.inputs]
+        device = ins[0].device if ins else None
+        for j, o in enumerate(_outputs(_local_call(op, ins, 0, device, seeds.get(n)), op)):
+            if node.metas[j] is not None:
+                env[Value(n, j)] = o
+    grads = []
+    for v, spec in zip(graph.grads, program.grad_specs, strict=True):
+        if spec is None:
+            grads.append(None)
+        else:
+            grads.append(env[v] if v is not None else torch.zeros(spec.shape, dtype=getattr(torch, spec.dtype)))
+    return tuple(env[v] for v in graph.outputs), tuple(grads)
 
 
 _MOVES: weakref.WeakKeyDictionary[Program, str] = weakref.WeakKeyDictionary()
 
 
-def _call_fingerprint(program: Program, bucket_bytes: int, prefetch: int | None) -> int:
+def _call_fingerprint(
+    program: Program, bucket_bytes: int, prefetch: int | None, stream: Any = None
+) -> int:
     """What every rank must agree on before a call: the program, its moves (they decide
     the collectives) and the options that decide when those start and which travel
     together."""
@@ -426,7 +590,7 @@ def _call_fingerprint(program: Program, bucket_bytes: int, prefetch: int | None)
         plans = [p for op in program.ops for p in op.moves]
         plans += [*program.out_moves, *program.grad_moves]
         moves = _MOVES[program] = "|".join("-" if p is None else str(p.dst) for p in plans)
-    parts = [str(program_fingerprint(program)), moves, f"{bucket_bytes} {prefetch}"]
+    parts = [str(program_fingerprint(program)), moves, f"{bucket_bytes} {prefetch} {stream}"]
     return _fingerprint(parts)
 
 

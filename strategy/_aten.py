@@ -114,6 +114,8 @@ SIZE_ARGS: dict[str, tuple[int, int | None]] = {
     "zeros": (0, None),
     "ones": (0, None),
     "empty": (0, None),
+    "new_empty_strided": (1, None),
+    "empty_strided": (0, None),
     "embedding_dense_backward": (2, 0),
     "slice_backward": (1, None),
     "select_backward": (1, None),

@@ -16,6 +16,7 @@ import attrs
 from meshplan.errors import StrategyError
 
 from ._aten import Call, TensorArg
+from ._random import is_draw
 from ._rule import Meta
 
 __all__ = ["Value", "Node", "Graph", "TorchConst", "TensorArg"]
@@ -63,14 +64,24 @@ class Node:
 class Graph:
     """A joint forward/backward program over global tensors.
 
-    ``outputs`` are the function's results; ``grads`` the gradient of each argument
-    (None where the argument is not differentiated or does not reach the outputs).
-    Nodes are in a topological order; arguments come first, then cotangents.
+    ``outputs`` are the function's results, then the new value of every argument the
+    function writes into (in place: ``buf.mul_(0.9)``, a BatchNorm's running
+    statistics), ``writes`` holding those arguments' positions, one per trailing output;
+    ``grads`` the gradient of each argument (None where the argument is not
+    differentiated or does not reach the outputs). Nodes are in a topological order;
+    arguments come first, then cotangents. The graph is functional: a write is a value
+    (``slice_scatter``, ``copy``, ``fill``...) that later readers read.
     """
 
     nodes: tuple[Node, ...] = attrs.field(converter=tuple)
     outputs: tuple[Value, ...] = attrs.field(converter=tuple)
     grads: tuple[Value | None, ...] = attrs.field(converter=tuple)
+    writes: tuple[int, ...] = attrs.field(default=(), converter=tuple)
+
+    @property
+    def n_results(self) -> int:
+        """How many outputs the function returns (the rest are written arguments)."""
+        return len(self.outputs) - len(self.writes)
 
     @property
     def args(self) -> tuple[int, ...]:
@@ -83,6 +94,11 @@ class Graph:
     @property
     def calls(self) -> tuple[int, ...]:
         return tuple(i for i, n in enumerate(self.nodes) if n.kind == "call")
+
+    @property
+    def draws(self) -> tuple[int, ...]:
+        """The calls that draw random numbers (:func:`~._random.is_draw`), in order."""
+        return tuple(i for i, n in enumerate(self.nodes) if n.kind == "call" and is_draw(n.call))
 
     def meta(self, v: Value) -> Meta:
         m = self.nodes[v.node].metas[v.index]

@@ -8,7 +8,9 @@ buffer by name. Layouts are given by name or by glob pattern, in the spirit of t
 tensor-parallel plans (``{"*.q_proj.weight": [Shard(0), Shard(0)], "*norm.weight":
 "R R"}``); a parameter no pattern names, and every buffer unless one does, is
 replicated. Tied parameters (one tensor under two names) are one argument, under the
-first name. Imports torch only when called.
+first name. A step that writes into a buffer (BatchNorm's running statistics) has the
+buffer's new value as an output, in the buffer's spec (:attr:`ModuleProgram.written`),
+whatever spec is given for it. Imports torch only when called.
 """
 
 from __future__ import annotations
@@ -67,6 +69,28 @@ class ModuleProgram:
                 value=missing,
             )
         return (*batch, *(state[n] for n in self.names))
+
+    @property
+    def written(self) -> tuple[str, ...]:
+        """The buffers (or parameters) the step writes into, by name (BatchNorm's running
+        statistics): their new values are the program's outputs after the step's own,
+        each in its own spec; :func:`~meshplan.runtime.run_program` writes them into
+        the local tensors passed in, as the module's step does on one process."""
+        return tuple(self.names[k - self.n_batch] for k in self.program.writes)
+
+    def state_after(self, outputs: Sequence[Any]) -> dict[str, Any]:
+        """The written tensors' new values, ``{name: value}``, from a run's outputs (those
+        of :func:`~meshplan.runtime.simulate_program` or
+        :func:`~meshplan.runtime.run_unsharded`, which return them after the step's own)."""
+        outputs = tuple(outputs)
+        n = self.program.graph.n_results
+        if len(outputs) != n + len(self.written):
+            raise StrategyError(
+                f"expected {n + len(self.written)} outputs (the step's {n}, then the "
+                f"{len(self.written)} written tensors), got {len(outputs)}",
+                value=len(outputs),
+            )
+        return dict(zip(self.written, outputs[n:], strict=True))
 
     def named(self, values: Sequence[Any]) -> dict[str, Any]:
         """Per-argument values (e.g. the program's gradients) as ``{name: value}`` for the

@@ -241,7 +241,9 @@ def plan_graph(
     mesh = arg_specs[0].mesh
     _check_traced(graph, arg_specs)
     outs = _out_specs(graph, mesh, out_specs)
-    cots = tuple(grad_spec(s) for s in outs)
+    # an argument the function writes into gets its new value in its own (chosen) spec
+    outs += tuple(arg_specs[k] for k in graph.writes)
+    cots = tuple(grad_spec(s) for s in outs[: graph.n_results])
     grads = _grad_specs(graph, arg_specs)
     free = resolve_choose(choose, len(arg_specs))
     budget = _check_budget(memory_budget)
@@ -302,6 +304,8 @@ def plan_graph(
         method = f"{repeats.layers} layers planned as one, bound by parts"
         sol = attrs.evolve(sol, lower_bound=min(bound, sol.cost), method=method)
     chosen, fixed = chosen_specs(graph, arg_specs, free, options, obj.var, sol, fixed)
+    # a written argument's new value goes back in the layout chosen for the argument
+    outs = outs[: graph.n_results] + tuple(chosen[k] for k in graph.writes)
     grads = _grad_specs(graph, chosen)
     report(progress, "moves", 0, len(calls))
     program = assemble(
@@ -475,15 +479,19 @@ def _report_missing(fallbacks: Sequence[str], strict: bool) -> None:
             value=tuple(sorted(counts)),
         )
     warnings.warn(
-        f"no sharding rule for {len(counts)} ops, {len(fallbacks)} calls run replicated "
-        f"(correct, maybe slow): {listing}; {add}, or pass strict=True to refuse",
+        f"no sharding rule for {len(counts)} ops, {len(fallbacks)} calls run replicated: "
+        f"{listing}. Each rank runs such an op on the whole tensors; that is correct only "
+        "if the op is deterministic and pure (writes no input and reads no state beyond "
+        "its arguments), which is not checked (random ops draw one stream on every "
+        f"rank), and may be slow; {add}, or pass strict=True to refuse",
         ProgramWarning,
         stacklevel=5,
     )
 
 
 def _out_specs(graph: Graph, mesh, out_specs) -> tuple[Spec, ...]:
-    metas = [graph.meta(v) for v in graph.outputs]
+    """The specs of the function's own outputs (not of the arguments it writes)."""
+    metas = [graph.meta(v) for v in graph.outputs[: graph.n_results]]
     if out_specs is None:
         return tuple(Spec(mesh, [Replicate()] * mesh.ndim, m.shape, m.dtype) for m in metas)
     if isinstance(out_specs, Spec):

@@ -52,7 +52,9 @@ class ProgramOp:
 class Program:
     """A planned program: per op its strategy and moves, outputs and gradients placed.
 
-    ``out_moves``/``grad_moves`` take the final values to ``out_specs``/``grad_specs``.
+    ``out_moves``/``grad_moves`` take the final values to ``out_specs``/``grad_specs``;
+    ``out_specs`` hold the function's outputs, then the new values of the arguments it
+    writes into (:attr:`writes`), each in its argument's spec.
     ``cot_specs`` are the layouts the gradient arriving for each output must have.
     ``memory`` is the training state's bytes per rank (:class:`ProgramMemory`).
     """
@@ -71,6 +73,18 @@ class Program:
     method: str
     fallbacks: tuple[str, ...]
     memory: Any = None  # a ProgramMemory (set by plan_graph)
+
+    @property
+    def writes(self) -> tuple[int, ...]:
+        """The positions of the arguments the function writes into (in place): their new
+        values are the outputs after the function's own, each in its argument's spec."""
+        return self.graph.writes
+
+    @property
+    def draws(self) -> tuple[int, ...]:
+        """The nodes of the random ops, in program order (the ``k``-th draws from the
+        stream's ``k``-th generator, see :mod:`meshplan.strategy._random`)."""
+        return self.graph.draws
 
     @property
     def replicated(self) -> int:

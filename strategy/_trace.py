@@ -6,6 +6,17 @@ calls, forward and backward in one joint graph; the loss functions' aten kernels
 (``nll_loss``) are traced as their decompositions, whose ops have simple sharding rules.
 A Python branch on a tensor's value cannot be traced and is refused with a
 :class:`StrategyError` naming the fix.
+
+Writes are traced away: where the function writes in place (``copy_``, ``fill_``,
+``masked_fill_``, ``index_put_``, ``x[..., 1:] = y``, a random ``bernoulli_``, into a
+view of any stride), the trace is run again under torch's functionalization
+(``torch.func.functionalize``), so each write becomes a value (``copy``,
+``slice_scatter``, ``select_scatter``, ``fill``, ``bernoulli.p`` ...) that every later
+reader reads: the graph is a pure dataflow that runs right on any layout. A write into
+an argument (a buffer's running statistics) becomes an output, the argument's new
+value (:attr:`Graph.writes`); a write into a differentiated argument is refused, as
+eager torch refuses it on a leaf. A random op whose draw meshplan cannot reproduce on
+every rank is refused (see :mod:`._random`).
 """
 
 from __future__ import annotations
@@ -21,6 +32,7 @@ from meshplan.placement import Spec
 
 from ._aten import Call, TensorArg
 from ._graph import Graph, Node, TorchConst, Value, freeze_arg
+from ._random import check_draw
 from ._rule import Meta
 
 __all__ = ["trace", "to_torch_const", "DECOMPOSE"]
@@ -38,6 +50,9 @@ DECOMPOSE = (
     aten.sigmoid_backward,
     aten.tanh_backward,
     aten.threshold_backward,
+    # its kernel writes the running statistics without its schema saying so: decomposed,
+    # the writes are copy_ calls that functionalization turns into outputs
+    aten.native_batch_norm,
 )
 
 
@@ -141,10 +156,19 @@ def trace(
             gm = make_fx(joint, decomposition_table=_decompositions(), tracing_mode="fake")(
                 *fakes, *cots
             )
+        if _writes_in_place(gm):
+            gm = _functionalized(gm, [t.detach() for t in fakes], cots)
     except StrategyError:
         raise
     except Exception as exc:
         text = f"{type(exc).__name__}: {exc}".splitlines()[0][:300]
+        if "leaf Variable that requires grad" in str(exc):
+            raise StrategyError(
+                f"the program's function writes in place into a differentiated argument "
+                f"({text}); write into a copy (x = x.clone()), or pass requires_grad= "
+                "marking that argument not differentiated",
+                value=fn,
+            ) from exc
         if "data-dependent" in str(exc).lower() or "DataDependent" in type(exc).__name__:
             raise StrategyError(
                 "the program's function branches on a tensor's value (" + text + "); a "
@@ -158,6 +182,40 @@ def trace(
             value=fn,
         ) from exc
     return _to_graph(gm, arg_specs, requires_grad, len(probe_t), fn)
+
+
+def _writes_in_place(gm) -> bool:
+    """Whether a traced graph holds an op that writes into one of its arguments."""
+    for fx in gm.graph.nodes:
+        schema = getattr(fx.target, "_schema", None)
+        if fx.op == "call_function" and schema is not None and schema.is_mutable:
+            return True
+    return False
+
+
+def _functionalized(gm, fakes: Sequence[Any], cots: Sequence[Any]):
+    """``gm`` traced again with every write a value (torch's functionalization): a write
+    into a view becomes a scatter into its base, read by every later reader; a write into
+    an argument a final ``copy_`` into it."""
+    from torch.func import functionalize
+
+    out = make_fx(
+        functionalize(gm, remove="mutations"),
+        decomposition_table=_decompositions(),
+        tracing_mode="fake",
+    )(*fakes, *cots)
+    out.graph.eliminate_dead_code()  # the views a write read, no longer read
+    return out
+
+
+def _argument_write(fx, n_args: int, placeholders) -> int | None:
+    """The argument position a functionalized graph's final ``copy_`` writes, or None."""
+    if str(fx.target) != "aten.copy_.default":
+        return None
+    dst = fx.args[0]
+    if dst in placeholders and placeholders.index(dst) < n_args:
+        return placeholders.index(dst)
+    return None
 
 
 def _to_graph(gm, arg_specs, requires_grad, n_out: int, fn: Any = None) -> Graph:
@@ -175,6 +233,7 @@ def _to_graph(gm, arg_specs, requires_grad, n_out: int, fn: Any = None) -> Graph
             backward.add(len(nodes) - 1)
         where[ph] = len(nodes) - 1
     values: dict[Any, Value] = {ph: Value(where[ph]) for ph in placeholders}
+    written: dict[int, Any] = {}  # argument position -> the fx node of its new value
     out_node = None
     for fx in gm.graph.nodes:
         if fx.op == "placeholder":
@@ -195,6 +254,18 @@ def _to_graph(gm, arg_specs, requires_grad, n_out: int, fn: Any = None) -> Graph
             continue
         if fx.op != "call_function":
             raise StrategyError(f"unexpected node {fx.op} {fx.target} in the trace", value=fx)
+        k = _argument_write(fx, n_args, placeholders)
+        if k is not None:
+            if requires_grad[k]:
+                raise StrategyError(
+                    f"the program's function writes in place into argument {k}, which is "
+                    "differentiated; write into a copy (x = x.clone()), or pass "
+                    "requires_grad= marking that argument not differentiated",
+                    value=k,
+                )
+            written[k] = fx.args[1]
+            continue
+        _check_pure(fx)
         if fx.target is __import__("operator").getitem:
             src, i = fx.args
             if src in where:
@@ -229,6 +300,7 @@ def _to_graph(gm, arg_specs, requires_grad, n_out: int, fn: Any = None) -> Graph
             tags,
             names,
         )
+        check_draw(call)
         phase = "backward" if any(v.node in backward for v in tensors) else "forward"
         nodes.append(Node("call", fx.name, metas, tuple(tensors), call, phase))
         idx = len(nodes) - 1
@@ -238,11 +310,26 @@ def _to_graph(gm, arg_specs, requires_grad, n_out: int, fn: Any = None) -> Graph
         if not isinstance(val, list | tuple):
             values[fx] = Value(idx)
     outs, grads = out_node.args[0]
+    writes = sorted(written)
     return Graph(
         tuple(nodes),
-        tuple(values[o] for o in outs),
+        (*(values[o] for o in outs), *(values[written[k]] for k in writes)),
         tuple(values[g] if g is not None else None for g in _grads_per_arg(grads, requires_grad)),
+        writes,
     )
+
+
+def _check_pure(fx) -> None:
+    """Refuse a call that would still write in place."""
+    schema = getattr(fx.target, "_schema", None)
+    name = str(fx.target)
+    if schema is not None and schema.is_mutable:
+        raise StrategyError(
+            f"the trace still writes in place with {name} after functionalization; such a "
+            "write would be lost on a moved value: write into a new tensor instead "
+            "(torch.where, index_put, slice_scatter)",
+            value=name,
+        )
 
 
 def _grads_per_arg(grads, requires_grad) -> list[Any]:

@@ -92,11 +92,11 @@ def dropout_loss(x, w):
     return F.dropout(x @ w, 0.5, True).square().mean()
 
 
-def _dropout_program(x_placement=Shard(0)):
+def _dropout_program():
     mesh = Mesh.create((4,))
     return plan_program(
         dropout_loss,
-        Spec(mesh, [x_placement], (8, 5), F64),
+        Spec(mesh, [Shard(0)], (8, 5), F64),
         Spec(mesh, [Replicate()], (5, 6), F64),
     )
 
@@ -185,7 +185,7 @@ def test_batchnorm_buffers_given_s0_hold_one_process_state_after_a_step():
         spec = mp.specs[name]
         assert str(spec.placements[0]) == ("S(0)" if "running" in name else "R")
         assert torch.allclose(unshard(new[name], spec).to(t.dtype), t, rtol=1e-12), name
-    assert not torch.allclose(model[1].running_mean, torch.zeros(6))  # the step moved it
+    assert not torch.allclose(model[1].running_mean, torch.zeros(6, dtype=torch.float64))  # the step moved it
 
 
 def test_a_function_writing_into_a_differentiated_argument_is_refused():
