@@ -173,8 +173,7 @@ def test_batchnorm_buffers_given_s0_hold_one_process_state_after_a_step():
         )
     state = {n: t.detach().clone() for n, t in model.state_dict().items()}
     locals_ = [
-        shard(t, s)
-        for t, s in zip(mp.arguments(state, x), mp.program.arg_specs, strict=True)
+        shard(t, s) for t, s in zip(mp.arguments(state, x), mp.program.arg_specs, strict=True)
     ]
     outs, grads = simulate_program(mp.program, *locals_)
     assert set(mp.written) == {"1.running_mean", "1.running_var", "1.num_batches_tracked"}
@@ -185,7 +184,9 @@ def test_batchnorm_buffers_given_s0_hold_one_process_state_after_a_step():
         spec = mp.specs[name]
         assert str(spec.placements[0]) == ("S(0)" if "running" in name else "R")
         assert torch.allclose(unshard(new[name], spec).to(t.dtype), t, rtol=1e-12), name
-    assert not torch.allclose(model[1].running_mean, torch.zeros(6, dtype=torch.float64))  # the step moved it
+    assert not torch.allclose(
+        model[1].running_mean, torch.zeros(6, dtype=torch.float64)
+    )  # the step moved it
 
 
 def test_a_function_writing_into_a_differentiated_argument_is_refused():
@@ -197,7 +198,9 @@ def test_a_function_writing_into_a_differentiated_argument_is_refused():
 
     mesh = Mesh.create((2,))
     with pytest.raises(StrategyError, match="in place"):
-        plan_program(fn, Spec(mesh, [Shard(0)], (4, 3), F64), Spec(mesh, [Replicate()], (3, 2), F64))
+        plan_program(
+            fn, Spec(mesh, [Shard(0)], (4, 3), F64), Spec(mesh, [Replicate()], (3, 2), F64)
+        )
 
 
 # -- property: random writes into random views -----------------------------------------------
