@@ -198,7 +198,15 @@ class RuleSet:
 
 @functools.cache
 def _default() -> RuleSet:
-    from . import _aten, _aten_pieces, _aten_writes, _rules_matrix, _rules_pointwise, _rules_shape
+    from . import (
+        _aten,
+        _aten_nets,
+        _aten_pieces,
+        _aten_writes,
+        _rules_matrix,
+        _rules_pointwise,
+        _rules_shape,
+    )
 
     table: dict[str, OpRule] = {}
     for module in (_rules_matrix, _rules_pointwise, _rules_shape):
@@ -208,6 +216,7 @@ def _default() -> RuleSet:
     aten = {op: _aten.POINTWISE for op in _rules_pointwise.RULES}
     aten |= _aten.ATEN_RULES | _aten_pieces.RULES
     aten |= _aten_writes.RULES  # writes made values (copy, scatters) and random draws
+    aten |= _aten_nets.RULES  # convolutions, pooling, batch norm, baddbmm, repeat, topk
     for op, fn in aten.items():
         old = table.get(op)
         table[op] = OpRule(old.strategies if old else None, old.outputs if old else None, aten=fn)

@@ -162,6 +162,16 @@ def trace(
         raise
     except Exception as exc:
         text = f"{type(exc).__name__}: {exc}".splitlines()[0][:300]
+        if type(exc).__name__ == "DynamicOutputShapeException":
+            op = str(exc).splitlines()[0].strip() or "an op"
+            raise StrategyError(
+                f"{op}: its output shape depends on the data (the values of its input), "
+                "which a sharded program is planned without; mask instead of indexing with "
+                "the data (e.g. multiply by the mask, or torch.where, rather than nonzero / "
+                "masked_select / boolean indexing / unique), or keep the module that calls "
+                "it out of the planned function and run it locally",
+                value=fn,
+            ) from exc
         if "leaf Variable that requires grad" in str(exc):
             raise StrategyError(
                 f"the program's function writes in place into a differentiated argument "

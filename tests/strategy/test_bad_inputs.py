@@ -265,3 +265,37 @@ def test_numpy_integers_build_metadata_and_placeholders():
         Placeholder(True)
     with pytest.raises(StrategyError, match="sizes are ints"):
         Meta((np.float64(4.0),))
+
+
+def _moe_by_nonzero(x, w):
+    # a mixture-of-experts loop over the tokens each expert got: nonzero's result
+    scores = x @ w
+    top = scores.argmax(-1)
+    out = torch.zeros_like(x)
+    for e in range(w.shape[1]):
+        idx = (top == e).nonzero().flatten()
+        out = out.index_add(0, idx, x[idx] * scores[idx, e : e + 1])
+    return out.sum()
+
+
+@pytest.mark.parametrize(
+    "fn,op",
+    [
+        (_moe_by_nonzero, "nonzero"),
+        (lambda x, w: torch.masked_select(x, x > 0).sum() + w.sum(), "masked_select"),
+        (lambda x, w: x[x > 0].sum() + w.sum(), "nonzero"),
+        (lambda x, w: torch.unique(x).sum() + w.sum(), "unique"),
+    ],
+)
+def test_an_op_whose_output_shape_depends_on_the_data_is_named_with_the_fix(fn, op):
+    from meshplan.strategy import plan_program
+
+    mesh = Mesh.create((2,))
+    x = Spec(mesh, [Shard(0)], (8, 4), "float64")
+    w = Spec(mesh, [Replicate()], (4, 3), "float64")
+    with pytest.raises(StrategyError) as info:
+        plan_program(fn, x, w)
+    text = str(info.value)
+    assert op in text and "depends on the data" in text, text
+    assert "mask instead" in text and "locally" in text, text
+    assert "argument specs" not in text, text
