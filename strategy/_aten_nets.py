@@ -181,6 +181,28 @@ def _native_batch_norm_backward(call: Call) -> list[DimStrategy]:
     return [DimStrategy([_ne(1), _ne(0), _ne(0)], ins)]
 
 
+def _var_mean(call: Call) -> list[DimStrategy]:
+    # var_mean.correction(self, dim=None, *, correction=None, keepdim=False) -> (var,
+    # mean), and var: the dims kept (what batch norm in training decomposes to)
+    x = call.inputs[0]
+    dims = call.arg(1, "dim")
+    keep = bool(dict(call.kwargs).get("keepdim", call.arg(3, "keepdim", False)))
+    if dims is None or (isinstance(dims, list | tuple) and not dims):
+        gone = set(range(x.ndim))
+    else:
+        dims = (dims,) if isinstance(dims, int) else tuple(dims)
+        gone = {d % x.ndim for d in dims}
+    n_out = sum(1 for m in call.outputs if m is not None)
+    out, o = [], 0
+    for d in range(x.ndim):
+        if d in gone:
+            o += keep
+            continue
+        out.append(DimStrategy([Placeholder(o)] * n_out, [Placeholder(d)]))
+        o += 1
+    return out
+
+
 RULES: dict[str, Callable[[Call], list[DimStrategy]]] = {
     "convolution": _convolution,
     "convolution_backward": _convolution_backward,
@@ -195,4 +217,6 @@ RULES: dict[str, Callable[[Call], list[DimStrategy]]] = {
     "_native_batch_norm_legit": _batch_norm,
     "_native_batch_norm_legit_no_training": _batch_norm,
     "native_batch_norm_backward": _native_batch_norm_backward,
+    "var_mean": _var_mean,
+    "var": _var_mean,
 }
