@@ -4,7 +4,7 @@ The calls come from tracing real programs (a two-layer transformer with fused an
 written-out attention, layer norms, rms norm, cross-entropy; the model families of
 ``_model_families``: GPT-2, Llama with rotate_half and complex RoPE, torch's
 TransformerEncoderLayer, nanoGPT; small functions for the remaining piece, gather and
-factory ops; forward and backward). On
+factory ops, writes into views and random draws; forward and backward). On
 1-D meshes of 2 and 3 ranks, each strategy's inputs are laid out as it says (random
 values; Partial inputs as pieces that sum to the value), every rank runs the aten op on
 its local pieces as a program would, and the outputs, read back in the strategy's output
@@ -22,15 +22,19 @@ import torch.nn.functional as F
 from _program_cases import transformer, transformer_args
 
 from meshplan.layout import Mesh
-from meshplan.placement import Replicate, Spec, shard, unshard
+from meshplan.placement import Replicate, Spec, local_shape, shard, unshard
 from meshplan.runtime._program import _local_call
 from meshplan.strategy import ComputeModel
 from meshplan.strategy._aten import aten_strategies
 from meshplan.strategy._candidates import realize
 from meshplan.strategy._program import ProgramOp
+from meshplan.strategy._random import is_draw
 from meshplan.strategy._trace import trace
 
 pytestmark = pytest.mark.slow  # exhaustive: every strategy of every traced aten rule
+
+
+UNINITIALIZED = {"empty", "empty_like", "new_empty", "new_empty_strided", "empty_strided"}
 
 
 def _norm_model(x, w):
@@ -51,6 +55,20 @@ def _pieces_model(x, idx, w):
     z = F.pad(p * q, (1, 0), value=0.5) @ torch.ones(q.shape[2] + 1, 3, dtype=x.dtype)
     safe = torch.ops.aten._safe_softmax(z, -1)  # (what SDPA with a mask calls)
     return g.sum() + (z.cumsum(1) * r[:3] * safe).sum() + x.flip(0).select(2, 1).sum()
+
+
+def _writes_model(x, probs):
+    # writes into strided views (functionalized: copy, fill, slice/select_scatter,
+    # masked_fill, index_put) and every kind of random draw (bernoulli.p of dropout,
+    # bernoulli of probabilities, rand/randn factories, normal_/uniform_ on a shape)
+    y = x.clone()
+    y[:, 1:, ::2] = x[:, :-1, ::2] * 2
+    y[:, 0] = 1.5
+    y.transpose(0, 2)[1].masked_fill_(y.transpose(0, 2)[1] > 0, 0.5)
+    y[torch.arange(0, x.shape[0], 2)] = y[torch.arange(0, x.shape[0], 2)] * 3
+    d = F.dropout(y, 0.5, True) + torch.bernoulli(probs) + torch.rand_like(y)
+    d = d + torch.randn(x.shape, dtype=x.dtype) + y.clone().normal_(1.0, 2.0)
+    return (d * y.clone().uniform_(-1, 1)).sum()
 
 
 def _gqa_model(q, k, v):
@@ -128,6 +146,8 @@ def _calls():
         (4,),  # running var
     ]
     cases.append((_nets_model, [Spec(mesh, [Replicate()], s, "float64") for s in nets]))
+    writes = [Spec(mesh, [Replicate()], (4, 6, 8), "float64")] * 2
+    cases.append((_writes_model, writes))
     gqa = [Spec(mesh, [Replicate()], (2, h, 4, 2), "float64") for h in (4, 2, 2)]
     cases.append((_gqa_model, gqa))
     for name in ("gpt2", "llama", "llama_complex", "encoder", "nanogpt"):
@@ -185,16 +205,21 @@ def test_each_strategy_of_each_aten_rule_computes_the_op(call, k):
             (),
             "forward",
         )
-        want = _local_call(rep, inputs, 0, "cpu")
+        seed = 3 if is_draw(call) else None  # a draw: every rank its part of one
+        want = _local_call(rep, inputs, 0, "cpu", seed)
         want = want if isinstance(want, tuple | list) else (want,)
         op = ProgramOp(0, call, (), opt.input_specs, opt.output_specs, (), "forward")
         locals_ = [shard(t, s) for t, s in zip(inputs, opt.input_specs, strict=True)]
         per_rank = {}
         for r in range(n):
-            got = _local_call(op, [loc[r] for loc in locals_], r, "cpu")
+            got = _local_call(op, [loc[r] for loc in locals_], r, "cpu", seed)
             per_rank[r] = got if isinstance(got, tuple | list) else (got,)
         for j, spec in enumerate(opt.output_specs):
             if spec is None or want[j] is None:
+                continue
+            if call.op in UNINITIALIZED:  # no values to compare: every rank's shape
+                for r in range(n):
+                    assert tuple(per_rank[r][j].shape) == local_shape(spec, r), (call, r)
                 continue
             got = unshard({r: per_rank[r][j] for r in range(n)}, spec)
             assert torch.allclose(
@@ -207,6 +232,7 @@ def test_each_strategy_of_each_aten_rule_computes_the_op(call, k):
 def test_the_sweep_covers_every_rule_of_the_ops_real_models_trace_to():
     from meshplan.strategy._aten_nets import RULES as NETS
     from meshplan.strategy._aten_pieces import RULES
+    from meshplan.strategy._aten_writes import RULES as WRITES
 
     traced = {call.op for call in _calls()}
     # the batch norm variants share one rule (a traced batch norm in training decomposes
@@ -218,6 +244,20 @@ def test_the_sweep_covers_every_rule_of_the_ops_real_models_trace_to():
         "_native_batch_norm_legit_no_training",
         "var",
     }, sorted(set(NETS) - traced)
+    # the draws not traced here share the code of those that are
+    assert set(WRITES) - traced <= {
+        "empty_strided",
+        "random",
+        "exponential",
+        "geometric",
+        "log_normal",
+        "cauchy",
+        "rand",
+        "randint",
+        "randn_like",
+        "randint_like",
+        "native_dropout",
+    }, sorted(set(WRITES) - traced)
     # _index_put_impl, the conj/neg resolutions and new_empty share their siblings' code
     # (index_put, _conj, new_zeros); every other rule is traced here
     assert set(RULES) - traced <= {
