@@ -6,10 +6,10 @@ single-mesh-dim rules (:mod:`._aten`) combined over the mesh; each candidate cos
 local compute (:class:`ComputeModel`) plus the redistributions into it, priced by the
 planner's cost model — from the arguments' specs, from the producers' chosen output
 specs, and out of it to the program's output specs and to each argument's gradient
-spec. The cheapest assignment over the whole graph is found by :func:`._shared.solve_shared`
+spec. The cheapest assignment over the whole graph is found by :func:`.solver.solve`
 (exact dynamic programming where the graph allows; else message passing on the
-pairwise relaxations, :mod:`._messages`, with the readers' shares of a shared move tuned
-by :mod:`._sharing` and local search, the gap to a true bound reported).
+pairwise relaxations, :func:`.solver.lp_bound`, with the readers' shares of a shared move tuned
+by the sharing dual and local search, the gap to a true bound reported).
 
 Pricing every pair of candidate layouts with the planner is most of the work (on a 3-D
 mesh a transformer has tens of thousands of distinct pairs), so big programs are priced
@@ -48,11 +48,12 @@ from ._memory import as_float, check_state_bytes_per_param, program_memory
 from ._price import check_model, check_planner, redistribute_bound
 from ._program_assemble import assemble, chosen_specs
 from ._program_prices import Prices
-from ._program_solve import objective, solve_lazily, tied_bound, variables
+from ._program_solve import Planning, objective, solve_lazily, tied_bound, variables
 from ._program_value import Program, ProgramCost, ProgramOp, ProgramWarning
 from ._progress import Progress, check_progress, report
 from ._repeats import exact_untied, find_repeats
 from ._ruleset import RuleSet
+from .solver import Method
 
 __all__ = [
     "ComputeModel",
@@ -232,6 +233,7 @@ def plan_graph(
         "max_priced": max_priced,
     }
     arg_specs = _check_graph_arguments(graph, arg_specs, solver, limits)
+    planning = Planning(solver)
     check_progress(progress)
     model = check_model(cost_model)
     planner = check_planner(planner)
@@ -261,7 +263,7 @@ def plan_graph(
             f"tie_layers must be True or False, got {tie_layers!r}", value=tie_layers
         )
     repeats = None
-    if tie_layers and solver == "whole":
+    if tie_layers and planning is Planning.WHOLE:
         repeats = find_repeats(graph, fixed, [graph.args[i] for i in free])
         nodes_ = (*graph.calls, *(graph.args[i] for i in free))
         sizes = dict(zip(nodes_, map(len, options), strict=True))
@@ -276,7 +278,7 @@ def plan_graph(
     obj = objective(graph, options, free, fixed, (outs, grads), prices, memory, var)
     calls = graph.calls
     report(progress, "strategies", len(calls), len(calls))
-    prices.price_all(obj.terms, obj.ins, obj.outs, max_priced, progress)
+    prices.price_all(obj.problem, max_priced, progress)
     # the given specs of the free arguments, where they are candidates: a seed of the search
     given = {
         obj.var[graph.args[i]]: k
@@ -289,7 +291,7 @@ def plan_graph(
         graph,
         obj,
         prices,
-        solver=solver,
+        planning=planning,
         max_factor=max_factor,
         max_rounds=max_rounds,
         budget=budget,
@@ -301,8 +303,7 @@ def plan_graph(
         priced = None if budget is None else (sol.multiplier, budget - obj.fixed_bytes)
         args = (graph, obj, repeats, options, env, prices, max_factor, sol.choice, priced)
         bound = tied_bound(*args)
-        method = f"{repeats.layers} layers planned as one, bound by parts"
-        sol = attrs.evolve(sol, lower_bound=min(bound, sol.cost), method=method)
+        sol = attrs.evolve(sol, bound=min(bound, sol.cost), method=Method.TIED)
     chosen, fixed = chosen_specs(graph, arg_specs, free, options, obj.var, sol, fixed)
     # a written argument's new value goes back in the layout chosen for the argument
     outs = outs[: graph.n_results] + tuple(chosen[k] for k in graph.writes)
@@ -311,14 +312,17 @@ def plan_graph(
     program = assemble(
         graph, chosen, outs, cots, grads, fixed, options, obj.var, sol, model, fallbacks, planner
     )
+    if repeats is not None:
+        method = f"{repeats.layers} layers planned as one, bound by parts"
+        program = attrs.evolve(program, method=method)
     cut = {(prices.table[a], prices.table[b]) for a, b in prices.cut}
     if prices.owner().cut_plans:  # (no plan of this planner was ever cut: none here)
         cut |= _cut_moves(program, model, planner)
     if cut:
-        program = _with_cut_pairs(program, sol.lower_bound, sol.method, len(cut))
+        program = _with_cut_pairs(program, sol.bound, program.method, len(cut))
     differentiated = tuple(g is not None for g in graph.grads)
     program = attrs.evolve(program, memory=program_memory(chosen, differentiated, per_param))
-    if not free or solver != "whole" or program.method == "exact":
+    if not free or planning is not Planning.WHOLE or (sol.exact and not cut):
         return program
     again = dict(out_specs=out_specs, cost_model=model, compute=compute, ruleset=ruleset)
     again.update(limits, memory_budget=memory_budget, planner=planner, tie_layers=tie_layers)

@@ -15,7 +15,7 @@ from meshplan.placement import Spec
 from ._graph import Graph, Value
 from ._price import _plan
 from ._program_value import Program, ProgramCost, ProgramOp
-from ._solve import Solution
+from .solver import Solution
 
 __all__ = ["assemble", "chosen_specs"]
 
@@ -95,7 +95,7 @@ def assemble(
         move(v, s) if v is not None else None for v, s in zip(graph.grads, grads, strict=True)
     )
     cost = ProgramCost(comm, compute, nbytes, collectives)
-    bound = sol.lower_bound if sol.method != "exact" else cost.total
+    bound = sol.bound if not sol.exact else cost.total
     return Program(
         graph,
         tuple(arg_specs),
@@ -108,6 +108,6 @@ def assemble(
         grad_moves,
         cost,
         min(bound, cost.total),
-        sol.method,
+        sol.describe(),
         tuple(sorted(set(fallbacks))),
     )

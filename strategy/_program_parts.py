@@ -8,7 +8,7 @@ and the calls around the layers), and each part is solved alone, its readers' so
 other parts replaced by free *copies* (a variable with the source's options and no cost
 of its own). Each part pays its calls' compute and its readers' moves; a value read in
 ``m`` parts costs each of them ``1/m`` of its moves to the layouts its readers there
-want (:attr:`~._shared.SharedValue.count`), which together is at most the one move per
+want (:attr:`.solver.SharedValue.count`), which together is at most the one move per
 layout the program pays. Every choice of the whole program is a choice of each part
 (copies taking the sources' options), costing at least the parts' sum, so the sum of
 the parts' bounds bounds the minimum. Layers whose parts are alike (equal calls, specs
@@ -16,7 +16,7 @@ and structure: every layer between the first and the last) are bounded once.
 
 Alone, each part may choose its copies' layouts, and its own sources', as suits it
 alone: on a (2, 4) mesh a transformer's layers lose 10-15% of the bound that way.
-Multipliers on the links between layers (:mod:`._periodic`) win most of it back.
+Multipliers on the links between layers (:func:`.solver.run_bound`) win most of it back.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from ._graph import Graph, Value
-from ._shared import Reader, SharedValue
+from .solver import Problem, Reader, SharedValue
 
 __all__ = ["parts_bound"]
 
@@ -37,7 +37,6 @@ class _Part:
         self.own = {n: k for k, n in enumerate(nodes)}
         self.local: dict[int, int] = dict(self.own)
         self.copies: list[int] = []
-        self.terms: list[tuple] = []
         self.readers: dict[Value, list[Reader]] = {}
         self.share: dict[Value, float] = {}  # one over the number of parts reading it
 
@@ -48,32 +47,28 @@ class _Part:
         return self.local[node]
 
     def build(self) -> None:
-        """The terms of the part's calls' inputs, its sinks and free arguments' gradients."""
+        """The readers of the part's calls' inputs, its sinks and free arguments' gradients
+        (a source in another part becomes a copy)."""
         graph, (fixed, sid, sinks, free_grads) = self.graph, self.env
         for n in self.own:
             if graph.nodes[n].kind != "call":
                 continue
             for i, v in enumerate(graph.nodes[n].inputs):
                 self.readers.setdefault(v, []).append(Reader(self.local[n], i))
-                if v.node in fixed:
-                    self.terms.append(("fixed", self.local[n], i, sid(fixed[v.node])))
-                else:
-                    self.terms.append(("pair", self._var(v.node), v.index, self.local[n], i))
+                if v.node not in fixed:
+                    self._var(v.node)
         for v, target in sinks:
             if v.node in self.own:
                 self.readers.setdefault(v, []).append(Reader(-1, 0, sid(target)))
-                self.terms.append(("sink", self.local[v.node], v.index, sid(target)))
         for v, a in free_grads:
             if a in self.own:
                 self.readers.setdefault(v, []).append(Reader(self.local[a], 0))
-                if v.node in fixed:
-                    self.terms.append(("fixed", self.local[a], 0, sid(fixed[v.node])))
-                else:
-                    self.terms.append(("pair", self._var(v.node), v.index, self.local[a], 0))
+                if v.node not in fixed:
+                    self._var(v.node)
 
     def key(self) -> tuple:
         """What makes two parts' problems equal: their calls (by tie class), copies and
-        terms."""
+        values."""
         cls = [self.tied.get(n, n) for n in (*self.own, *self.copies)]
         fixed, sid = self.env[0], self.env[1]
         values = sorted(
@@ -86,7 +81,7 @@ class _Part:
             )
             for v, share in self.share.items()
         )
-        return (tuple(cls), tuple(self.terms), tuple(values))
+        return (tuple(cls), tuple(values))
 
 
 def parts_bound(
@@ -96,6 +91,7 @@ def parts_bound(
     tied: tuple,
     env: tuple,
     solve_part,
+    price,
     node_unary: dict | None = None,
 ) -> tuple[float, int]:
     """A lower bound of the untied program's minimum (see the module docstring) and the
@@ -104,9 +100,11 @@ def parts_bound(
     tied program's choice; ``env`` is
     ``(fixed, sid, sinks, free_grads)``: the fixed nodes' specs, the spec numbering, the
     fixed targets ``(value, spec)`` and the free arguments' gradients ``(value, node)``;
-    ``solve_part(problem, n, links=())`` returns a lower bound of ``n`` parts alike
-    ``problem`` (see :func:`_problem`) and, given ``links`` (their ``(copy, own)``
-    variable pairs), the multipliers on them (see :mod:`._periodic`)."""
+    ``solve_part(problem, n, links=(), choice=())`` returns a lower bound of ``n`` parts
+    alike ``problem`` (a :class:`.solver.Problem`, see :func:`_problem`) and, given
+    ``links`` (their ``(copy, own)`` variable pairs) and the part's ``choice``, the
+    multipliers on them (see :func:`.solver.run_bound`); ``price`` prices a move of one
+    spec number to another."""
     in_block = {n for b in blocks for n in b}
     free_nodes = [a for _, a in env[3]]
     rest = [n for n in (*graph.calls, *free_nodes) if n not in in_block]
@@ -143,8 +141,8 @@ def parts_bound(
     total, lam = 0.0, {}
     if chain is not None:
         links = _links(chain[0], copied)
-        problem = _problem(chain[0], tied, None, node_unary)
-        bound, lams = solve_part(problem, len(chain), links=links)
+        problem, x = _problem(chain[0], tied, price, None, node_unary)
+        bound, lams = solve_part(problem, len(chain), links=links, choice=x)
         total += bound
         lam = {
             chain[0].tied.get(q, q): m for q, m in zip(_linked(chain[0], copied), lams, strict=True)
@@ -152,7 +150,7 @@ def parts_bound(
     for g in groups:
         if g is not chain:
             extra = _multipliers(g[0], lam, copied)
-            total += solve_part(_problem(g[0], tied, extra, node_unary), len(g))[0]
+            total += solve_part(_problem(g[0], tied, price, extra, node_unary)[0], len(g))[0]
     return total, len(alike)
 
 
@@ -185,10 +183,10 @@ def _multipliers(p: _Part, lam: dict, copied) -> dict[int, object]:
     return extra
 
 
-def _problem(p: _Part, tied, extra=None, node_unary=None) -> tuple:
-    """The part's problem ``(unary, terms, ins, outs, values, choice)``: its calls'
-    compute (plus ``extra`` terms by variable), the terms, spec numbers, values and the
-    tied program's choice as the part sees it (copies take their calls' options)."""
+def _problem(p: _Part, tied, price, extra=None, node_unary=None) -> tuple[Problem, list[int]]:
+    """The part's problem: its calls' compute (plus ``extra`` terms by variable), its
+    values over its calls and copies; and the tied program's choice as the part sees it
+    (copies take their calls' options)."""
     import numpy as np
 
     var, options, ins, outs, choice = tied
@@ -213,4 +211,5 @@ def _problem(p: _Part, tied, extra=None, node_unary=None) -> tuple:
     part_ins = [ins[var[n]] for n in nodes]
     part_outs = [outs[var[n]] for n in nodes]
     x = [choice[var[n]] for n in nodes]
-    return unary, p.terms, part_ins, part_outs, values, x
+    problem = Problem(unary, values=values, ins=part_ins, outs=part_outs, price=price)
+    return problem, x

@@ -1,7 +1,7 @@
 """A program's spec numbers and the memo of their prices (no torch; numpy when used).
 
 Every distinct spec a program's candidates read or write gets a number once
-(:meth:`Prices.sid`); the objective's terms price pairs of numbers. A pair's exact price
+(:meth:`Prices.sid`); the solver problem's moves price pairs of numbers. A pair's exact price
 plans the redistribution with the planner's cost model; where it is not known yet the
 solver sees the strategy search's cheap lower bound of it
 (:func:`~meshplan.strategy._price.input_bound`). :meth:`Prices.learn_used` prices
@@ -20,8 +20,9 @@ from typing import Any
 from meshplan.placement import Spec
 
 from ._price import input_bound, redistribute_bound
-from ._program_terms import all_pairs, pair_count
+from ._program_terms import all_pairs, pair_count, reads
 from ._progress import Progress, report
+from .solver import Problem
 
 __all__ = ["Prices"]
 
@@ -101,25 +102,46 @@ class Prices:
             )
         return c
 
-    def price_all(self, terms, ins, outs, max_priced: int, progress: Progress | None) -> None:
-        """Price every pair the terms may use up front, when there are at most
+    def frozen(self):
+        """:meth:`price` as it answers now: exact prices learned later do not change it
+        (a pure function for a solver :class:`~.solver.Problem` of one round)."""
+        exact = dict(self.exact)
+
+        def price(a: int, b: int) -> float:
+            c = exact.get((a, b))
+            if c is not None:
+                return c
+            c = self.bounds.get((a, b))
+            if c is None:
+                c = self.bounds[(a, b)] = (
+                    0.0
+                    if a == b
+                    else input_bound(self.table[a], self.table[b].placements, self.model)
+                )
+                self.known.setdefault((a, b), c)
+            return c
+
+        return price
+
+    def price_all(self, problem: Problem, max_priced: int, progress: Progress | None) -> None:
+        """Price every move the problem's reads may make up front, when there are at most
         ``max_priced`` of them (else pricing stays lazy)."""
-        count = pair_count(terms, ins, outs)
+        count = pair_count(problem)
         if count > max_priced:
             return
         every = max(1, count // 20)
-        for done, (a, b) in enumerate(all_pairs(terms, ins, outs)):
+        for done, (a, b) in enumerate(all_pairs(problem)):
             if done % every == 0:
                 report(progress, "prices", done, count)
             if (a, b) not in self.exact:
                 self.exact[(a, b)] = self.known[(a, b)] = self._plan_price(a, b)
         report(progress, "prices", count, count)
 
-    def learn_used(self, terms, ins, outs, choice) -> int:
-        """Price exactly the pairs ``choice`` uses; when some were guessed, their
-        neighbourhood too (each term's chosen producer spec against every consumer option,
-        and the reverse, so later rounds do not walk through ties one pair at a time).
-        Returns how many pairs were newly priced."""
+    def learn_used(self, problem: Problem, choice) -> int:
+        """Price exactly the moves ``choice`` makes; when some were guessed, their
+        neighbourhood too (each read of an op's output: the chosen source against every
+        option of the reader, and the reverse, so later rounds do not walk through ties
+        one pair at a time). Returns how many pairs were newly priced."""
         new = 0
 
         def learn(a: int, b: int) -> None:
@@ -128,25 +150,16 @@ class Prices:
                 self.exact[(a, b)] = self.known[(a, b)] = self._plan_price(a, b)
                 new += 1
 
-        for t in terms:
-            if t[0] == "fixed":
-                _, c, i, src = t
-                learn(src, ins[c][choice[c]][i])
-            elif t[0] == "sink":
-                _, c, j, dst = t
-                learn(outs[c][choice[c]][j], dst)
-            else:
-                _, p, j, c, i = t
-                learn(outs[p][choice[p]][j], ins[c][choice[c]][i])
+        every = list(reads(problem))
+        for rd in every:
+            learn(*rd.used(problem, choice))
         if new:
-            for t in terms:
-                if t[0] != "pair":
+            for rd in every:
+                if rd.value.fixed or rd.reader.fixed:
                     continue
-                _, p, j, c, i = t
-                a = outs[p][choice[p]][j]
-                b = ins[c][choice[c]][i]
-                for d in dict.fromkeys(row[i] for row in ins[c]):
+                a, b = rd.used(problem, choice)
+                for d in rd.targets(problem):
                     learn(a, d)
-                for e in dict.fromkeys(row[j] for row in outs[p]):
+                for e in rd.sources(problem):
                     learn(e, b)
         return new

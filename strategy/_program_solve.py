@@ -1,10 +1,11 @@
 """A program's objective and its lazily priced solve (no torch; numpy when used).
 
-The variables are the calls (one candidate option each), then the free arguments (one
-candidate layout each). The objective's terms are redistributions (see
-:mod:`._program_terms`): into each call's inputs, out to the fixed output and gradient
-specs, and each free argument's gradient into its layout; a value moved to a layout once
-serves all its readers (:mod:`._shared`).
+The program becomes a solver :class:`~.solver.Problem`: its variables are the calls (one
+candidate option each), then the free arguments (one candidate layout each); its shared
+values are the redistributions (see :mod:`._program_terms`): into each call's inputs, out
+to the fixed output and gradient specs, and each free argument's gradient into its
+layout, a value moved to a layout once serving all its readers; its memory rows are the
+free arguments' state bytes.
 
 Lazy pricing: each round solves with exact prices where known and lower bounds elsewhere,
 then prices exactly the pairs the answer uses; it stops once the answer uses exact prices
@@ -14,26 +15,41 @@ the answer is the exact minimum whenever the solver's is.
 
 from __future__ import annotations
 
+import enum
 import math
 from collections.abc import Sequence
-from typing import Any
 
 import attrs
 
+from meshplan.errors import StrategyError
 from meshplan.placement import Spec
 
-from ._auto import budget_binds, free_grad_terms, memory_weights, solve_within
+from ._auto import memory_weights
 from ._graph import Graph, Value
-from ._periodic import run_bound
 from ._program_parts import parts_bound
 from ._program_prices import Prices
-from ._program_terms import greedy, matrix, order_too_wide
+from ._program_terms import greedy, order_too_wide
 from ._progress import Progress, report
-from ._shared import Reader, SharedValue, reader_weights, shared_solver, solve_shared
-from ._solve import Solution
+from .solver import (
+    InfeasibleBudget,
+    MemoryRow,
+    Method,
+    Options,
+    Problem,
+    Reader,
+    SharedValue,
+    Solution,
+    Warm,
+    budget_binds,
+    proven,
+    run_bound,
+    solve,
+    solve_shared,
+)
 
 __all__ = [
     "Objective",
+    "Planning",
     "content_key",
     "objective",
     "shared_values",
@@ -45,27 +61,32 @@ __all__ = [
 _GAP = 0.01  # a budget's branch and bound stops once its gap is within 1% of the cost
 
 
+class Planning(enum.Enum):
+    """How a program's choice is made: over the whole graph, or op by op in order."""
+
+    WHOLE = "whole"
+    OP_BY_OP = "op_by_op"
+
+
 @attrs.frozen(eq=False)
 class Objective:
-    """A program's terms over its variables, with what the solver needs to price them:
-    ``ins``/``outs`` each option's spec numbers, ``compute`` each option's compute cost,
-    ``values`` the shared values and ``lams`` each term's lower-bound weights,
-    ``weights`` each option's state bytes and ``fixed_bytes`` the fixed arguments';
-    ``sinks`` the fixed targets ``(value, spec)`` and ``free_grads`` the free arguments'
-    gradients ``(value, argument node)``."""
+    """A program as a solver :class:`~.solver.Problem` (``problem``: its variables are
+    the calls, then the free arguments; prices are those known when it was built, see
+    :meth:`at`), with what maps the program onto it: ``calls`` (the graph's call nodes,
+    in order), ``var`` (each node's variable), ``sinks`` (the fixed targets ``(value,
+    spec)``), ``free_grads`` (the free arguments' gradients ``(value, argument node)``)
+    and ``fixed_bytes`` (the fixed arguments' state bytes)."""
 
+    problem: Problem
     calls: tuple[int, ...]
     var: dict[int, int]
-    terms: list[tuple]
-    ins: list
-    outs: list
-    compute: list
-    values: list[SharedValue]
-    lams: list
-    weights: list
-    fixed_bytes: float
-    sinks: list = attrs.field(factory=list)
-    free_grads: list = attrs.field(factory=list)
+    sinks: tuple = ()
+    free_grads: tuple = ()
+    fixed_bytes: float = 0.0
+
+    def at(self, prices: Prices) -> Problem:
+        """The problem at the prices known now (exact where planned, else bounds)."""
+        return attrs.evolve(self.problem, price=prices.frozen())
 
 
 def variables(graph: Graph, free: Sequence[int], tie=None) -> tuple[dict[int, int], list[int]]:
@@ -90,10 +111,11 @@ def objective(
     memory: tuple[Sequence[Spec], float | None, float | None],
     var: dict[int, int] | None = None,
 ) -> Objective:
-    """The objective of choosing one of ``options`` per variable (``var``: each node's,
-    see :func:`variables`; default: one per call and free argument): ``targets`` are
-    the output and gradient specs, ``memory`` the argument specs, state bytes per
-    parameter and budget (see :func:`._auto.memory_weights`)."""
+    """The program as a solver problem over choosing one of ``options`` per variable
+    (``var``: each node's, see :func:`variables`; default: one per call and free
+    argument): ``targets`` are the output and gradient specs, ``memory`` the argument
+    specs, state bytes per parameter and budget (see :func:`._auto.memory_weights`; the
+    problem's budget is left to the solve)."""
     import numpy as np
 
     calls = graph.calls
@@ -101,15 +123,6 @@ def objective(
         var = variables(graph, free)[0]
     sid = prices.sid
     ins, outs = prices.number(options)
-    # the terms: ("fixed", c, i, src) | ("pair", p, j, c, i) | ("sink", c, j, dst)
-    terms: list[tuple] = []
-    for node in calls:
-        c = var[node]
-        for i, v in enumerate(graph.nodes[node].inputs):
-            if v.node in fixed:
-                terms.append(("fixed", c, i, sid(fixed[v.node])))
-            else:
-                terms.append(("pair", var[v.node], v.index, c, i))
     out_specs, grads = targets
     sinks = [(v, s) for v, s in zip(graph.outputs, out_specs, strict=True)]
     sinks += [
@@ -117,10 +130,6 @@ def objective(
         for i, (v, s) in enumerate(zip(graph.grads, grads, strict=True))
         if v is not None and i not in free
     ]
-    for v, target in sinks:
-        if v.node not in fixed:
-            terms.append(("sink", var[v.node], v.index, sid(target)))
-    terms += free_grad_terms(graph, free, fixed, var, sid)
     arg_specs, per_param, budget = memory
     differentiated = tuple(g is not None for g in graph.grads)
     free_weights, fixed_bytes = memory_weights(
@@ -132,14 +141,10 @@ def objective(
         per_param,
         budget,
     )
-    weights = [np.zeros(len(o)) for o in options]
-    for i, w in zip(free, free_weights, strict=True):
-        weights[var[graph.args[i]]] = weights[var[graph.args[i]]] + w
-    # the same terms grouped by value: one move per distinct layout its readers want
+    rows = [MemoryRow(var[graph.args[i]], w) for i, w in zip(free, free_weights, strict=True)]
+    # each value once: one move per distinct layout its readers want
     grad_reads = [(graph.grads[i], var[graph.args[i]]) for i in free if graph.grads[i] is not None]
     values = shared_values(graph, calls, var, fixed, sid, sinks, grad_reads)
-    shares = reader_weights(values, ins)
-    lams = [_term_weights(t, shares, ins) for t in terms]
     times = [0] * len(options)  # how many nodes each variable stands for
     for n in (*calls, *(graph.args[i] for i in free)):
         times[var[n]] += 1
@@ -148,21 +153,8 @@ def objective(
         for opts, k in zip(options, times, strict=True)
     ]
     free_grads = [(graph.grads[i], graph.args[i]) for i in free if graph.grads[i] is not None]
-    return Objective(
-        calls, var, terms, ins, outs, compute, values, lams, weights, fixed_bytes, sinks, free_grads
-    )
-
-
-def _term_weights(t, shares, ins):
-    """The lower-bound weights of a term's reader, per option of the reader (or one)."""
-    import numpy as np
-
-    if t[0] == "sink":
-        _, c, j, dst = t
-        return shares[("sink", c, j)][dst]
-    c, i = (t[1], t[2]) if t[0] == "fixed" else (t[3], t[4])
-    mine = shares[(c, i)]
-    return np.array([mine[row[i]] for row in ins[c]], dtype=float)
+    problem = Problem(compute, values=values, ins=ins, outs=outs, price=prices.price, memory=rows)
+    return Objective(problem, tuple(calls), var, tuple(sinks), tuple(free_grads), fixed_bytes)
 
 
 def shared_values(graph: Graph, calls, var, fixed, sid, sinks, grad_reads=()) -> list[SharedValue]:
@@ -187,87 +179,31 @@ def shared_values(graph: Graph, calls, var, fixed, sid, sinks, grad_reads=()) ->
     return [SharedValue(*key, count=n) for key, n in alike.items()]
 
 
-def _pairwise(obj: Objective, price) -> tuple[tuple[list, dict], tuple[list, dict]]:
-    """The pairwise problems above and below the shared objective at the current prices:
-    ``(unary, pairs)`` with every reader paying its own move, and with each paying its
-    share (see :mod:`._shared`)."""
-    import numpy as np
-
-    ins, outs = obj.ins, obj.outs
-    unary = [u.copy() for u in obj.compute]
-    unary_lo = [u.copy() for u in obj.compute]
-    pairs: dict[tuple[int, int], Any] = {}
-    pairs_lo: dict[tuple[int, int], Any] = {}
-    alike: dict[tuple, list] = {}  # terms of tied layers repeat: priced once, counted
-    for t, lam in zip(obj.terms, obj.lams, strict=True):
-        if t in alike:
-            alike[t][1] += 1
-        else:
-            alike[t] = [lam, 1]
-    for t, (lam, k) in alike.items():
-        if t[0] == "fixed":
-            _, c, i, src = t
-            row = matrix([src], [row[i] for row in ins[c]], price)[0] * k
-            unary[c] += row
-            unary_lo[c] += row * lam
-        elif t[0] == "sink":
-            _, c, j, dst = t
-            col = matrix([row[j] for row in outs[c]], [dst], price)[:, 0] * k
-            unary[c] += col
-            unary_lo[c] += col * lam
-        else:
-            _, p, j, c, i = t
-            m = matrix([row[j] for row in outs[p]], [row[i] for row in ins[c]], price) * k
-            if p == c:  # a tied op reading its own output in the layer before
-                unary[c] += np.diagonal(m)
-                unary_lo[c] += np.diagonal(m) * lam
-                continue
-            pairs[(p, c)] = m if (p, c) not in pairs else pairs[(p, c)] + m
-            m = m * lam[None, :]
-            pairs_lo[(p, c)] = m if (p, c) not in pairs_lo else pairs_lo[(p, c)] + m
-    return (unary, pairs), (unary_lo, pairs_lo)
-
-
 def _solve_round(
-    graph, obj: Objective, prices: Prices, solver, max_factor, budget, seeds, effort, memo
-):
-    """One solve at the current prices: op by op, or the whole graph (``effort[1]`` steps
-    tightening the shared bound; ``effort[2]``: a draft, see :func:`._shared.solve_shared`).
-    Within a budget, up to ``effort[0]`` solves of its search, drafts all, and unless a
-    draft, one solve with the steps at the search's root whose bound holds for all."""
-    branches, steps, draft = effort
-    (unary, pairs), below = _pairwise(obj, prices.price)
-    greedy_args = (obj.calls, obj.var, graph, obj.terms, obj.ins, obj.outs, unary, pairs)
-    if solver == "op_by_op":
-        return greedy(*greedy_args, prices.price, prices.learn_exact)
+    obj: Objective,
+    prices: Prices,
+    planning: Planning,
+    options: Options,
+    budget: float | None,
+    seeds,
+    warm: Warm,
+) -> Solution:
+    """One solve at the current prices: op by op, or the whole graph (within a budget, a
+    branch and bound of ``options.max_branches`` relaxation solves, drafts unless
+    ``options.draft`` is off for the final one: see :func:`.solver.solve`)."""
+    problem = obj.at(prices)
+    if planning is Planning.OP_BY_OP:
+        return greedy(problem, [obj.var[n] for n in obj.calls], prices.learn_exact)
     starts = ()
-    if order_too_wide(unary, pairs, max_factor):
-        starts = (greedy(*greedy_args, prices.price, prices.learn_exact).choice,)
-    free_budget = None if budget is None else budget - obj.fixed_bytes
-    shared_solve, shared_cost = shared_solver(
-        (unary, pairs), below, (obj.compute, obj.values, obj.ins, obj.outs, prices.price)
-    )
-    within = free_budget is not None  # a search solving many times: drafts
-    return solve_within(
-        shared_solve,
-        unary,
-        pairs,
-        obj.weights,
-        free_budget,
-        max_branches=branches,
-        gap=_GAP,
-        cost=shared_cost,
-        seeds=() if draft else seeds,  # the given layouts matter to the answer only
-        final=None if draft or not within else {"steps": steps, "draft": False},
-        # the settled rounds' branch and bound: one search, prices learned as it goes
-        state=memo.setdefault("search", {}) if branches else None,
-        lines=memo.setdefault("lines", {}),
-        max_factor=max_factor,
-        starts=starts,
-        steps=0 if within else steps,
-        memo=memo,
-        draft=draft or within,
-    )
+    if order_too_wide(problem, options.max_factor):
+        starts = (greedy(problem, [obj.var[n] for n in obj.calls], prices.learn_exact).choice,)
+        problem = obj.at(prices)  # greedy planned some moves exactly
+    if budget is not None:
+        problem = attrs.evolve(problem, budget=budget - obj.fixed_bytes)
+    try:
+        return solve(problem, options, starts=starts, seeds=seeds, warm=warm)
+    except InfeasibleBudget as e:
+        raise StrategyError(str(e), value=budget) from e
 
 
 def solve_lazily(
@@ -275,7 +211,7 @@ def solve_lazily(
     obj: Objective,
     prices: Prices,
     *,
-    solver: str,
+    planning: Planning,
     max_factor: int,
     max_rounds: int,
     budget: float | None,
@@ -289,79 +225,81 @@ def solve_lazily(
     (:func:`content_key`): the same objective planned again takes the exact prices and
     the answer from there, once the answer's cost is checked at the exact prices
     (the same answer the solve gives: it is a pure function of that content)."""
-    if budget is not None and not budget_binds(obj.weights, budget - obj.fixed_bytes):
+    weights = obj.problem.weights()
+    if budget is not None and not budget_binds(weights, budget - obj.fixed_bytes):
         budget = None  # every choice fits: the budget constrains nothing
     key = None
-    if solver == "whole":
+    if planning is Planning.WHOLE:
         key = content_key(obj, prices, (max_factor, max_rounds, budget, seeds))
         known = _recall(obj, prices, key)
         if known is not None:
             report(progress, "solve", 1, 0)
             return known
-    sol = _solve_rounds(graph, obj, prices, solver, max_factor, max_rounds, budget, seeds, progress)
+    sol = _solve_rounds(obj, prices, planning, max_factor, max_rounds, budget, seeds, progress)
     if key is not None:
         prices.owner().remember_program(key, (dict(prices.exact), sol))
     return sol
 
 
-def _solve_rounds(graph, obj, prices, solver, max_factor, max_rounds, budget, seeds, progress):
+def _solve_rounds(obj, prices, planning, max_factor, max_rounds, budget, seeds, progress):
     """The rounds of :func:`solve_lazily`."""
     rounds = 0
     # a budget's branch and bound, and the tightening of the shared bound, run once the
     # prices the solver sees are exact
     settled = False
-    memo: dict = {}  # what one solve leaves the next (see solve_shared)
+    warm = Warm()  # what one solve leaves the next
     bound = -math.inf  # the best bound of an earlier round (prices only rise)
     while True:
         rounds += 1
         report(progress, "solve", rounds, 0)
-        branches = 32 if settled else 0  # solves of one search, over the settled rounds
-        effort = (branches, 30, not settled)  # unsettled prices: a draft
-        sol = _solve_round(graph, obj, prices, solver, max_factor, budget, seeds, effort, memo)
-        new = prices.learn_used(obj.terms, obj.ins, obj.outs, sol.choice)
+        # unsettled prices: a draft; settled: one search over the rounds, 32 solves in all
+        options = Options(
+            max_factor=max_factor,
+            steps=30,
+            draft=not settled,
+            max_branches=32 if settled else 0,
+            gap=_GAP,
+        )
+        sol = _solve_round(obj, prices, planning, options, budget, seeds, warm)
+        new = prices.learn_used(obj.at(prices), sol.choice)
         if rounds >= max_rounds:
             return _with_bound(sol, bound)
-        if not new and (settled or sol.method == "exact"):
+        if not new and (settled or sol.exact):
             return _with_bound(sol, bound)
         settled = settled or not new
-        if sol.method != "op by op":  # a bound at prices at most the exact ones holds on
-            bound = max(bound, sol.lower_bound)
+        if sol.method is not Method.OP_BY_OP:  # a bound at prices at most the exact ones holds on
+            bound = max(bound, sol.bound)
 
 
 def _with_bound(sol: Solution, bound: float) -> Solution:
     """``sol`` with the best of its bound and ``bound`` (an earlier round's)."""
-    if bound <= sol.lower_bound:
+    if bound <= sol.bound:
         return sol
     bound = min(bound, sol.cost)
-    method = "exact" if sol.cost - bound <= 1e-12 * max(abs(sol.cost), 1e-300) else sol.method
-    return attrs.evolve(sol, lower_bound=bound, method=method)
+    method = Method.EXACT if proven(sol.cost, bound) else sol.method
+    return attrs.evolve(sol, bound=bound, method=method)
 
 
 def content_key(obj: Objective, prices: Prices, settings: tuple) -> tuple:
     """What a whole-program solve's answer depends on, as a hashable value: the specs the
-    objective's numbers stand for, its terms, values, each option's spec numbers, compute
-    and state bytes, the cost model, the solve's ``settings`` and the pairs priced
-    already."""
+    problem's numbers stand for, its values, each option's spec numbers, compute and
+    state bytes, the cost model, the solve's ``settings`` and the pairs priced already."""
+    import numpy as np
 
     def arrays(xs) -> tuple:
         return tuple((len(x), bytes(memoryview(np.asarray(x, dtype=float)))) for x in xs)
 
-    def numbers(xs) -> tuple:  # per variable, per option, the spec numbers
-        return tuple(tuple(map(tuple, opts)) for opts in xs)
-
-    import numpy as np
-
+    p = obj.problem
     budget = settings[2] if len(settings) > 2 else None
     seeds = settings[3] if len(settings) > 3 else ()
     return (
         tuple(prices.table),
         prices.model,
-        tuple(obj.terms),
-        numbers(obj.ins),
-        numbers(obj.outs),
-        arrays(obj.compute),
-        tuple(obj.values),
-        arrays(obj.weights) if budget is not None else None,
+        p.ins,
+        p.outs,
+        arrays(p.unary),
+        p.values,
+        p.memory if budget is not None else None,
         obj.fixed_bytes if budget is not None else None,
         (*settings[:3], tuple(tuple(sorted(s.items())) for s in seeds)),
         tuple(prices.exact),  # the pairs priced before the solve (all of them, when few)
@@ -371,8 +309,6 @@ def content_key(obj: Objective, prices: Prices, settings: tuple) -> tuple:
 def _recall(obj: Objective, prices: Prices, key: tuple) -> Solution | None:
     """The answer the planner keeps for ``key``, with its exact prices learned, if its
     cost checks out at those prices (else None: solve)."""
-    from ._shared import shared_total
-
     known = prices.owner().programs.get(key)
     if known is None:
         return None
@@ -382,7 +318,7 @@ def _recall(obj: Objective, prices: Prices, key: tuple) -> Solution | None:
         c = exact.get((a, b))
         return prices.price(a, b) if c is None else c
 
-    cost = shared_total(sol.choice, obj.compute, obj.values, obj.ins, obj.outs, price)
+    cost = attrs.evolve(obj.problem, price=price).evaluate(sol.choice)
     if abs(cost - sol.cost) > 1e-12 * max(abs(sol.cost), 1e-300):
         return None  # solved again from the same prices as the first time
     prices.learn(exact)
@@ -410,37 +346,24 @@ def tied_bound(
     key = ("tied bound", content_key(obj, prices, (max_factor,)), tuple(choice), budget)
     known = prices.owner().programs.get(key)
     if known is None:
-        args = (graph, obj, repeats, options, env, prices.price, max_factor, choice)
+        price = prices.frozen()
+        args = (graph, obj, repeats, options, env, price, max_factor, choice)
         known = _tied_bound(*args, budget)
         prices.owner().remember_program(key, known)
     return known
 
 
 def _tied_bound(graph, obj, repeats, options, env, price, max_factor, choice, budget) -> float:
-    import numpy as np
-
     # the parts' dual steps each solve a pairwise problem: exact elimination of a wide
     # one costs more per step than message passing, for about the same bound
     max_factor = min(max_factor, 1 << 16)
 
-    def solve_part(part, n, links=()) -> tuple[float, list]:
-        unary, terms, ins, outs, values, choice = part
-        if links:  # the layers' links priced (see _periodic)
-            shared = (values, ins, outs, price)
-            return run_bound(unary, shared, links, n=n, max_factor=max_factor, choice=choice)
-        shares = reader_weights(values, ins)
-        for v in values:  # a value read by several parts: each pays its share
-            for r in v.readers:
-                key = ("sink", v.producer, v.j) if r.op < 0 else (r.op, r.i)
-                shares[key] = {b: w * v.count for b, w in shares[key].items()}
-        lams = [_term_weights(t, shares, ins) for t in terms]
-        weights = [np.zeros(len(u)) for u in unary]
-        part = Objective((), {}, terms, ins, outs, unary, values, lams, weights, 0.0)
-        above, below = _pairwise(part, price)
-        shared = (unary, values, ins, outs, price)
-        return n * solve_shared(above, below, shared, max_factor=max_factor).lower_bound, []
+    def solve_part(part: Problem, n: int, links=(), choice=()) -> tuple[float, list]:
+        if links:  # the layers' links priced (see solver.run_bound)
+            return run_bound(part, links, n=n, max_factor=max_factor, choice=choice)
+        return n * solve_shared(part, Options(max_factor=max_factor)).bound, []
 
-    tied = (obj.var, options, obj.ins, obj.outs, choice)
+    tied = (obj.var, options, obj.problem.ins, obj.problem.outs, choice)
     node_unary, taken = None, 0.0
     if budget is not None and budget[0] > 0:
         mu, room = budget
@@ -449,7 +372,8 @@ def _tied_bound(graph, obj, repeats, options, env, price, max_factor, choice, bu
         for a in args:
             times[obj.var[a]] = times.get(obj.var[a], 0) + 1
         # a tied variable's weights sum its arguments' (alike: equal shares)
-        node_unary = {a: mu * obj.weights[obj.var[a]] / times[obj.var[a]] for a in args}
+        weights = obj.problem.weights()
+        node_unary = {a: mu * weights[obj.var[a]] / times[obj.var[a]] for a in args}
         taken = mu * room
-    parts = (graph, repeats.blocks, dict(repeats.tie), tied, env, solve_part, node_unary)
+    parts = (graph, repeats.blocks, dict(repeats.tie), tied, env, solve_part, price, node_unary)
     return parts_bound(*parts)[0] - taken

@@ -1,94 +1,115 @@
-"""Pricing a program's terms and the op-by-op baseline (no torch; numpy when used).
+"""Reading a program's moves off its solver problem, and the op-by-op baseline (no torch;
+numpy when used).
 
-The objective's terms are redistributions: from a fixed argument spec into an op's
-input (``"fixed"``), from a producer's output into a consumer's input (``"pair"``), and
-from an op's output to a fixed output or gradient spec (``"sink"``). Each term prices a
-pair of spec numbers; :func:`_matrix` builds a term's price table over the two ops'
-candidates, each distinct pair priced once.
+The moves of a program's :class:`~.solver.Problem` are its shared values' reads: each
+value read by an op input (from a fixed argument spec or a producer's output) or by a
+fixed target (an output or gradient spec). :func:`reads` lists them, each with the
+layouts its two ends may take; pricing (:mod:`._program_prices`) and the op-by-op
+baseline (:func:`greedy`) walk them.
 """
 
 from __future__ import annotations
 
-__all__ = ["order_too_wide", "greedy", "term_sides", "pair_count", "all_pairs", "matrix"]
+from collections.abc import Iterator, Sequence
+
+import attrs
+
+from .solver import Method, Problem, Reader, SharedValue, Solution, elimination_order
+
+__all__ = ["Read", "greedy", "order_too_wide", "pair_count", "all_pairs", "reads"]
 
 
-def order_too_wide(unary, pairs, max_factor: int) -> bool:
-    """Whether :func:`._solve.solve` leaves the pairwise problem to its bounds."""
-    from ._solve import elimination_order
+@attrs.frozen
+class Read:
+    """One read of ``value`` by ``reader``: a move whenever the two layouts differ."""
 
-    return elimination_order([len(u) for u in unary], pairs.keys(), max_factor) is None
+    value: SharedValue
+    reader: Reader
+
+    def sources(self, problem: Problem) -> list[int]:
+        """The layouts the value may be in (distinct, in option order)."""
+        v = self.value
+        if v.fixed:
+            return [v.layout]
+        return list(dict.fromkeys(row[v.j] for row in problem.outs[v.producer]))
+
+    def targets(self, problem: Problem) -> list[int]:
+        """The layouts the reader may want (distinct, in option order)."""
+        r = self.reader
+        if r.fixed:
+            return [r.layout]
+        return list(dict.fromkeys(row[r.i] for row in problem.ins[r.op]))
+
+    def used(self, problem: Problem, choice: Sequence[int]) -> tuple[int, int]:
+        """The move ``(source, target)`` at ``choice``."""
+        return problem.source(self.value, choice), problem.wanted(self.reader, choice)
 
 
-def greedy(calls, var, graph, terms, ins, outs_, unary, pairs, price, exact_price):
-    """Each op in order takes its cheapest option given its producers' choices (exact prices)."""
-    from ._solve import Solution, total
+def reads(problem: Problem) -> Iterator[Read]:
+    """Every read that may move something (not a fixed value read by a fixed target)."""
+    for v in problem.values:
+        for r in v.readers:
+            if not (v.fixed and r.fixed):
+                yield Read(v, r)
 
-    choice = [0] * len(unary)  # variables past the calls (free arguments) keep option 0
-    inputs_of: dict[int, list] = {}
-    for t in terms:
-        if t[0] == "fixed":
-            inputs_of.setdefault(t[1], []).append(("fixed", t[2], t[3]))
-        elif t[0] == "pair":
-            inputs_of.setdefault(t[3], []).append(("pair", t[4], t[1], t[2]))
-    for node in calls:  # a topological order
-        c = var[node]
+
+def order_too_wide(problem: Problem, max_factor: int) -> bool:
+    """Whether the pairwise problems around ``problem`` are too wide to eliminate (then the
+    solver bounds them instead of solving them exactly)."""
+    edges = {
+        (min(v.producer, r.op), max(v.producer, r.op))
+        for v in problem.values
+        if not v.fixed
+        for r in v.readers
+        if not r.fixed and r.op != v.producer
+    }
+    edges |= set(problem.pairs)
+    return elimination_order(list(problem.sizes), edges, max_factor) is None
+
+
+def greedy(problem: Problem, order: Sequence[int], exact_price) -> Solution:
+    """Each variable of ``order`` (a topological order of the calls) in turn takes its
+    cheapest option given its producers' choices (moves into it at ``exact_price``, out
+    to fixed targets at ``problem.price``); the others keep option 0."""
+    choice = [0] * len(problem.unary)
+    into: dict[int, list[tuple[SharedValue, Reader]]] = {}
+    out: dict[int, list[tuple[SharedValue, Reader]]] = {}
+    for v in problem.values:
+        for r in v.readers:
+            if not r.fixed:
+                into.setdefault(r.op, []).append((v, r))
+            elif not v.fixed:
+                out.setdefault(v.producer, []).append((v, r))
+    for c in order:
         best = None
-        for k in range(len(ins[c])):
-            cost = float(unary[c][k]) - _fixed_part(inputs_of.get(c, ()), ins[c][k], price)
-            for entry in inputs_of.get(c, ()):
-                if entry[0] == "fixed":
-                    cost += exact_price(entry[2], ins[c][k][entry[1]])
-                else:
-                    _, i, p, j = entry
-                    cost += exact_price(outs_[p][choice[p]][j], ins[c][k][i])
+        for k in range(len(problem.ins[c])):
+            cost = float(problem.unary[c][k])
+            for v, r in into.get(c, ()):
+                a = v.layout if v.fixed else problem.outs[v.producer][choice[v.producer]][v.j]
+                cost += v.count * exact_price(a, problem.ins[c][k][r.i])
+            for v, r in out.get(c, ()):
+                b = problem.outs[c][k][v.j]
+                cost += 0.0 if b == r.layout else v.count * problem.price(b, r.layout)
             if best is None or cost < best[0]:
                 best = (cost, k)
         choice[c] = best[1]
-    value = total(choice, unary, pairs)
-    return Solution(tuple(choice), value, 0.0, "op by op")
+    return Solution(choice, problem.evaluate(choice), 0.0, Method.OP_BY_OP)
 
 
-def _fixed_part(entries, option_ins, price) -> float:
-    """What ``unary`` already holds for an option's fixed inputs (replaced by exact prices)."""
-    return sum(price(e[2], option_ins[e[1]]) for e in entries if e[0] == "fixed")
-
-
-def term_sides(t, ins, outs_) -> tuple[list[int], list[int]]:
-    if t[0] == "fixed":
-        _, c, i, src = t
-        return [src], list(dict.fromkeys(row[i] for row in ins[c]))
-    if t[0] == "sink":
-        _, c, j, dst = t
-        return list(dict.fromkeys(row[j] for row in outs_[c])), [dst]
-    _, p, j, c, i = t
-    return (
-        list(dict.fromkeys(row[j] for row in outs_[p])),
-        list(dict.fromkeys(row[i] for row in ins[c])),
-    )
-
-
-def pair_count(terms, ins, outs_) -> int:
+def pair_count(problem: Problem) -> int:
+    """How many moves the reads may price (each read of ``count`` values alike counted
+    that many times)."""
     n = 0
-    for t in terms:
-        a, b = term_sides(t, ins, outs_)
-        n += len(a) * len(b)
+    for rd in reads(problem):
+        times = max(1, round(rd.value.count))
+        n += times * len(rd.sources(problem)) * len(rd.targets(problem))
     return n
 
 
-def all_pairs(terms, ins, outs_):
-    for t in terms:
-        a, b = term_sides(t, ins, outs_)
-        for x in a:
-            for y in b:
-                yield x, y
-
-
-def matrix(srcs: list[int], dsts: list[int], price):
-    """``price(src, dst)`` for every pair of spec numbers, each distinct pair priced once."""
-    import numpy as np
-
-    us, ud = list(dict.fromkeys(srcs)), list(dict.fromkeys(dsts))
-    row = {s: i for i, s in enumerate(us)}
-    col = {d: j for j, d in enumerate(ud)}
-    small = np.array([[price(s, d) for d in ud] for s in us], dtype=float)
-    return small[np.array([row[s] for s in srcs])][:, np.array([col[d] for d in dsts])]
+def all_pairs(problem: Problem) -> Iterator[tuple[int, int]]:
+    """Every move a read may make, in the order of the reads."""
+    for rd in reads(problem):
+        targets = rd.targets(problem)
+        for a in rd.sources(problem):
+            for b in targets:
+                yield a, b

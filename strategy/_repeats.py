@@ -233,13 +233,13 @@ def _layer_of(graph: Graph, inst, layer_of, readers) -> int:
 
 
 def exact_untied(graph: Graph, sizes: Mapping[int, int], max_factor: int) -> bool:
-    """Whether the untied program solves exactly (see :func:`._shared.solve_exact`):
+    """Whether the untied program solves exactly (see :func:`.solver.solve_exact`):
     every value's producer and readers together, eliminated in an order whose factors
     and total work stay within ``max_factor``. ``sizes`` gives each variable node's
     number of options (the other nodes are fixed). Then tying would only lose the proof."""
     import math
 
-    from ._solve import _order, work
+    from .solver._eliminate import _order, work
 
     index = {n: k for k, n in enumerate(sizes)}
     scopes: dict = {}

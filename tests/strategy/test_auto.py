@@ -25,9 +25,50 @@ from meshplan.layout import Mesh
 from meshplan.placement import Replicate, Shard, Spec
 from meshplan.redistribute import CostModel, HardwareProfile
 from meshplan.strategy import plan_graph, plan_program
-from meshplan.strategy._auto import candidates, resolve_choose, solve_within
+from meshplan.strategy._auto import candidates, resolve_choose
 from meshplan.strategy._memory import state_bytes
-from meshplan.strategy._solve import solve
+from meshplan.strategy.solver import (
+    InfeasibleBudget,
+    MemoryRow,
+    Method,
+    Options,
+    Problem,
+    Solution,
+    Warm,
+    solve_pairwise,
+    total,
+)
+from meshplan.strategy.solver import solve_within as _solve_within
+
+
+def solve(problem, options=None):
+    """The exact pairwise solver as a relaxation of ``solve_within``."""
+    return solve_pairwise(problem.unary, problem.pairs)
+
+
+def solve_within(
+    relax,
+    unary,
+    pairs,
+    weights,
+    budget,
+    *,
+    max_branches=64,
+    gap=0.0,
+    seeds=(),
+    final=None,
+    state=None,
+    lines=None,
+    draft=None,
+):
+    """``solve_within`` on the problem of ``unary``, ``pairs`` and memory ``weights``."""
+    rows = [MemoryRow(v, w) for v, w in enumerate(weights)]
+    problem = Problem(unary, pairs, memory=rows, budget=budget)
+    warm = Warm(search=state, lines=lines if lines is not None else {})
+    draft = final is not None if draft is None else draft  # the search's solves: drafts
+    options = Options(max_branches=max_branches, gap=gap, draft=draft)
+    return _solve_within(problem, relax, options, seeds=seeds, final=final, warm=warm)
+
 
 R = Replicate()
 
@@ -301,7 +342,7 @@ def test_a_budget_every_choice_fits_constrains_nothing():
     """A budget above the heaviest choice plans as no budget does (one unconstrained
     solve, not a branch and bound, even where the solve is not exact); one below the
     lightest is still refused."""
-    from meshplan.strategy._auto import budget_binds
+    from meshplan.strategy.solver import budget_binds
 
     assert not budget_binds([[1.0, 3.0], [2.0]], 5.0)
     assert budget_binds([[1.0, 3.0], [2.0]], 4.0)
@@ -345,11 +386,10 @@ def test_the_branch_and_bound_stops_within_its_gap_and_its_bound_stays_true(rnd,
 def _unary_greedy(unary, pairs, **kwargs):
     """An inexact solver: each variable's cheapest unary option (pairs ignored), with a
     true but loose bound (the exact minimum less 3)."""
-    from meshplan.strategy._solve import Solution, total
-
+    unary, pairs = unary.unary, unary.pairs  # (a Problem, the search's options)
     choice = tuple(min(range(len(u)), key=lambda k: u[k]) for u in unary)
-    exact = solve(unary, pairs)
-    return Solution(choice, total(choice, unary, pairs), exact.cost - 3.0, "greedy")
+    exact = solve_pairwise(unary, pairs)
+    return Solution(choice, total(choice, unary, pairs), exact.cost - 3.0, Method.FOREST)
 
 
 def test_a_leaf_an_inexact_solver_leaves_open_keeps_its_bound():
@@ -371,7 +411,7 @@ def test_an_inexact_solver_never_makes_the_search_claim_a_bound_above_the_minimu
     best = _brute_best(unary, pairs, weights, budget)
     try:
         sol = solve_within(_unary_greedy, unary, pairs, weights, budget, max_branches=10_000)
-    except StrategyError:
+    except InfeasibleBudget:
         return  # the greedy choice missed every choice that fits: refused, not wrong
     assert sum(w[k] for w, k in zip(weights, sol.choice, strict=True)) <= budget
     assert sol.lower_bound <= best + 1e-9, (sol, best)
@@ -396,17 +436,18 @@ def test_a_search_resumed_after_the_objective_rose_keeps_a_true_bound(rnd, few):
 def test_a_final_solve_at_the_root_tightens_the_bound():
     calls = []
 
-    def loose(unary, pairs, tight=False):
+    def loose(problem, options):
+        tight = not options.draft
         calls.append(tight)
-        s = solve(unary, pairs)
-        return attrs.evolve(s, lower_bound=s.cost - (0.0 if tight else 4.0), method="loose")
+        s = solve(problem)
+        return attrs.evolve(s, bound=s.cost - (0.0 if tight else 4.0), method=Method.FOREST)
 
     unary, weights = [[6, 1], [9, 5, 9], [2]], [[1, 8], [3, 7, 3], [5]]
-    plain = solve_within(loose, unary, {}, weights, 18, max_branches=0)
-    tight = solve_within(loose, unary, {}, weights, 18, max_branches=0, final={"tight": True})
+    plain = solve_within(loose, unary, {}, weights, 18, max_branches=0, draft=True)
+    tight = solve_within(loose, unary, {}, weights, 18, max_branches=0, final=Options())
     assert calls.count(True) == 1
     assert plain.lower_bound < tight.lower_bound <= 12  # 12: the constrained minimum
-    with pytest.raises(StrategyError, match="gap"):
+    with pytest.raises(ValueError, match="gap"):
         solve_within(solve, unary, {}, weights, 18, gap=1.5)
 
 

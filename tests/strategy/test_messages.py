@@ -9,8 +9,8 @@ import itertools
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from meshplan.strategy._messages import lp_bound
-from meshplan.strategy._solve import solve, total
+from meshplan.strategy.solver import lp_bound, total
+from meshplan.strategy.solver import solve_pairwise as solve
 
 
 @st.composite

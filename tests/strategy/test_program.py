@@ -123,33 +123,28 @@ def _brute_force(prog_fn, specs, compute):
 def test_plan_program_matches_exhaustive_search_on_small_graphs(data):
     """The solver's minimum (a value moved to a layout once for all its readers) equals
     the minimum over all strategy combinations, and its bound lies below it."""
-    from meshplan.strategy import _shared
-    from meshplan.strategy._shared import shared_total
+    from meshplan.strategy import _program_solve
 
     mesh = Mesh.create((2,))
     prog_desc = data.draw(programs(max_ops=2, n_weights=1), label="program")
     specs = data.draw(arg_specs(mesh, 4, 4, 1), label="specs")
     fn = build(prog_desc, 1)
     captured = {}
-    real = _shared.solve_shared
+    real = _program_solve.solve
 
-    def spy(above, below, shared, **kw):
-        captured["problem"] = shared
-        return real(above, below, shared, **kw)
+    def spy(problem, *args, **kw):  # the planner hands the solver one Problem
+        captured["problem"] = problem
+        return real(problem, *args, **kw)
 
-    _shared.solve_shared = spy
+    _program_solve.solve = spy
     try:  # a fresh planner: one that planned this program already keeps its answer
         prog = plan_program(fn, *specs, compute=ComputeModel.cpu(), planner=Planner())
     finally:
-        _shared.solve_shared = real
-    unary, values, ins, outs, price = captured["problem"]
-    sizes = [len(u) for u in unary]
-    if _prod(sizes) > 200_000:
+        _program_solve.solve = real
+    problem = captured["problem"]
+    if _prod(problem.sizes) > 200_000:
         return
-    best = min(
-        shared_total(c, unary, values, ins, outs, price)
-        for c in itertools.product(*map(range, sizes))
-    )
+    best = min(problem.evaluate(c) for c in itertools.product(*map(range, problem.sizes)))
     assert prog.lower_bound <= best + 1e-12 + 1e-9 * best
     if prog.method == "exact":
         assert abs(prog.cost.total - best) <= 1e-12 + 1e-9 * best, prog.explain()

@@ -10,8 +10,8 @@ import math
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from meshplan.strategy._shared import Reader, SharedValue, shared_total, solve_shared
-from meshplan.strategy._solve import _neighbours, _order
+from meshplan.strategy.solver import Options, Problem, Reader, SharedValue, solve_shared, split
+from meshplan.strategy.solver._eliminate import _neighbours, _order
 
 
 @st.composite
@@ -45,33 +45,39 @@ def problems(draw, max_ops: int = 5, max_options: int = 3, layouts: int = 4):
         [0.0 if a == b else draw(st.integers(1, 8)) / 2 for b in range(layouts)]
         for a in range(layouts)
     ]
-    return unary, values, ins, outs, (lambda a, b: table[a][b])
+    return Problem(unary, values=values, ins=ins, outs=outs, price=lambda a, b: table[a][b])
 
 
-def _pairwise(problem, shared: bool):
+def _pairwise(problem):
     """The pairwise problems the planner hands the solver: every reader paying its own
     move (above), or its share of it (below)."""
     import numpy as np
 
-    from meshplan.strategy._shared import reader_weights
+    from meshplan.strategy.solver import reader_weights
 
-    unary, values, ins, outs, price = problem
-    weights = reader_weights(values, ins)
+    unary, values, ins, outs, price = (
+        problem.unary,
+        problem.values,
+        problem.ins,
+        problem.outs,
+        problem.price,
+    )
+    weights = reader_weights(problem)
     un = [np.array(u, dtype=float) for u in unary]
     lo = [np.array(u, dtype=float) for u in unary]
     pairs: dict = {}
     pairs_lo: dict = {}
-    for v in values:
-        for r in v.readers:
+    for v, lams in zip(values, weights, strict=True):
+        for r, mine in zip(v.readers, lams, strict=True):
             if r.op < 0:
                 if v.producer < 0:
                     continue
                 col = np.array([price(o[v.j], r.layout) for o in outs[v.producer]])
-                lam = weights[("sink", v.producer, v.j)][r.layout]
+                lam = mine[r.layout]
                 un[v.producer] += col
                 lo[v.producer] += col * lam
                 continue
-            lam = np.array([weights[(r.op, r.i)][row[r.i]] for row in ins[r.op]])
+            lam = np.array([mine[row[r.i]] for row in ins[r.op]])
             if v.producer < 0:
                 row = np.array([price(v.layout, o[r.i]) for o in ins[r.op]])
                 un[r.op] += row
@@ -87,22 +93,35 @@ def _pairwise(problem, shared: bool):
 
 
 def _brute(problem):
-    unary, values, ins, outs, price = problem
-    return min(
-        shared_total(c, unary, values, ins, outs, price)
-        for c in itertools.product(*(range(len(u)) for u in unary))
-    )
+    return min(problem.evaluate(c) for c in itertools.product(*map(range, problem.sizes)))
+
+
+def _pairwise_total(choice, unary, pairs):
+    s = sum(float(u[k]) for u, k in zip(unary, choice, strict=True))
+    return s + sum(float(m[choice[a]][choice[b]]) for (a, b), m in pairs.items())
+
+
+@settings(max_examples=min(settings.default.max_examples, 100), deadline=None)
+@given(problems(), st.data())
+def test_the_split_brackets_the_shared_objective_as_a_plain_reading_does(problem, data):
+    """Every choice costs at least its below problem and at most its above one, and both
+    equal the pairwise problems read off the values one reader at a time."""
+    (un, pairs), (lo, pairs_lo) = _pairwise(problem)
+    moves = split(problem)
+    above, below = moves.above(problem.unary), moves.below(problem.unary)
+    c = [data.draw(st.integers(0, k - 1)) for k in problem.sizes]
+    assert below.evaluate(c) <= problem.evaluate(c) + 1e-9 <= above.evaluate(c) + 2e-9
+    assert abs(above.evaluate(c) - _pairwise_total(c, un, pairs)) <= 1e-9
+    assert abs(below.evaluate(c) - _pairwise_total(c, lo, pairs_lo)) <= 1e-9
 
 
 @settings(max_examples=min(settings.default.max_examples, 100), deadline=None)
 @given(problems(), st.sampled_from([1, 4, 1 << 20]))
 def test_the_solver_equals_brute_force_and_its_bound_is_a_true_bound(problem, max_factor):
-    above, below = _pairwise(problem, True)
-    sol = solve_shared(above, below, problem, max_factor=max_factor)
+    sol = solve_shared(problem, Options(max_factor=max_factor))
     best = _brute(problem)
-    unary, values, ins, outs, price = problem
-    assert sol.cost == shared_total(sol.choice, unary, values, ins, outs, price)
-    assert sol.lower_bound <= best + 1e-9
+    assert sol.cost == problem.evaluate(sol.choice)
+    assert sol.bound <= best + 1e-9
     assert sol.cost >= best - 1e-9
     if sol.method == "exact":
         assert abs(sol.cost - best) <= 1e-9
@@ -144,7 +163,7 @@ def test_the_heap_order_is_the_greedy_smallest_factor_order(data):
 def test_the_forest_bound_with_folded_terms_lies_below_the_pairwise_minimum(data):
     """With every factor refused, ``solve``'s bound (a spanning forest, the other terms
     folded into row and column minima) is at most the brute-force minimum."""
-    from meshplan.strategy._solve import solve, total
+    from meshplan.strategy.solver import solve_pairwise, total
 
     n = data.draw(st.integers(2, 6))
     sizes = data.draw(st.lists(st.integers(1, 3), min_size=n, max_size=n))
@@ -157,21 +176,22 @@ def test_the_forest_bound_with_folded_terms_lies_below_the_pairwise_minimum(data
                 data.draw(st.lists(cost, min_size=sizes[b], max_size=sizes[b]))
                 for _ in range(sizes[a])
             ]
-    sol = solve(unary, pairs, max_factor=1)
+    sol = solve_pairwise(unary, pairs, max_factor=1)
     best = min(total(c, unary, pairs) for c in itertools.product(*map(range, sizes)))
     assert sol.lower_bound <= best + 1e-9
     assert sol.cost >= best - 1e-9
 
 
-def _reference_local_search(choice, unary, values, ins, outs, price):
+def _reference_local_search(choice, problem):
     """Local search as plain loops: each op in a worklist re-chosen by pricing each of its
     options on the shared objective, one at a time (the reference)."""
     from collections import deque
 
+    unary = problem.unary
     choice = list(choice)
     touching = [[] for _ in unary]
     near = [set() for _ in unary]
-    for v in values:
+    for v in problem.values:
         ops = {r.op for r in v.readers if r.op >= 0} | ({v.producer} - {-1})
         for c in ops:
             touching[c].append(v)
@@ -179,8 +199,7 @@ def _reference_local_search(choice, unary, values, ins, outs, price):
 
     def part(c, k):
         choice[c] = k
-        return float(unary[c][k]) + shared_total(choice, [[0.0] * len(u) for u in unary],
-                                                 touching[c], ins, outs, price)
+        return float(unary[c][k]) + sum(problem.move_cost(v, choice) for v in touching[c])
 
     queue, queued = deque(range(len(unary))), [True] * len(unary)
     visits = 0
@@ -208,16 +227,15 @@ def _reference_local_search(choice, unary, values, ins, outs, price):
 @given(problems(max_ops=6, max_options=4), st.data())
 def test_local_search_prices_all_options_at_once_as_the_loop_does_one_by_one(problem, data):
     """Prices in quarters: sums are exact, so both pick the very same options."""
-    from meshplan.strategy._shared import local_search
+    from meshplan.strategy.solver import local_search
 
-    unary, values, ins, outs, price = problem
-    start = [data.draw(st.integers(0, len(u) - 1)) for u in unary]
-    got = local_search(start, unary, values, ins, outs, price)
-    assert got == _reference_local_search(start, unary, values, ins, outs, price)
-    cost = shared_total(got, unary, values, ins, outs, price)
-    assert cost <= shared_total(start, unary, values, ins, outs, price)
-    for c in range(len(unary)):  # no op alone can do better
-        for k in range(len(unary[c])):
+    start = [data.draw(st.integers(0, k - 1)) for k in problem.sizes]
+    got = local_search(problem, start)
+    assert got == _reference_local_search(start, problem)
+    cost = problem.evaluate(got)
+    assert cost <= problem.evaluate(start)
+    for c, size in enumerate(problem.sizes):  # no op alone can do better
+        for k in range(size):
             other = list(got)
             other[c] = k
-            assert shared_total(other, unary, values, ins, outs, price) >= cost - 1e-12
+            assert problem.evaluate(other) >= cost - 1e-12

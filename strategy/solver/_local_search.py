@@ -11,7 +11,7 @@ part) or by ``c`` under that option, in the row of the source under that option.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 __all__ = ["Searcher", "local_search"]
@@ -79,10 +79,15 @@ class _Value:
 
 
 class Searcher:
-    """:func:`local_search` over fixed ``values``, ``ins``, ``outs`` and ``price``: the
-    values' price tables are built once, for any number of searches."""
+    """:func:`local_search` over one problem's shared values: their price tables are built
+    once, for any number of searches (from any unary rows)."""
 
-    def __init__(self, values: Sequence[Any], ins, outs, price: Callable[[int, int], float]):
+    def __init__(self, problem) -> None:
+        values, ins, outs, price = problem.values, problem.ins, problem.outs, problem.price
+        self.pairs: dict[int, list] = {}
+        for (a, b), m in problem.pairs.items():
+            self.pairs.setdefault(a, []).append((b, m, True))
+            self.pairs.setdefault(b, []).append((a, m, False))
         self.tables: list[_Value] = []
         self.touching: dict[int, list[int]] = {}
         self.near: dict[int, set[int]] = {}
@@ -119,40 +124,37 @@ class Searcher:
             cost = np.array(unary[c], dtype=float)
             for i in mine:
                 cost += self.tables[i].costs(states[i], c, orig, size)
+            for w, m, first in self.pairs.get(c, ()):
+                cost += m[:, choice[w]] if first else m[choice[w], :]
             best = int(np.argmin(cost))
             if not cost[best] < cost[orig] - 1e-18:
                 continue
             choice[c] = best
             for i in mine:
                 states[i] = self.tables[i].move(states[i], c, orig, best)
-            for u in sorted(self.near.get(c, ())):
+            for u in sorted({*self.near.get(c, ()), *(w for w, _, _ in self.pairs.get(c, ()))}):
                 if u != c and not queued[u]:
                     queued[u] = True
                     queue.append(u)
         return choice
 
 
-def local_search(
-    choice: Sequence[int],
-    unary: Sequence[Sequence[float]],
-    values: Sequence[Any],
-    ins,
-    outs,
-    price: Callable[[int, int], float],
-    max_visits: int | None = None,
-) -> list[int]:
-    """Re-choose each op given the others, on the shared objective, until nothing improves.
+def local_search(problem, choice: Sequence[int], max_visits: int | None = None) -> list[int]:
+    """Re-choose each variable given the others, on ``problem``'s objective, until nothing
+    improves.
 
-    A worklist: every op once, then only the ops sharing a value with one that changed
+    A worklist: every variable once, then only those sharing a term with one that changed
     (the others' best options cannot have moved); at most ``max_visits`` visits
-    (default 50 per op). An op moves to its cheapest option (the first of equals) when
-    that is cheaper than its current one. (:class:`Searcher` keeps the price tables
-    for more searches over the same values and prices.)
+    (default 50 per variable). A variable moves to its cheapest option (the first of
+    equals) when that is cheaper than its current one. (:class:`Searcher` keeps the price
+    tables for more searches over the same values and prices.)
 
-    >>> from meshplan.strategy._shared import Reader, SharedValue
+    >>> from meshplan.strategy.solver import Problem, Reader, SharedValue
     >>> v = SharedValue(-1, 0, 2, (Reader(0, 0), Reader(1, 0)))  # fixed in layout 2
     >>> ins = [[[0], [1]], [[1]]]  # op 0 reads the value in layout 0 or 1, op 1 in 1
-    >>> local_search([0, 0], [[0.0, 0.0], [0.0]], [v], ins, [[[]], [[]]], lambda a, b: 2.0)
+    >>> p = Problem([[0.0, 0.0], [0.0]], values=[v], ins=ins, outs=[[[], []], [[]]],
+    ...             price=lambda a, b: 2.0)
+    >>> local_search(p, [0, 0])
     [1, 0]
     """
-    return Searcher(values, ins, outs, price)(choice, unary, max_visits)
+    return Searcher(problem)(choice, problem.unary, max_visits)

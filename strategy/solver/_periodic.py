@@ -1,7 +1,7 @@
-"""A layer's bound with its neighbours' layouts priced as its own (no torch; numpy when
-used).
+"""A layer's bound with its neighbours' layouts priced as its own (numpy when used).
 
-:mod:`._program_parts` bounds each layer of a tied program alone, its inputs from the
+A program whose repeated layers share one plan is bounded part by part (the program
+planner's ``_program_parts``): each layer of a tied program alone, its inputs from the
 layers before and after it read from *copies* whose options the layer picks freely. A
 copy stands for a call of the next or previous layer, which in the program is that
 layer's own call of the same class (tied to the same representative). Lagrange
@@ -24,8 +24,7 @@ __all__ = ["run_bound"]
 
 
 def run_bound(
-    unary: Sequence,
-    shared: tuple,
+    problem,
     links: Sequence[tuple[int, int]],
     *,
     n: int,
@@ -35,22 +34,21 @@ def run_bound(
 ) -> tuple[float, list]:
     """``n`` times a lower bound of one part's minimum with the links priced by
     multipliers, and the multipliers (per link, by option): see the module docstring.
-    ``unary`` and ``shared`` (``(values, ins, outs, price)``) are one part's, ``links``
+    ``problem`` is one part's (a :class:`~._problem.Problem`), ``links``
     its ``(copy, own)`` variable pairs, ``choice`` a choice of the part whose copies
     agree with their own calls (the program's: its cost aims the steps)."""
     import numpy as np
 
-    from ._shared import shared_total
-    from ._sharing import _ascent, _problem, _project, _splits, pairwise_min
+    from ._sharing import _ascent, _at, _project, _splits, pairwise_min
 
-    values, ins, outs, price = shared
-    splits, weights = _splits(values, ins, outs, price)
+    unary = problem.unary
+    splits, weights = _splits(problem)
     able = [w > 0 for w in weights]
     lam = [np.zeros(len(unary[c])) for c, _ in links]
     solve = pairwise_min(max_factor)
 
     def at(weights, lam, start, passes):
-        un, pairs, const = _problem(unary, splits, weights)
+        un, pairs, const = _at(unary, splits, weights, problem.pairs)
         for (c, o), m in zip(links, lam, strict=True):
             un[c] = un[c] + m
             un[o] = un[o] - m
@@ -58,7 +56,7 @@ def run_bound(
         return low + const, x, start
 
     best = None  # (total, weights, lam, start)
-    upper = shared_total(choice, unary, values, ins, outs, price)
+    upper = problem.evaluate(choice)
     theta, stale, start = 1.0, 0, None
     for _ in range(steps):
         low, x, start = at(weights, lam, start, 40)
@@ -72,7 +70,7 @@ def run_bound(
         y = list(x)
         for c, o in links:
             y[c] = y[o]
-        upper = min(upper, shared_total(y, unary, values, ins, outs, price))
+        upper = min(upper, problem.evaluate(y))
         grads, norm = _ascent(splits, weights, x)
         moved = [(k, x[c], x[o]) for k, (c, o) in enumerate(links) if x[c] != x[o]]
         if (norm <= 0 and not moved) or theta < 1e-3:

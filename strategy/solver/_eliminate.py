@@ -1,9 +1,7 @@
-"""Minimum-cost choice of one option per node under unary and pairwise costs (no torch).
+"""Exact elimination, and bounds where it is too wide, of a pairwise problem (numpy).
 
-The whole-program selection is a min-sum problem: every op picks one strategy; an op
-pays its own compute and the redistributions into it (from the arguments' fixed specs
-or from its producers' chosen output specs) and out of it (to the program's fixed
-output and gradient specs). :func:`solve` finds the exact minimum by variable
+A pairwise problem picks one option per node to minimize unary plus pairwise costs.
+:func:`solve_pairwise` finds the exact minimum by variable
 elimination (dynamic programming over the graph: exact on chains, trees and any graph
 whose elimination keeps factors small — residual blocks and attention included) and
 returns how it did it. When a factor would exceed ``max_factor`` entries it drops the
@@ -20,26 +18,9 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
-import attrs
+from ._solution import Effort, Method, Solution
 
-__all__ = ["Solution", "elimination_order", "solve", "total", "work"]
-
-
-@attrs.frozen
-class Solution:
-    """One option per node, its total cost, a lower bound of the minimum, and the method;
-    under a memory budget, ``multiplier`` is the Lagrange multiplier (cost per byte) the
-    search's root bound was found at (0: none)."""
-
-    choice: tuple[int, ...]
-    cost: float
-    lower_bound: float
-    method: str
-    multiplier: float = attrs.field(default=0.0, repr=False)
-
-    @property
-    def gap(self) -> float:
-        return 0.0 if self.cost <= 0 else max(0.0, (self.cost - self.lower_bound) / self.cost)
+__all__ = ["elimination_order", "solve_pairwise", "total", "work"]
 
 
 def total(
@@ -54,7 +35,7 @@ def total(
     return float(s)
 
 
-def solve(
+def solve_pairwise(
     unary: Sequence[Sequence[float]],
     pairs: dict[tuple[int, int], Sequence[Sequence[float]]],
     *,
@@ -68,8 +49,8 @@ def solve(
     best choice found, with a true lower bound (see :func:`_bounded`; ``prove=False`` when only
     the choice matters: the bound is then the cheaper, looser one).
 
-    >>> solve([[1, 0], [0, 3]], {(0, 1): [[0, 5], [5, 0]]})
-    Solution(choice=(0, 0), cost=1.0, lower_bound=1.0, method='exact')
+    >>> solve_pairwise([[1, 0], [0, 3]], {(0, 1): [[0, 5], [5, 0]]})
+    Solution(choice=(0, 0), cost=1.0, bound=1.0, method=<Method.EXACT: 'exact'>)
     """
     import numpy as np
 
@@ -79,7 +60,7 @@ def solve(
     if order is not None:
         choice = _eliminate(un, pw, order)
         c = total(choice, unary, pairs)
-        return Solution(choice, c, c, "exact")
+        return Solution(choice, c, c, Method.EXACT)
     return _bounded(un, pw, unary, pairs, starts, prove)
 
 
@@ -117,10 +98,11 @@ def _bounded(un, pw, unary, pairs, starts, prove: bool = True) -> Solution:
     if cost < best[0]:
         best = (cost, tuple(c))
     bound = max(bound, relaxed.bound)
+    effort = Effort(passes=relaxed.passes)
     if best[0] - bound <= 1e-9 * max(abs(best[0]), 1e-300):
-        return Solution(best[1], best[0], min(bound, best[0]), "exact")
-    method = "LP bound + local search" if relaxed.bound >= bound else "forest bound + local search"
-    return Solution(best[1], best[0], bound, method)
+        return Solution(best[1], best[0], min(bound, best[0]), Method.EXACT, effort)
+    method = Method.MESSAGES if relaxed.bound >= bound else Method.FOREST
+    return Solution(best[1], best[0], bound, method, effort)
 
 
 def elimination_order(sizes: Sequence[int], edges, max_factor: int) -> list[int] | None:

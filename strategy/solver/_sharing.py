@@ -50,11 +50,12 @@ class _Split:
     column: Any
 
 
-def _splits(values, ins, outs, price) -> tuple[list[_Split], list[Any]]:
+def _splits(problem) -> tuple[list[_Split], list[Any]]:
     """The splits of every reader, and per value a weight table (readers x layouts, 0
     where a reader cannot want the layout) holding even shares to start from."""
     import numpy as np
 
+    values, ins, outs, price = problem.values, problem.ins, problem.outs, problem.price
     splits: list[_Split] = []
     weights = []
     for vi, v in enumerate(values):
@@ -73,12 +74,13 @@ def _splits(values, ins, outs, price) -> tuple[list[_Split], list[Any]]:
     return splits, weights
 
 
-def _problem(unary, splits: list[_Split], weights) -> tuple[list, dict, float]:
-    """The pairwise problem at ``weights``: ``(unary, pairs, constant)``."""
+def _at(unary, splits: list[_Split], weights, base=None) -> tuple[list, dict, float]:
+    """The pairwise problem at ``weights``: ``(unary, pairs, constant)`` (``base``: pair
+    tables of the problem's own, added)."""
     import numpy as np
 
     un = [np.asarray(u, dtype=float).copy() for u in unary]
-    pairs: dict[tuple[int, int], Any] = {}
+    pairs: dict[tuple[int, int], Any] = dict(base or {})
     const = 0.0
     for s in splits:
         m = s.prices * weights[s.value][s.row, s.column][None, :]
@@ -129,8 +131,7 @@ def _project(w, able) -> Any:
 
 
 def tighten(
-    unary: Sequence[Any],
-    shared: tuple,
+    problem,
     best: tuple[float, Sequence[int]],
     bound: float,
     *,
@@ -143,15 +144,15 @@ def tighten(
     """Raise ``bound`` (a true bound of the shared minimum) and lower ``best`` (a cost and
     its choice) for up to ``steps`` steps or until they meet within ``tol`` (relative).
 
-    ``shared`` is ``(values, ins, outs, price)``; ``pairwise_min(unary, pairs, start,
+    ``problem`` is the shared :class:`~._problem.Problem`; ``pairwise_min(unary, pairs, start,
     passes)`` returns a true lower bound of a pairwise problem, a choice for it and what
     to start a nearby problem from (after about ``passes`` passes of work);
     ``improve(choice)`` returns a (cost, choice) on the shared objective no worse than
     ``choice``; ``start_weights``: the ``weights`` of an earlier result over the same
     values (else even shares).
     """
-    values, ins, outs, price = shared
-    splits, weights = _splits(values, ins, outs, price)
+    unary = problem.unary
+    splits, weights = _splits(problem)
     able = [w > 0 for w in weights]
     fits = start_weights is not None and len(start_weights) == len(weights)
     if fits and all(w.shape == x.shape for w, x in zip(weights, start_weights, strict=True)):
@@ -165,7 +166,7 @@ def tighten(
         taken += 1
         if cost - bound <= tol * max(abs(cost), 1e-300):
             break
-        un, pairs, const = _problem(unary, splits, weights)
+        un, pairs, const = _at(unary, splits, weights, problem.pairs)
         low, x, start = pairwise_min(un, pairs, start, 10)
         low += const
         if low > bound + 1e-12 * max(abs(bound), 1e-300):
@@ -186,7 +187,7 @@ def tighten(
         weights = [_project(w + t * g, a) for w, g, a in zip(weights, grads, able, strict=True)]
     if kept is not None and kept[1] is not None and cost - bound > tol * max(abs(cost), 1e-300):
         # the steps run few passes each: the best weights' bound, raised to convergence
-        un, pairs, const = _problem(unary, splits, kept[0])
+        un, pairs, const = _at(unary, splits, kept[0], problem.pairs)
         bound = max(bound, pairwise_min(un, pairs, kept[1], 200)[0] + const)
     best_weights = kept[0] if kept is not None else weights
     return Tightened(min(bound, cost), cost, tuple(choice), taken, best_weights)
@@ -197,8 +198,8 @@ def pairwise_min(max_factor: int) -> Callable:
     narrow enough, else the message-passing bound, started from the previous step's.
     The steps' problems share their terms (only the weights change), so the elimination
     order is found once per set of terms."""
+    from ._eliminate import _eliminate, elimination_order, total
     from ._messages import lp_bound
-    from ._solve import _eliminate, elimination_order, total
 
     orders: dict[frozenset, list[int] | None] = {}
 

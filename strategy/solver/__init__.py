@@ -1,0 +1,65 @@
+"""meshplan.strategy.solver — the discrete optimizer behind whole-program planning.
+
+Decides one option per variable of a typed, frozen :class:`Problem` (variables and
+their domains, unary costs, pair tables with each edge once, shared moves: a value
+moved once to every layout its readers want, memory rows under a budget) so that
+:meth:`Problem.evaluate` is least, and proves how close it got: :func:`solve` returns a
+:class:`Solution` (the choice, its cost, a true lower bound, the :class:`Method` that
+bounded it and the :class:`Effort` spent). The methods, each a function of a problem:
+exact elimination (:func:`solve_pairwise`, :func:`solve_exact`), message passing
+(:func:`lp_bound`), the sharing dual (:func:`solve_shared`), local search
+(:func:`local_search`), a tied layer's periodic bound (:func:`run_bound`), Lagrangian
+relaxation with branch and bound under a memory budget (:func:`solve_within`).
+Options and budgets are typed values (:class:`Options`).
+
+Knows nothing of torch, meshes, specs or ops: layouts and options are numbers, prices
+a function of two layout numbers. Imports nothing of meshplan outside this package;
+numpy is imported when a problem is solved.
+
+>>> p = Problem([[1.0, 0.0], [0.0, 3.0]], {(0, 1): [[0, 5], [5, 0]]})
+>>> s = solve(p)
+>>> s.choice, s.cost, s.bound, s.method
+((0, 0), 1.0, 1.0, <Method.EXACT: 'exact'>)
+"""
+
+from ._budget import InfeasibleBudget, budget_binds, min_memory_choice, solve_within
+from ._eliminate import elimination_order, solve_pairwise, total, work
+from ._local_search import Searcher, local_search
+from ._messages import Relaxation, lp_bound
+from ._periodic import run_bound
+from ._problem import MemoryRow, Problem, Reader, SharedValue
+from ._shared import Split, reader_weights, solve_exact, solve_shared, split
+from ._solution import Effort, Method, Options, Solution, Warm, proven
+from ._solve import solve
+
+__all__ = [
+    "Effort",
+    "InfeasibleBudget",
+    "MemoryRow",
+    "Method",
+    "Options",
+    "Problem",
+    "Reader",
+    "Relaxation",
+    "Searcher",
+    "SharedValue",
+    "Solution",
+    "Split",
+    "Warm",
+    "budget_binds",
+    "elimination_order",
+    "local_search",
+    "lp_bound",
+    "min_memory_choice",
+    "proven",
+    "reader_weights",
+    "run_bound",
+    "solve",
+    "solve_exact",
+    "solve_pairwise",
+    "solve_shared",
+    "solve_within",
+    "split",
+    "total",
+    "work",
+]
