@@ -40,6 +40,7 @@ def reader_weights(problem: Problem) -> list[list[dict[int, float]]]:
     """Per value, per reader, per layout the reader may want: one over the number of the
     value's readers that may want that layout.
 
+    >>> from meshplan.strategy.solver import Reader
     >>> v = SharedValue(-1, 0, 0, (Reader(0, 0), Reader(1, 0)))
     >>> p = Problem([[0, 0], [0]], values=[v], ins=[[[0], [1]], [[1]]], outs=[[[], []], [[]]])
     >>> reader_weights(p)
