@@ -24,11 +24,11 @@ import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 DOCS = ROOT / "docs"
-GUIDES = ("index.rst", "concepts.rst", "from_dtensor.rst", "from_jax.rst")
+GUIDES = ("index.rst", "concepts.rst", "from_dtensor.rst", "from_jax.rst", "train.rst")
 COMMANDS = ("pip ", "python ", "torchrun ", "meshplan ")
 FLAGS = doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE
 #: guides (or README sections) whose code runs on every rank of a gloo world of this size
-WORLDS = {"from_dtensor.rst": 4, "README.md#From a torch model": 4}
+WORLDS = {"from_dtensor.rst": 4, "train.rst": 4, "README.md#From a torch model": 4}
 
 
 @attrs.frozen
@@ -188,7 +188,8 @@ def test_guide_code_runs_on_every_rank(guide, request):
     pool = request.getfixturevalue(f"pool{WORLDS[guide]}")
     blocks = _ALL[guide]
     assert any(b.kind in ("python", "doctest") for b in blocks), guide
-    for rank, failures in enumerate(pool.run(_run_on_rank, blocks)):
+    # a guide that plans a model takes tens of seconds on a loaded machine
+    for rank, failures in enumerate(pool.run(_run_on_rank, blocks, timeout=600)):
         assert not failures, f"rank {rank}:\n" + "\n".join(failures)
 
 
