@@ -2,20 +2,24 @@
 
 A ``torch.distributed.checkpoint`` directory (``.metadata`` plus ``__<rank>_<n>.distcp``
 files) records, per tensor, its global shape, dtype and the boxes ("chunks") its
-writers saved. :func:`read_dcp_metadata` reads that record through DCP's public
-``FileSystemReader`` as a meshplan :class:`~meshplan.checkpoint.Metadata`, so the same
-pure box intersection that loads meshplan checkpoints (:func:`plan_reads`) decides which
-slice of which saved chunk fills which part of a rank's local tensor -- for any target
-spec, mesh or world size, including StridedShard and non-default shard orders (which
-DCP's own loader cannot place). :func:`load_dcp` reads those slices for one rank with
-DCP's reader (no collective, no process group needed); :func:`load_dcp_all` does it for
-every rank in one process. :func:`convert_to_dcp` writes a meshplan checkpoint as a DCP
-directory, so a torch program can load it with ``dcp.load``.
+writers saved. :func:`read_dcp_metadata` reads that record as a meshplan
+:class:`~meshplan.checkpoint.Metadata`, so the same pure box intersection that loads
+meshplan checkpoints (:func:`plan_reads`) decides which slice of which saved chunk fills
+which part of a rank's local tensor -- for any target spec, mesh or world size, including
+StridedShard and non-default shard orders (which DCP's own loader cannot place).
+:func:`load_dcp` reads those slices for one rank (no collective, no process group
+needed); :func:`load_dcp_all` does it for every rank in one process, reading each saved
+chunk once. :func:`convert_to_dcp` writes a meshplan checkpoint as a DCP directory, so a
+torch program can load it with ``dcp.load``.
 
-Reading a DCP directory never runs its pickle unrestricted: ``.metadata`` is unpickled
-with an allow-list (DCP's metadata classes, ``torch.Size``, dtypes, layouts, memory
-formats, paths), so an untrusted checkpoint cannot run code before it is checked; the
-tensor data is read by DCP's reader (``torch.load(weights_only=True)``).
+An untrusted or damaged DCP directory fails with a :class:`CheckpointError` naming the
+file and the tensor, in time and memory proportional to its files: ``.metadata`` is
+unpickled with an allow-list (DCP's metadata classes, ``torch.Size``, dtypes, layouts,
+memory formats, paths), so it runs no code, and checked field by field before use
+(``_dcp_index``: repeated chunk records, chunks that do not tile a tensor, storage
+entries sharing bytes); each chunk is read from a regular file only, its archive's CRC-32s
+checked, and loaded with ``torch.load(weights_only=True)`` (``_dcp_data``, which also
+says what no check can catch).
 """
 
 from __future__ import annotations
@@ -33,26 +37,22 @@ from meshplan.layout._mesh import first_instance
 from meshplan.placement import Replicate, Sharded, Spec, local_shape
 from meshplan.placement._tensor import partial_keeps
 
-from ._index import ChunkRecord, Metadata, TensorMeta, missing_tensor
-from ._index_json import MAX_INDEX_BYTES, _file, checkpoint_path, read_metadata, read_small_file
+from ._dcp_data import open_data_file, read_chunk
+from ._dcp_index import DcpIndex, dcp_index
+from ._index import Metadata, missing_tensor
+from ._index_json import MAX_INDEX_BYTES, checkpoint_path, read_metadata, read_small_file
 from ._load import load_all
 from ._plan import check_target, plan_reads
 from ._ranks import resolve_rank
 
 __all__ = ["convert_to_dcp", "load_dcp", "load_dcp_all", "read_dcp_metadata"]
 
-_NO_CHECKSUM = "dcp:none"  # DCP records no checksum per chunk
 
-
-def _dcp_reader(directory: str) -> Any:
-    from torch.distributed.checkpoint import FileSystemReader
-
-    return FileSystemReader(directory)
-
-
-def _dcp_metadata(directory: str, reader: Any) -> Any:
-    """The DCP ``Metadata`` of ``directory``, unpickled with an allow-list of classes
-    (:func:`._dcp_pickle.load_metadata`): a hostile ``.metadata`` runs no code."""
+def _read_index(directory: str) -> DcpIndex:
+    """The checked index of the DCP checkpoint ``directory``: its ``.metadata`` (a regular
+    file under the size cap) unpickled with an allow-list of classes
+    (:func:`._dcp_pickle.load_metadata`, so a hostile file runs no code) and checked field
+    by field (:func:`._dcp_index.dcp_index`)."""
     from ._dcp_pickle import load_metadata
 
     path = os.path.join(directory, ".metadata")
@@ -68,99 +68,26 @@ def _dcp_metadata(directory: str, reader: Any) -> Any:
         raise CheckpointError(
             f"the DCP metadata of {directory!r} cannot be read: {e}", value=directory
         ) from None
-    meta = load_metadata(data, directory)
-    for info in (getattr(meta, "storage_data", None) or {}).values():
-        name = getattr(info, "relative_path", None)
-        try:
-            _file(name)
-        except ValueError:
-            raise CheckpointError(
-                f"the DCP metadata of {directory!r} places data in {name!r:.80}, outside the "
-                "checkpoint directory; the checkpoint is damaged or hostile",
-                value=name,
-            ) from None
-    if getattr(meta, "storage_meta", None) is not None:
-        meta.storage_meta.load_id = getattr(reader, "load_id", None)
-    return meta
-
-
-def _as_metadata(dcp_meta: Any, directory: str) -> Metadata:
-    from torch.distributed.checkpoint.metadata import TensorStorageMetadata
-
-    tensors = {}
-    for key, item in dcp_meta.state_dict_metadata.items():
-        if not isinstance(item, TensorStorageMetadata):
-            continue  # bytes (pickled objects): not tensors
-        dtype = str(item.properties.dtype).removeprefix("torch.")
-        chunks = []
-        for c in item.chunks:
-            chunks.append(
-                ChunkRecord(tuple(c.offsets), tuple(c.sizes), directory, key, _NO_CHECKSUM)
-            )
-        tensors[key] = TensorMeta(key, tuple(item.size), dtype, tuple(chunks))
-    return Metadata(tensors)
+    return dcp_index(load_metadata(data, directory), directory, len(data))
 
 
 def read_dcp_metadata(path: str | os.PathLike[str]) -> Metadata:
     """What a torch DCP checkpoint holds: per tensor its global shape, dtype and saved boxes.
 
-    Non-tensor entries (pickled objects) are left out. Chunk records name the checkpoint
-    directory as their file (DCP keeps its own file map) and carry no checksum.
+    Non-tensor entries (pickled objects) are left out. Each chunk record names the data
+    file holding it and ``<key>#<n>``; its checksum field is ``"dcp:zip-crc32"`` (DCP keeps
+    a CRC-32 per record of each chunk's archive, checked when the chunk is read). The
+    metadata is checked first: field types, chunks that tile each tensor, one storage entry
+    per chunk, no two sharing bytes; a damaged or hostile file raises a
+    :class:`~meshplan.errors.CheckpointError` naming the tensor and the field.
     """
-    directory = checkpoint_path(path)
-    return _as_metadata(_dcp_metadata(directory, _dcp_reader(directory)), directory)
+    return _read_index(checkpoint_path(path)).meta
 
 
-def _load_planner(targets: dict[Any, torch.Tensor]) -> Any:
-    from torch.distributed.checkpoint.planner import LoadPlanner
-
-    class _IntoViews(LoadPlanner):
-        """Hands DCP's reader the local-tensor view each read fills (the reads are ours)."""
-
-        def set_up_planner(self, state_dict, metadata=None, is_coordinator=False):
-            pass
-
-        def create_local_plan(self):
-            raise NotImplementedError  # the plan is made by meshplan
-
-        def create_global_plan(self, global_plan):
-            return global_plan
-
-        def finish_plan(self, central_plan):
-            return central_plan
-
-        def load_bytes(self, read_item, value):
-            raise CheckpointError(f"unexpected bytes entry {read_item.dest_index.fqn!r}")
-
-        def resolve_tensor(self, read_item):
-            return targets[read_item]
-
-        def commit_tensor(self, read_item, tensor):
-            pass
-
-    return _IntoViews()
-
-
-def _read_items(meta: TensorMeta, spec: Spec, rank: int, local: torch.Tensor):
-    from torch.distributed.checkpoint.metadata import MetadataIndex
-    from torch.distributed.checkpoint.planner import LoadItemType, ReadItem
-
-    out = {}
-    for i, read in enumerate(plan_reads(meta, spec, rank)):
-        rec = meta.chunks[read.chunk]
-        item = ReadItem(
-            type=LoadItemType.TENSOR,
-            dest_index=MetadataIndex(meta.key, torch.Size(read.target.offsets), i),
-            dest_offsets=torch.Size(read.target.offsets),
-            storage_index=MetadataIndex(meta.key, torch.Size(rec.offsets)),
-            storage_offsets=torch.Size(read.source.offsets),
-            lengths=torch.Size(read.source.sizes),
-        )
-        view = local
-        for d, (o, n) in enumerate(zip(read.target.offsets, read.target.sizes, strict=True)):
-            view = view.narrow(d, o, n)
-        out[item] = view
-    return out
+def _narrow(t: torch.Tensor, offsets: tuple[int, ...], sizes: tuple[int, ...]) -> torch.Tensor:
+    for d, (o, n) in enumerate(zip(offsets, sizes, strict=True)):
+        t = t.narrow(d, o, n)
+    return t
 
 
 def _check_targets(targets: Any, meta: Metadata, directory: str) -> None:
@@ -177,28 +104,37 @@ def _check_targets(targets: Any, meta: Metadata, directory: str) -> None:
 def _load_ranks(
     directory: str, targets: Mapping[str, Spec], ranks_of: Any, device: Any
 ) -> dict[int, dict[str, Sharded]]:
-    from torch.distributed.checkpoint.planner import LoadPlan
-
-    reader = _dcp_reader(directory)
-    dcp_meta = _dcp_metadata(directory, reader)
-    meta = _as_metadata(dcp_meta, directory)
+    index = _read_index(directory)
+    meta = index.meta
     _check_targets(targets, meta, directory)
-    reader.set_up_storage_reader(dcp_meta, True)
     out: dict[int, dict[str, Sharded]] = {}
-    views: dict[Any, torch.Tensor] = {}
+    reads: dict[tuple[str, int], list] = {}  # (key, chunk) -> (local view, box of the chunk)
     for key, spec in targets.items():
         dtype = getattr(torch, spec.dtype)
         for rank in ranks_of(key, spec):
             local = torch.zeros(local_shape(spec, rank), dtype=dtype)
             keeps = not spec.is_partial or partial_keeps(spec, spec.mesh.coordinate(rank))
             if keeps:
-                for item, view in _read_items(meta.tensors[key], spec, rank, local).items():
-                    views[(rank, item)] = view
+                for read in plan_reads(meta.tensors[key], spec, rank):
+                    view = _narrow(local, read.target.offsets, read.target.sizes)
+                    reads.setdefault((key, read.chunk), []).append((view, read.source))
             out.setdefault(rank, {})[key] = local
-    for rank in out:
-        mine = {item: view for (r, item), view in views.items() if r == rank}
-        if mine:
-            reader.read_data(LoadPlan(list(mine)), _load_planner(mine)).wait()
+    by_file: dict[str, list[tuple[str, int]]] = {}
+    for chunk in reads:
+        by_file.setdefault(index.stored[chunk].file, []).append(chunk)
+    for file, chunks in sorted(by_file.items()):  # each file opened once, each chunk read once
+        fd, size = open_data_file(directory, file, chunks[0][0])
+        try:
+            for key, c in sorted(chunks, key=lambda kc: index.stored[kc].offset):
+                record = meta.tensors[key].chunks[c]
+                saved = read_chunk(
+                    fd, size, directory, key, record, index.stored[key, c], meta.tensors[key].dtype
+                )
+                for view, box in reads[key, c]:
+                    view.copy_(_narrow(saved, box.offsets, box.sizes))
+                del saved
+        finally:
+            os.close(fd)
     return {
         rank: {
             key: Sharded(local if device is None else local.to(device), targets[key], rank)

@@ -6,6 +6,12 @@ read. Here every global the pickle names is looked up in an allow-list: DCP's ow
 classes, ``torch.Size``, torch dtypes, layouts and memory formats, and the path types DCP
 records. Anything else (``os.system``, ``builtins.eval``, any other class) is refused with
 a :class:`CheckpointError` before it is called.
+
+The unpickler is Python's pure-Python one: time and memory stay proportional to the file
+(memo references cost one slot each, and a memo index, however large, one dict entry),
+where the C unpickler allocates an array as long as the largest memo index a file names.
+What the file then describes (a chunk referenced a million times, say) is checked before
+it is used (:mod:`._dcp_index`).
 """
 
 from __future__ import annotations
@@ -54,7 +60,10 @@ def _allowed_torch_value(name: str) -> Any:
     return value if isinstance(value, kinds) else None
 
 
-class _Unpickler(pickle.Unpickler):
+class _Unpickler(pickle._Unpickler):  # type: ignore[name-defined]
+    """The pure-Python unpickler: its memo is a dict, so a ``LONG_BINPUT`` of index 2**32-1
+    costs one entry (the C unpickler grows an array to that index: ~64 GB)."""
+
     def __init__(self, data: bytes, where: str) -> None:
         super().__init__(io.BytesIO(data))
         self.where = where

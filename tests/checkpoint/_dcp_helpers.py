@@ -52,9 +52,7 @@ def save_dcp_tiled(path: str, tensors: Mapping[str, tuple[torch.Tensor, Sequence
         entries = {}
         for key, (x, boxes) in tensors.items():
             props = meta.state_dict_metadata[f"{key}@0"].properties
-            chunks = [
-                ChunkStorageMetadata(torch.Size(o), torch.Size(s)) for o, s in boxes
-            ]
+            chunks = [ChunkStorageMetadata(torch.Size(o), torch.Size(s)) for o, s in boxes]
             entries[key] = TensorStorageMetadata(props, torch.Size(x.shape), chunks)
         meta.state_dict_metadata = entries
         meta.storage_data = storage
