@@ -28,7 +28,12 @@ GUIDES = ("index.rst", "concepts.rst", "from_dtensor.rst", "from_jax.rst", "trai
 COMMANDS = ("pip ", "python ", "torchrun ", "meshplan ")
 FLAGS = doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE
 #: guides (or README sections) whose code runs on every rank of a gloo world of this size
-WORLDS = {"from_dtensor.rst": 4, "train.rst": 4, "README.md#From a torch model": 4}
+WORLDS = {
+    "from_dtensor.rst": 4,
+    "train.rst": 4,
+    "README.md#Train a model": 4,
+    "README.md#From a torch model": 4,
+}
 
 
 @attrs.frozen
