@@ -43,7 +43,11 @@ a family across tensor sizes (:mod:`._engine._family`): a size between two plann
 one plan takes it without a search (``tests/redistribute/test_family.py``). Then
 :func:`merge` notes like-kind collectives a missing alias kept apart (for the warning).
 Effort is bounded: a search generates at most ``Planner(max_states=...)`` moves
-(``_store.STATE_BUDGET`` by default); past it a greedy search finds a plan and ``plan``
+(``_store.STATE_BUDGET`` by default) and spends at most ``Planner(max_seconds=...)`` of
+CPU time (``_store.SECONDS_BUDGET``, so a plan takes about a second on any input; a
+permute hub with more targets than the time left buys is not listed); past either a
+greedy search finds a plan (or, if none in twice that time, the plan through the shard
+orders' common prefixes: gather, then slice) and ``plan``
 warns (:class:`~meshplan.errors.BudgetWarning`) with its proven gap to the cheapest, the
 distance from its price to the least rank left in the first search's queue (or raises a
 :class:`PlanError` naming the limit, with ``on_budget="raise"``).
@@ -58,6 +62,7 @@ The engine's modules (:mod:`._engine`) say how each part of this is done.
 from __future__ import annotations
 
 import math
+import time
 import warnings
 
 import attrs
@@ -66,6 +71,7 @@ from meshplan.errors import BudgetWarning, PlanError
 from meshplan.layout._ints import as_bool, as_int
 from meshplan.layout._ranks import short_repr
 from meshplan.placement import (
+    Replicate,
     Spec,
     dtype_itemsize,
     same_layout,
@@ -83,7 +89,7 @@ from ._merge import merge_plan, warn_missed
 from ._plan import Plan
 from ._profile import CostModel, as_model
 from ._sizes import padded_local_bytes
-from ._store import Planner, default_planner
+from ._store import Planner, SearchBudget, default_planner
 
 __all__ = ["plan", "plan_cost", "price_bound", "check_plannable", "clear_plan_cache", "Planner"]
 
@@ -168,8 +174,13 @@ def _min_cost_plan(
     moves, over = _moves_to(planner, problem, start_state, goals)
     lower = None
     if over is not None:
-        _past_budget(planner, src, dst, over, moves)
         lower = _proven_lower(over)
+        if moves is None:  # (the greedy search found none in its time either)
+            legs = _through_common_prefix(planner, src, dst, model, bound, objective, merge)
+            if legs is not None:
+                _past_budget(planner, src, dst, over, _plan_cost(legs, model).total)
+                return legs, None, lower
+        _past_budget(planner, src, dst, over, _path_price(moves))
     if moves is None:
         b_start = padded_local_bytes(src)
         b_goal = padded_local_bytes(dst)
@@ -217,25 +228,66 @@ def _may_share_layout(codes_a: tuple, codes_b: tuple, empty: bool) -> bool:
     return True
 
 
-def _past_budget(planner: Planner, src: Spec, dst: Spec, over: OverBudget, moves) -> None:
-    """Raise or warn for a plan the search budget cut short (``moves``: the greedy
-    search's path, None if it found none)."""
-    limit = planner.max_states
-    if planner.on_budget == "raise" or moves is None:
+def _path_price(moves) -> float | None:
+    """The price of a search's path (None: no path)."""
+    return None if moves is None else sum(edge.price for _, edge, _ in moves)
+
+
+def _through_common_prefix(
+    planner: Planner, src: Spec, dst: Spec, model, bound, objective: str, merge: bool
+) -> Plan | None:
+    """A plan from ``src`` to ``dst`` in two legs, each planned on its own (within the
+    budget): every mesh dim outside the shard orders' common prefixes gathered or reduced
+    to Replicate, then sliced or made Partial as ``dst`` says (a plan that always exists,
+    for when no search found one in its time); None when that middle spec is ``src`` or
+    ``dst`` (the legs would be the same problem)."""
+    keep: dict[int, tuple[int, ...]] = {}
+    for d, chain in src.shard_order.items():
+        other = dst.shard_order.get(d, ())
+        k = 0
+        while (
+            k < min(len(chain), len(other))
+            and chain[k] == other[k]
+            and src.placements[chain[k]] == dst.placements[chain[k]]
+        ):
+            k += 1
+        if k:
+            keep[d] = chain[:k]
+    kept = {m for chain in keep.values() for m in chain}
+    placements = [p if m in kept else Replicate() for m, p in enumerate(src.placements)]
+    mid = Spec(src.mesh, placements, src.shape, src.dtype, keep)
+    if mid in (src, dst):
+        return None
+    with warnings.catch_warnings():  # (the whole plan's warning says what the legs cost)
+        warnings.simplefilter("ignore", BudgetWarning)
+        first, _, _ = _planned(planner, src, mid, model, merge, bound, objective)
+        # (a plan may stop at a spec of its target's layout that says it another way)
+        end = first.steps[-1].dst if first.steps else src
+        second, _, _ = _planned(planner, end, dst, model, merge, bound, objective)
+    return Plan(src, dst, first.steps + second.steps)
+
+
+def _past_budget(planner: Planner, src: Spec, dst: Spec, over: OverBudget, total) -> None:
+    """Raise or warn for a plan the search budget cut short (``total``: the price of the
+    plan found past it, None if none was)."""
+    budget = planner.budget
+    said = budget.describe(over.timed)  # the limit reached, as Planner's keyword
+    limit = budget.seconds if over.timed else budget.states
+    knob = said.partition("=")[0]
+    if planner.on_budget == "raise" or total is None:
+        spent = f"ran past {said} s" if over.timed else f"generated more than {said} moves"
         raise PlanError(
-            f"planning {src} -> {dst} generated more than max_states={limit} moves "
-            f"without proving a cheapest plan (every plan costs at least {over.lower:.4g} "
-            "s); raise the budget (Planner(max_states=...), None for no bound), or take "
-            "the best plan found (Planner(on_budget='best'))",
+            f"planning {src} -> {dst} {spent} without proving a cheapest plan (every plan "
+            f"costs at least {over.lower:.4g} s); raise the budget (Planner({knob}=...), "
+            "None for no bound), or take the best plan found (Planner(on_budget='best'))",
             value=limit,
         )
-    total = sum(edge.price for _, edge, _ in moves)
     gap = max(0.0, total - over.lower)
     warnings.warn(
         BudgetWarning(
-            f"planning {src} -> {dst} stopped at max_states={limit}: the plan found costs "
+            f"planning {src} -> {dst} stopped at {said}: the plan found costs "
             f"{total:.4g} s, at most {gap:.3g} s above the cheapest (raise "
-            "Planner(max_states=...) for a proven minimum)",
+            f"Planner({knob}=...) for a proven minimum)",
             gap=gap,
             lower=over.lower,
             limit=limit,
@@ -247,18 +299,29 @@ def _past_budget(planner: Planner, src: Spec, dst: Spec, over: OverBudget, moves
 GREEDY_ROOM = 10_000
 """The least budget of the greedy search that follows a search past the budget."""
 
+GREEDY_TIME = 2.0
+"""The greedy search's time, in the budget's seconds (its heuristic costs as much a
+state as the search's: it visits fewer states, not cheaper ones)."""
 
-def _bounded_search(planner: Planner, ctx, start: int, goal):
-    """``search`` within the planner's budget: ``(found, None)``, or past it
-    ``(found by a greedy search within the budget, at least :data:`GREEDY_ROOM` moves,
-    or None, the OverBudget)``."""
-    budget = planner.max_states
+
+def _deadline(budget: SearchBudget, start: float, times: float = 1.0) -> float | None:
+    """The instant (of ``time.thread_time``: CPU time) a search begun at ``start`` stops
+    at, given ``times`` the budget's seconds."""
+    return None if budget.seconds is None else start + budget.seconds * times
+
+
+def _bounded_search(budget: SearchBudget, ctx, start: int, goal, deadline: float | None):
+    """``search`` within ``budget`` (its time up at ``deadline``): ``(found, None)``, or
+    past it ``(found by a greedy search within the budget's moves, at least
+    :data:`GREEDY_ROOM`, and twice its time, or None, the OverBudget)``."""
+    states = budget.states
     try:
-        return search(ctx, start, goal, budget=budget), None
+        return search(ctx, start, goal, budget=states, deadline=deadline), None
     except OverBudget as over:
+        room = None if states is None else max(states, GREEDY_ROOM)
+        more = _deadline(budget, time.thread_time(), GREEDY_TIME)
         try:
-            room = max(budget, GREEDY_ROOM)
-            return search(ctx, start, goal, budget=room, weight=GREEDY), over
+            return search(ctx, start, goal, budget=room, weight=GREEDY, deadline=more), over
         except OverBudget:
             return None, over
 
@@ -271,6 +334,7 @@ def _moves_to(planner: Planner, problem: Problem, start_state, goals: tuple):
     :class:`OverBudget` of a search past the planner's budget (the path then the best
     a greedy search found, not proven the cheapest)."""
     key = goals[0] if len(goals) == 1 else ("layout", goals)  # the pair's key in a family
+    deadline = _deadline(planner.budget, time.thread_time())  # (one for every search)
     ctx = planner.context(problem)
     fam = ctx.family
     if fam is False:  # (not known yet: once per context)
@@ -282,7 +346,7 @@ def _moves_to(planner: Planner, problem: Problem, start_state, goals: tuple):
         moves = families.shared(fam, size, start_state, key)
         if moves is not None:
             return moves, None
-        if _extend(planner, fam, ctx, start_state, goals, key):
+        if _extend(planner, fam, ctx, start_state, goals, key, deadline):
             moves = families.shared(fam, size, start_state, key)
             if moves is not None:
                 return moves, None
@@ -296,7 +360,7 @@ def _moves_to(planner: Planner, problem: Problem, start_state, goals: tuple):
         if tab is not None:
             found = walk(ctx, tab, start, goal)
         else:
-            found, over = _bounded_search(planner, ctx, start, goal)
+            found, over = _bounded_search(planner.budget, ctx, start, goal, deadline)
             if found is not None and fam is not None and over is None:
                 families.record(fam, ctx, start_state, key, found)
         if found is None:
@@ -312,11 +376,11 @@ def _interned(ctx, goals: tuple):
     return tuple(ctx.intern(g) for g in goals)
 
 
-def _extend(planner: Planner, fam, ctx, start_state, goals, key) -> bool:
+def _extend(planner: Planner, fam, ctx, start_state, goals, key, deadline) -> bool:
     """Plan the pair (``key``: its key in the family, ``goals``: its goal states) at the
     smallest or largest size of family ``fam`` (``ctx``: a context of it) too, when
     ``Families.extremes`` asks (each on its own context, under its own lock); whether it
-    asked."""
+    asked; every search stops at ``deadline``, the plan's)."""
     shapes = planner.families.extremes(fam, ctx, start_state, key)
     for shape in shapes:
         other = planner.context(attrs.evolve(ctx.problem, shape=shape))
@@ -326,7 +390,9 @@ def _extend(planner: Planner, fam, ctx, start_state, goals, key) -> bool:
             other.trim()
             start, goal = other.intern(start_state), _interned(other, goals)
             try:
-                found = search(other, start, goal, budget=planner.max_states)
+                found = search(
+                    other, start, goal, budget=planner.budget.states, deadline=deadline
+                )
             except OverBudget:
                 continue  # (the pair is planned on its own context then)
             if found is not None:

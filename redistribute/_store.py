@@ -16,9 +16,14 @@ each context has its own lock, held while a search or table walk uses its memo t
 
 from __future__ import annotations
 
+import math
+import sys
 import threading
 
+import attrs
+
 from meshplan.errors import PlanError
+from meshplan.layout._ints import brief
 from meshplan.placement import Spec
 
 from ._engine._context import Context, SharedMoves
@@ -28,7 +33,7 @@ from ._engine._problem import Problem
 from ._engine._table import TABLE_MODES, Tables
 from ._steps import Step
 
-__all__ = ["Planner", "default_planner", "STATE_BUDGET"]
+__all__ = ["Planner", "SearchBudget", "default_planner", "STATE_BUDGET", "SECONDS_BUDGET"]
 
 _PLANS_KEPT = 4096  # plans per planner before the oldest are dropped
 _PRICES_KEPT = 65536  # plan prices (``plan_cost``) per planner
@@ -37,8 +42,53 @@ _CONTEXTS_KEPT = 256  # search contexts per planner
 _ENCODED_KEPT = 65536  # spec encodings (and decodings, steps) per planner
 
 STATE_BUDGET = 1_000_000
-"""The default search budget: moves a search may generate before it settles for the
-best plan it can prove a gap for (``Planner(max_states=...)``)."""
+"""The default bound on the moves a search may generate before it settles for the best
+plan it can prove a gap for (``Planner(max_states=...)``)."""
+
+SECONDS_BUDGET = 0.5
+"""The default bound on one plan's search time in seconds (``Planner(max_seconds=...)``):
+calibrated on a 2-core machine shared by several jobs, where a search generates some
+thousands of moves a second on a (2,)*8 mesh (the bound evaluation of a state costs about
+as much at any tensor size, but large tensors make bandwidth, not launches, dominate the
+prices, and the search then has many more near-equal plans to tell apart). With the greedy
+search that follows a cut and the plan's bookkeeping, a plan takes well under a second."""
+
+
+@attrs.frozen
+class SearchBudget:
+    """The effort one plan's search may spend: ``states`` moves generated and ``seconds``
+    of time (each None: no bound). Past either, the planner takes the best plan a greedy
+    search finds, with its proven gap (``Planner(on_budget=...)``).
+
+    >>> SearchBudget(states=1000, seconds=0.25).describe(timed=True)
+    'max_seconds=0.25'
+    """
+
+    states: int | None = STATE_BUDGET
+    seconds: float | None = SECONDS_BUDGET
+
+    def describe(self, timed: bool) -> str:
+        """The limit a search ran past, as ``Planner``'s keyword says it."""
+        return f"max_seconds={self.seconds!r}" if timed else f"max_states={self.states!r}"
+
+
+def _check_seconds(value) -> float | None:
+    """``Planner(max_seconds=...)``: None, or a finite number of seconds > 0."""
+    if value is None:
+        return None
+    number = None
+    if not isinstance(value, bool) and isinstance(value, int | float):
+        try:
+            number = float(value)
+        except OverflowError:
+            number = None
+    if number is None or not 0 < number < math.inf:
+        raise PlanError(
+            f"Planner(max_seconds=...) must be a finite number of seconds > 0 (at most "
+            f"{sys.float_info.max:.2g}) or None (no bound), got {brief(value)}",
+            value=value,
+        )
+    return number
 
 ON_BUDGET = ("best", "raise")
 
@@ -52,9 +102,11 @@ class Planner:
     (never: every plan is searched). Each gives the very same plans.
 
     ``max_states`` bounds one plan's search: the moves (states reached) it may generate,
-    :data:`STATE_BUDGET` by default (None: no bound). Past it ``on_budget="best"`` (the
-    default) returns a plan found by a greedy search (within the same budget, or
-    ``_planner.GREEDY_ROOM`` moves if more) and warns
+    :data:`STATE_BUDGET` by default (None: no bound); ``max_seconds`` its time,
+    :data:`SECONDS_BUDGET` by default (None: no bound), so a plan takes about a second
+    on any input (``planner.budget``: the two as a :class:`SearchBudget`). Past either
+    ``on_budget="best"`` (the default) returns a plan found by a greedy search (within the
+    same budget, or ``_planner.GREEDY_ROOM`` moves if more) and warns
     with a :class:`~meshplan.errors.BudgetWarning` giving its proven gap to the cheapest
     plan; ``on_budget="raise"`` raises a :class:`PlanError` naming the limit. A plan made
     within the budget is the cheapest there is.
@@ -76,6 +128,7 @@ class Planner:
         tables: str = "lazy",
         max_states: int | None = STATE_BUDGET,
         on_budget: str = "best",
+        max_seconds: float | None = SECONDS_BUDGET,
     ) -> None:
         if not isinstance(tables, str) or tables not in TABLE_MODES:
             raise PlanError(
@@ -95,6 +148,8 @@ class Planner:
             )
         self.tables_mode = tables
         self.max_states = max_states
+        self.max_seconds = _check_seconds(max_seconds)
+        self.budget = SearchBudget(max_states, self.max_seconds)
         self.on_budget = on_budget
         self.lock = threading.Lock()
         # (src, dst, cost model, merge, bound, objective) -> (plan, merges a missing
@@ -119,7 +174,8 @@ class Planner:
     def __repr__(self) -> str:
         return (
             f"Planner(tables={self.tables_mode!r}, max_states={self.max_states!r}, "
-            f"on_budget={self.on_budget!r}; {len(self.plans)} plans, "
+            f"max_seconds={self.max_seconds!r}, on_budget={self.on_budget!r}; "
+            f"{len(self.plans)} plans, "
             f"{len(self.contexts)} contexts)"
         )
 

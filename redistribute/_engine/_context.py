@@ -86,6 +86,10 @@ class SharedMoves:
             moves = self.keep(memo, key, generate(state))
         return moves
 
+    def peek(self, memo: dict, prefix: tuple, state):
+        """The moves out of ``state`` in ``memo`` if generated already, else None."""
+        return memo.get((prefix, state))
+
     def keep(self, memo: dict, key, value):
         """Store ``value`` under ``key`` in ``memo`` (one of this object's), which starts
         over when full; ``value``."""

@@ -17,7 +17,7 @@ from ._encoding import Edge
 from ._general import general_permutes
 from ._merged_moves import merged_moves
 from ._moves import single_moves
-from ._permutes import hub_members, hubs_of
+from ._permutes import hub_member_count, hub_members, hubs_of
 from ._price import step_price
 
 __all__ = [
@@ -131,6 +131,9 @@ def hub_member_edges(ctx, node: tuple, dims, n_send, room: float = math.inf) -> 
         b_in = node[1] if bound is not None else 0
         ids, intern, nbytes = ctx.ids, ctx.intern, ctx.local_bytes
         shared = ctx.moves
+        listed = shared.peek(shared.hub_members, ctx.permutes_key, hub) is not None
+        if room < math.inf and not listed and hub_member_count(ctx, hub) > room:
+            return None  # (counted, not listed)
         targets = shared.get(
             shared.hub_members, ctx.permutes_key, hub, lambda h: hub_members(ctx, h)
         )

@@ -99,6 +99,32 @@ def hub_members(ctx, hub) -> tuple:
     return tuple(out)
 
 
+def hub_member_count(ctx, hub) -> int:
+    """How many states :func:`hub_members` lists for ``hub``, counted without listing
+    them (one product per shard assignment of the hub's blanked mesh dims)."""
+    base, prefixes, nexts = hub
+    free = [m for m, c in enumerate(base) if c == -1]
+    orders: dict = {}
+    total = 0
+    for assign in itertools.product(ctx.shards, repeat=len(free)):
+        key = tuple([c[0] for c in assign])
+        per = orders.get(key)
+        if per is None:
+            per = orders[key] = _hub_orders(ctx.moves, free, key, prefixes, nexts)
+        code_of = dict(zip(free, assign, strict=True))
+        n = 1
+        for entry in per:
+            every, m0, c0, k = entry[0], entry[2], entry[3], entry[4]
+            if m0 >= 0 and code_of.get(m0, base[m0]) == c0:
+                n *= sum(1 for chain in every if chain[k] != m0)
+            else:
+                n *= len(every)
+            if not n:
+                break
+        total += n
+    return total
+
+
 def _hub_orders(shared, free: list, dims: tuple, prefixes: tuple, nexts: tuple) -> list:
     """Per tensor dim ``d``, the orders a permute hub's targets may take when its free
     mesh dims ``free`` shard the tensor dims ``dims``: ``[every order, those not starting

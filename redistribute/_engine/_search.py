@@ -18,6 +18,7 @@ from __future__ import annotations
 import heapq
 import itertools
 import math
+import time
 
 from ._edges import hub_edges, hub_member_edges, merges, permute_floor, singles
 from ._encoding import Edge, R, is_partial, mixable, state_order
@@ -33,17 +34,34 @@ GREEDY = 1000.0
 queue ranks by the estimate of the rest and reaches a goal in few expansions."""
 
 
-class OverBudget(Exception):
-    """A search stopped after generating ``budget`` moves; ``lower`` is a lower bound of every
-    plan's price (the least rank left in its queue)."""
+MEMBER_SECONDS = 2e-5
+"""About the time one permute hub member costs to list and intern (measured on a loaded
+2-core machine: 322,000 members of a (2,)*8 mesh's hub took ~5 s): a search under a time
+budget refuses a hub with more members than its time left buys."""
 
-    def __init__(self, budget: int, lower: float) -> None:
+
+class OverBudget(Exception):
+    """A search stopped after generating ``budget`` moves, or at its ``deadline``
+    (``timed``); ``lower`` is a lower bound of every plan's price (the least rank left in
+    its queue)."""
+
+    def __init__(self, budget, lower: float, timed: bool = False) -> None:
         super().__init__(budget, lower)
         self.budget = budget
         self.lower = lower
+        self.timed = timed
 
 
-def search(ctx, start: int, goal, bounds=None, *, budget: int | None = None, weight: float = 1.0):
+def search(
+    ctx,
+    start: int,
+    goal,
+    bounds=None,
+    *,
+    budget: int | None = None,
+    weight: float = 1.0,
+    deadline: float | None = None,
+):
     """A* on context ``ctx`` from state ``start`` to ``goal`` (ids; or a tuple of them,
     states of one layout, the first to reach ends the search), guided by ``bounds`` (the
     context's :class:`~._bounds.Bounds` when None); ``(cost, [(state, edge, next)])``.
@@ -59,12 +77,14 @@ def search(ctx, start: int, goal, bounds=None, *, budget: int | None = None, wei
     in every order.
 
     ``budget`` bounds the moves generated (the states reached, each counted once per
-    move leading to it): past it the search raises :class:`OverBudget`.
+    move leading to it), ``deadline`` its time (an instant of ``time.thread_time()``: the
+    thread's CPU time, so a loaded machine does not cut it short): past either the
+    search raises :class:`OverBudget`.
     ``weight`` multiplies the heuristic in the queue's ranks: 1 finds the cheapest plan;
     above 1 (:data:`GREEDY`) a plan, fast, with no proof it is the cheapest (and without
     the all_permutes that reorder shards, whose targets are many).
     """
-    run = _AStar(ctx, ctx.bounds if bounds is None else bounds, goal, budget, weight)
+    run = _AStar(ctx, ctx.bounds if bounds is None else bounds, goal, budget, weight, deadline)
     try:
         return run.run(start)
     finally:
@@ -88,7 +108,9 @@ class _AStar:
     ``(rank, -price so far, counter, node)``; a node is a state id, a permute hub (a
     tuple: ``_edges.hub_edges``) or a :class:`_Deferred`."""
 
-    def __init__(self, ctx, bounds, goal, budget: int | None, weight: float) -> None:
+    def __init__(
+        self, ctx, bounds, goal, budget: int | None, weight: float, deadline: float | None
+    ) -> None:
         self.ctx = ctx
         self.bounds = bounds
         self.states = states = ctx.states
@@ -100,6 +122,7 @@ class _AStar:
         self.pattern = is_pattern(states[goals[0]])
         self.budget = math.inf if budget is None else budget
         self.weight = weight
+        self.deadline = math.inf if deadline is None else deadline
         self.spent = 0  # moves generated
         self.memo: dict = {}  # state -> its heuristic
         self.best: dict = {}  # node -> the least price it was reached at
@@ -122,8 +145,8 @@ class _AStar:
     def push(self, rank: float, neg_g: float, node) -> None:
         heapq.heappush(self.heap, (rank, neg_g, next(self.counter), node))
 
-    def over_budget(self, key: float) -> OverBudget:
-        return OverBudget(self.budget, key)
+    def over_budget(self, key: float, timed: bool = False) -> OverBudget:
+        return OverBudget(self.budget, key, timed)
 
     def run(self, start: int):
         """The search from ``start``: ``(cost, path)``, or None when no goal is reached."""
@@ -136,12 +159,15 @@ class _AStar:
         one = (len(goals) == 1 and not self.pattern) or self.weight != 1.0
         reached = limit = None  # goals reached at the least price, and that price
         pop = heapq.heappop
+        deadline, clock = self.deadline, time.thread_time
         while heap:
             key, neg_g, _, i = pop(heap)
             if reached is not None and key > limit:
                 break
             if self.spent > budget:
                 raise self.over_budget(key)
+            if clock() > deadline:
+                raise self.over_budget(key, timed=True)
             g = -neg_g
             kind = type(i)
             if kind is tuple:
@@ -244,9 +270,12 @@ class _AStar:
                 self.push(rank, -g, hub)
                 return
         self.done[hub] = g
-        succ = hub_member_edges(self.ctx, hub, via.dims, via.n_send, self.budget - self.spent)
+        room = self.budget - self.spent
+        if self.deadline < math.inf:  # (members listed within the time left)
+            room = min(room, (self.deadline - time.thread_time()) / MEMBER_SECONDS)
+        succ = hub_member_edges(self.ctx, hub, via.dims, via.n_send, room)
         if succ is None:  # (more members than the budget has left)
-            raise self.over_budget(key)
+            raise self.over_budget(key, timed=room < self.budget - self.spent)
         self.relax(hub, g, rest, succ, kept)
 
     def expand(self, i: int, g: float, h: float, neg_g: float) -> None:

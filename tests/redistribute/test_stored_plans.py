@@ -49,13 +49,14 @@ def test_the_sample_is_the_one_drawn():
 def test_stored_plans_quick_sample():
     # every 10th of the cheap kinds (4-D activations on (2,2,2), 2-D weights on 1-D to
     # 4-D meshes, 1-D tensors on (2,)*5); the slow test below plans them all
-    bad = _check(SAMPLE[590::10], Planner())
+    # (no time budget: the stored plans are proven minima, whatever the machine's load)
+    bad = _check(SAMPLE[590::10], Planner(max_seconds=None))
     assert not bad, "\n".join(bad[:10])
 
 
 @pytest.mark.slow
 def test_stored_plans_identical_or_cheaper():
     t = time.perf_counter()
-    bad = _check(SAMPLE, Planner())
+    bad = _check(SAMPLE, Planner(max_seconds=None))
     assert not bad, f"{len(bad)} of {len(SAMPLE)} pairs changed:\n" + "\n".join(bad[:10])
     print(f"{len(SAMPLE)} pairs in {time.perf_counter() - t:.1f} s")
