@@ -174,9 +174,9 @@ def trace(
             ) from exc
         if "leaf Variable that requires grad" in str(exc):
             raise StrategyError(
-                f"the program's function writes in place into a differentiated argument "
-                f"({text}); write into a copy (x = x.clone()), or pass requires_grad= "
-                "marking that argument not differentiated",
+                f"the program's function writes in place into a differentiated argument"
+                f"{_user_line(exc)} ({text}); write into a copy (x = x.clone()), or pass "
+                "requires_grad= marking that argument not differentiated",
                 value=fn,
             ) from exc
         if "data-dependent" in str(exc).lower() or "DataDependent" in type(exc).__name__:
@@ -192,6 +192,20 @@ def trace(
             value=fn,
         ) from exc
     return _to_graph(gm, arg_specs, requires_grad, len(probe_t), fn)
+
+
+def _user_line(exc: BaseException) -> str:
+    """`` at file:line`` of the innermost frame of ``exc`` outside torch and meshplan
+    (the user's line that raised), or ``""``."""
+    where = ""
+    tb = exc.__traceback__
+    while tb is not None:
+        module = str(tb.tb_frame.f_globals.get("__name__", ""))
+        name = tb.tb_frame.f_code.co_filename
+        if not module.startswith(("torch", "meshplan.")) and "<" not in name:
+            where = f" at {name}:{tb.tb_lineno}"
+        tb = tb.tb_next
+    return where
 
 
 def _writes_in_place(gm) -> bool:
