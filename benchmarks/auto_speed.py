@@ -123,7 +123,7 @@ def case(model: str, layers: int, shape: tuple[int, ...]) -> dict:
         budget = sum(state_bytes(specs[i], True, None) for i in params)  # FSDP x TP's
         # the choice first and cold: tracing included, no price memoized for this mesh
         t0, c0 = time.perf_counter(), time.process_time()
-        chosen = plan_program(make_fn(layers), *specs, choose=params, memory_budget=budget, **effort)
+        chosen = plan_program(make_fn(layers), *specs, choose=params, state_budget=budget, **effort)
         row["chosen"] = {
             "cost_s": chosen.cost.total,
             "memory_b": chosen.memory.total,
@@ -155,7 +155,7 @@ def case(model: str, layers: int, shape: tuple[int, ...]) -> dict:
         least = sum(
             min(state_bytes(c, True, None) for c in _candidates(specs[i])) for i in params
         )
-        priced("ap_layout", specs, choose=params, memory_budget=least)
+        priced("ap_layout", specs, choose=params, state_budget=least)
     row["chosen_specs"] = [str(chosen.arg_specs[i]) for i in params]
     return row
 

@@ -269,7 +269,7 @@ def plan(opts: argparse.Namespace, mesh: Mesh, say=print):
                 f"any layout takes on {mesh.size()} ranks; give --memory-budget {least:.0f} or more"
             )
         n_params = len(list(model.parameters()))
-        args |= dict(choose=range(2, 2 + n_params), memory_budget=budget)
+        args |= dict(choose=range(2, 2 + n_params), state_budget=budget)
         say(
             f"auto-sharding: parameters + grads + AdamW moments within {budget / 1e3:.1f} kB "
             f"per rank (the FSDP x TP specs take {sum(state_bytes(s, True, None) for s in fsdp_tp.values()) / 1e3:.1f} kB)"

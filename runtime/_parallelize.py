@@ -297,7 +297,9 @@ class ParallelModule(torch.nn.Module):
         try:
             args = self._replan
             plan_args = {
-                k: v for k, v in args["plan_args"].items() if k not in ("choose", "memory_budget")
+                k: v
+                for k, v in args["plan_args"].items()
+                if k not in ("choose", "memory_budget", "state_budget")
             }
             specs = {n: self._specs[n] for n in self._specs}
             mp = _plan_once(

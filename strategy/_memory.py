@@ -1,4 +1,4 @@
-"""What a program's training state costs in memory per rank (pure arithmetic, no torch).
+"""What a program's step costs in memory per rank (pure arithmetic, no torch).
 
 Each differentiated argument (a parameter) holds, on every rank, its local shard, its
 gradient's local shard (the gradient lies as the parameter does: :func:`grad_spec`)
@@ -11,6 +11,22 @@ A rank's bytes are counted as the sum of each tensor's largest local size over t
 mesh: every rank holds at most that much (an uneven shard's short ranks hold less), so
 a budget met this way is met on every rank. The count is separable (a sum over
 tensors), which is what lets the auto-sharding solver price memory per argument.
+
+The whole step (:func:`step_memory`) adds what the schedule :func:`~meshplan.runtime.run_program`
+runs holds beside the state: the inputs without a gradient, the activations (every value
+of the forward that the backward reads, kept from its producer to the end of the
+backward in its producer's local layout), the moved copies the forward makes and the
+backward reads again (held as long), and at the peak the transient values of the op that
+reaches it. Gradients are counted for the whole step, as a training loop that keeps
+``.grad`` between steps holds them. The peak is found by walking the ops in the order
+the runner runs them, forward then backward, with the runner's own releases; a view
+(``view``, ``t``, ``transpose`` ...) of a value that was not moved shares its storage.
+
+A lower estimate of that peak is separable (:func:`activation_bytes`): the state, the
+inputs and each saved value in its producer's chosen layout (views of saved values, and
+``expand`` s, counted nothing). The saved values are all held at once at the end of the
+backward, with every gradient, so the estimate never exceeds the peak: a budget that
+bounds it in the solver is a relaxation of the peak's budget, and its bound a true one.
 """
 
 from __future__ import annotations
@@ -31,33 +47,59 @@ __all__ = [
     "program_memory",
     "check_state_bytes_per_param",
     "as_float",
+    "saved_values",
+    "activation_bytes",
+    "step_memory",
+    "local_bytes",
 ]
 
 
 @attrs.frozen
 class ProgramMemory:
-    """Bytes per rank of a program's training state: ``params``, ``grads``, ``optimizer``.
+    """Bytes per rank of a program's step: the training state (``params``, ``grads``,
+    ``optimizer``) and the rest of its peak (``inputs``, ``activations``, ``moved``,
+    ``transient``).
 
-    ``total`` is their sum, the quantity a ``memory_budget`` bounds; ``per_arg`` each
-    argument's share (0 for arguments without a gradient).
+    ``total`` (also ``state``) is the training state, the quantity a ``state_budget``
+    bounds; ``peak`` the whole step's peak, the sum of every part, the quantity a
+    ``memory_budget`` bounds; ``per_arg`` each argument's share of the state (0 for
+    arguments without a gradient).
 
-    >>> ProgramMemory(params=8.0, grads=8.0, optimizer=16.0, per_arg=(32.0,)).total
-    32.0
+    >>> m = ProgramMemory(params=8.0, grads=8.0, optimizer=16.0, per_arg=(32.0,),
+    ...                   activations=40.0, transient=8.0)
+    >>> m.total, m.peak
+    (32.0, 80.0)
     """
 
     params: float
     grads: float
     optimizer: float
     per_arg: tuple[float, ...] = ()
+    inputs: float = 0.0
+    activations: float = 0.0
+    moved: float = 0.0
+    transient: float = 0.0
 
     @property
     def total(self) -> float:
         return self.params + self.grads + self.optimizer
 
+    @property
+    def state(self) -> float:
+        return self.total
+
+    @property
+    def peak(self) -> float:
+        return self.total + self.inputs + self.activations + self.moved + self.transient
+
     def __str__(self) -> str:
+        def gb(x: float) -> str:
+            return f"{x / 1e9:.3g} GB" if x >= 1e8 else f"{x / 1e3:.1f} kB"
+
         return (
-            f"{self.total / 1e3:.1f} kB per rank (params {self.params / 1e3:.1f}, grads "
-            f"{self.grads / 1e3:.1f}, optimizer {self.optimizer / 1e3:.1f})"
+            f"peak {gb(self.peak)} per rank (params {gb(self.params)}, grads {gb(self.grads)}, "
+            f"optimizer {gb(self.optimizer)}, inputs {gb(self.inputs)}, activations "
+            f"{gb(self.activations)}, moved {gb(self.moved)}, transient {gb(self.transient)})"
         )
 
 
@@ -121,9 +163,7 @@ def state_bytes(spec: Spec, differentiated: bool, state_bytes_per_param: float |
     return sum(_parts(spec, check_state_bytes_per_param(state_bytes_per_param)))
 
 
-def program_memory(
-    arg_specs, differentiated, state_bytes_per_param: float | None
-) -> ProgramMemory:
+def program_memory(arg_specs, differentiated, state_bytes_per_param: float | None) -> ProgramMemory:
     """The :class:`ProgramMemory` of arguments in ``arg_specs`` (``differentiated[i]``:
     whether argument ``i`` has a gradient)."""
     params = grads = optimizer = 0.0
@@ -136,3 +176,226 @@ def program_memory(
         params, grads, optimizer = params + p, grads + g, optimizer + o
         per_arg.append(p + g + o)
     return ProgramMemory(params, grads, optimizer, tuple(per_arg))
+
+
+# -- the whole step ---------------------------------------------------------------------
+
+#: ops whose local result shares its input's storage (a view); ``expand`` grows the
+#: shape without growing the storage
+_VIEWS = frozenset(
+    {"view", "_unsafe_view", "reshape", "t", "transpose", "permute", "detach", "alias"}
+    | {"unsqueeze", "squeeze", "expand", "slice", "select", "as_strided", "unflatten"}
+)
+_GROWS = frozenset({"expand"})
+#: ops whose local result is not contiguous, and views that keep their input's strides;
+#: the runner copies such a value to contiguous storage before a move reads it, and
+#: before any op outside ``_STRIDE_FREE`` does (``runtime._program``)
+_STRIDED = frozenset({"t", "transpose", "permute", "expand"})
+_KEEPS_STRIDES = frozenset({"detach", "alias", "unsqueeze", "squeeze"})
+_STRIDE_FREE = frozenset(
+    {"t", "transpose", "permute", "view", "_unsafe_view", "reshape", "detach", "alias"}
+    | {"unsqueeze", "squeeze", "expand", "clone"}
+)
+
+
+def local_bytes(spec: Spec | None) -> float:
+    """Bytes of a rank's largest local piece of ``spec`` (0 for None)."""
+    if spec is None:
+        return 0.0
+    return float(local_numel(spec) * dtype_itemsize(spec.dtype))
+
+
+def saved_values(graph) -> frozenset:
+    """The values of the forward's calls that the backward reads (its calls' inputs and
+    the arguments' gradients): what the forward keeps for the backward."""
+    forward = {i for i in graph.calls if graph.nodes[i].phase == "forward"}
+    reads = {
+        v for i in graph.calls if graph.nodes[i].phase == "backward" for v in graph.nodes[i].inputs
+    }
+    reads.update(v for v in graph.grads if v is not None)
+    return frozenset(v for v in reads if v.node in forward)
+
+
+def _counted(graph, saved: frozenset) -> frozenset:
+    """The saved values a separable estimate counts: not a view of another saved value
+    or of an argument (through a chain of views), nor an ``expand`` (a view bigger than
+    its storage)."""
+    out = set()
+    for v in saved:
+        call = graph.nodes[v.node].call
+        if call is not None and call.op in _GROWS:
+            continue
+        u, shared = v, False
+        while True:
+            node = graph.nodes[u.node]
+            if node.call is None:  # a view of an argument: its storage is the argument's
+                shared = u != v
+                break
+            if node.call.op not in _VIEWS or not node.inputs:
+                break
+            u = node.inputs[0]
+            if u in saved:
+                shared = True
+                break
+        if not shared:
+            out.add(v)
+    return frozenset(out)
+
+
+def activation_bytes(graph, options_of) -> dict[int, list[float]]:
+    """Per forward call that makes a saved value, per candidate option, the bytes its
+    saved values take in that option's output layouts (see the module docstring: the
+    separable lower estimate). ``options_of(node)``: the call's options."""
+    counted = _counted(graph, saved_values(graph))
+    by_node: dict[int, list[int]] = {}
+    for v in counted:
+        by_node.setdefault(v.node, []).append(v.index)
+    out = {}
+    for node, outs in by_node.items():
+        out[node] = [
+            sum(local_bytes(o.output_specs[j]) for j in outs if j < len(o.output_specs))
+            for o in options_of(node)
+        ]
+    return out
+
+
+def _last_reads(ops, keep) -> list[list]:
+    """Entry ``i``: the values no later op of ``ops`` reads (nor ``keep`` holds): the
+    runner drops them once op ``i`` has run."""
+    from ._graph import Value
+
+    last: dict = {}
+    for i, op in enumerate(ops):
+        for j in range(len(op.output_specs)):
+            last.setdefault(Value(op.node, j), i)
+        for v in op.inputs:
+            last[v] = i
+    out: list[list] = [[] for _ in ops]
+    for v, i in last.items():
+        if v not in keep:
+            out[i].append(v)
+    return out
+
+
+class _Walk:
+    """Live storage over the runner's schedule (one rank, each piece at its largest)."""
+
+    def __init__(self, program, free_grads: frozenset) -> None:
+        self.specs = dict(program.value_specs)
+        self.strided: set = set()  # values whose local tensor is not contiguous
+        self.size: list[float] = []
+        self.env: dict = {}
+        self.held: dict = {}
+        self.pinned: set[int] = set()
+        self.free_grads = free_grads  # gradients that are the .grad itself: counted flat
+        self.left: dict = {}
+        reads = [zip(op.inputs, op.moves, strict=True) for op in program.ops]
+        reads.append(zip(program.graph.outputs, program.out_moves, strict=True))
+        reads.append(zip(program.graph.grads, program.grad_moves, strict=True))
+        for pairs in reads:
+            for v, plan in pairs:
+                if plan is not None and v is not None:
+                    key = (v, plan.dst)
+                    self.left[key] = self.left.get(key, 0) + 1
+        self.peak = 0.0
+
+    def new(self, nbytes: float) -> int:
+        self.size.append(nbytes)
+        return len(self.size) - 1
+
+    def read(self, v, plan, transient: list[int]) -> int:
+        if plan is None:
+            return self.env[v]
+        key = (v, plan.dst)
+        b = self.held.pop(key, None)
+        if b is None:
+            if v in self.strided:  # made contiguous, then moved
+                transient.append(self.new(local_bytes(self.specs.get(v))))
+            b = self.new(local_bytes(plan.dst))
+        self.left[key] -= 1
+        if self.left[key] > 0:
+            self.held[key] = b
+        else:
+            transient.append(b)
+        return b
+
+    def live(self, extra=()) -> float:
+        bufs = set(self.env.values()) | set(self.held.values()) | self.pinned | set(extra)
+        return sum(self.size[b] for b in bufs)
+
+    def run(self, ops, released) -> None:
+        from ._graph import Value
+
+        for op, drop in zip(ops, released, strict=True):
+            transient: list[int] = []
+            ins = [self.read(v, p, transient) for v, p in zip(op.inputs, op.moves, strict=True)]
+            name = op.call.op
+            if name not in _STRIDE_FREE:  # a strided input is copied contiguous first
+                for v, p in zip(op.inputs, op.moves, strict=True):
+                    if p is None and v in self.strided:
+                        transient.append(self.new(local_bytes(self.specs.get(v))))
+            for j, spec in enumerate(op.output_specs):
+                if spec is None:
+                    continue
+                v = Value(op.node, j)
+                if j == 0 and ins and name in _VIEWS:
+                    self.env[v] = ins[0]
+                else:
+                    self.env[v] = self.new(0.0 if v in self.free_grads else local_bytes(spec))
+                if j == 0 and op.inputs:
+                    unmoved_strided = op.moves[0] is None and op.inputs[0] in self.strided
+                    if name in _STRIDED or (name in _KEEPS_STRIDES and unmoved_strided):
+                        self.strided.add(v)
+            self.peak = max(self.peak, self.live(transient))
+            for v in drop:
+                self.env.pop(v, None)
+
+
+def step_memory(program, state_bytes_per_param: float | None) -> ProgramMemory:
+    """The :class:`ProgramMemory` of one training step of ``program`` as
+    :func:`~meshplan.runtime.run_program` runs it (see the module docstring)."""
+    from ._graph import Value
+
+    graph = program.graph
+    differentiated = tuple(s is not None for s in program.grad_specs)
+    state = program_memory(program.arg_specs, differentiated, state_bytes_per_param)
+    inputs = sum(
+        local_bytes(s) for s, d in zip(program.arg_specs, differentiated, strict=True) if not d
+    )
+    saved = saved_values(graph)
+    free_grads = frozenset(
+        v
+        for v, p in zip(graph.grads, program.grad_moves, strict=True)
+        if v is not None and p is None
+    )
+    walk = _Walk(program, free_grads)
+    args = {Value(k): walk.new(0.0) for k in graph.args}  # counted as state and inputs
+    walk.env.update(args)
+    forward, backward = program.forward_ops, program.backward_ops
+    walk.run(forward, _last_reads(forward, saved | set(graph.outputs)))
+    outs = [walk.read(v, p, []) for v, p in zip(graph.outputs, program.out_moves, strict=True)]
+    kept = {v: walk.env[v] for v in saved if v in walk.env}
+    activations = sum(walk.size[b] for b in set(kept.values()))
+    moved = sum(walk.size[b] for b in set(walk.held.values()) - set(kept.values()))
+    # the backward: the saved values and the held copies stay until it ends
+    walk.pinned = set(kept.values()) | set(walk.held.values())
+    walk.env = {**args, **kept}
+    walk.peak = max(walk.peak, walk.live(outs))
+    for k, spec in zip(graph.cotangents, program.cot_specs, strict=True):
+        walk.env[Value(k)] = walk.new(local_bytes(spec))
+    grads = {v for v in graph.grads if v is not None}
+    walk.run(backward, _last_reads(backward, grads))
+    final: list[int] = []
+    for v, p in zip(graph.grads, program.grad_moves, strict=True):
+        if v is not None and p is not None:
+            key = (v, p.dst)
+            b = walk.held.pop(key, None)
+            final.append(b if b is not None else walk.new(0.0))  # the .grad: counted flat
+            # the gradients' moves start together after the last op: each one's buffer
+            # (a bucket's flat buffer holds every input it packs) is live until they end
+            final.append(walk.new(local_bytes(p.src)))
+    walk.peak = max(walk.peak, walk.live(final))
+    transient = max(0.0, walk.peak - activations - moved)
+    return attrs.evolve(
+        state, inputs=inputs, activations=activations, moved=moved, transient=transient
+    )

@@ -191,7 +191,10 @@ def plan_module(
     text); the rest are replicated. ``model`` may also be a plain function
     ``model(state, *batch)`` of a mapping of named tensors, given as ``state``. Other
     keywords go to :func:`~meshplan.strategy.plan_program` (``ruleset=``,
-    ``out_specs=``, ``compute=`` ...). Parameters (tensors that require grad) are
+    ``out_specs=``, ``compute=``, ``memory_budget=`` ...); ``choose=`` names the tensors
+    whose layouts the planner picks by name or glob pattern (``choose=["*"]``: every
+    parameter and buffer). A model built on the ``meta`` device plans as well: only
+    shapes and dtypes are read, nothing of parameter size is allocated. Parameters (tensors that require grad) are
     differentiated; the batch and buffers are not.
 
     >>> import torch
@@ -248,8 +251,12 @@ def plan_module(
     requires_grad = [False] * len(batch_specs) + [
         bool(getattr(tensors[n], "requires_grad", False)) for n in names
     ]
+    from ._auto import resolve_choose
     from ._program import plan_program
 
+    if plan_args.get("choose") is not None:  # names and glob patterns of the module's tensors
+        every = [f"<batch {i}>" for i in range(len(batch_specs))] + list(names)
+        plan_args["choose"] = resolve_choose(plan_args["choose"], len(every), names=every)
     program = plan_program(
         step,
         *batch_specs,

@@ -44,7 +44,7 @@ from ._auto import free_options, resolve_choose
 from ._candidates import ComputeModel, Option, is_float
 from ._candidates import options as candidate_options
 from ._graph import Graph
-from ._memory import as_float, check_state_bytes_per_param, program_memory
+from ._memory import as_float, check_state_bytes_per_param, step_memory
 from ._price import check_model, check_planner, redistribute_bound
 from ._program_assemble import assemble, chosen_specs
 from ._program_prices import Prices
@@ -53,7 +53,7 @@ from ._program_value import Program, ProgramCost, ProgramOp, ProgramWarning
 from ._progress import Progress, check_progress, report
 from ._repeats import exact_untied, find_repeats
 from ._ruleset import RuleSet
-from .solver import Method
+from .solver import Method, Solution, min_memory_choice
 
 __all__ = [
     "ComputeModel",
@@ -100,6 +100,7 @@ def plan_program(
     progress: Progress | None = None,
     planner: Any = None,
     tie_layers: bool = True,
+    state_budget: float | None = None,
 ) -> Program:
     """Trace ``fn`` (written for global tensors) and plan it whole, forward and backward.
 
@@ -132,10 +133,14 @@ def plan_program(
 
     Auto-sharding: ``choose`` lists argument indices whose layouts the planner picks
     (their specs give mesh, shape and dtype; their placements only seed the search), and
-    ``memory_budget`` bounds the bytes per rank of the training state, parameters +
+    ``memory_budget`` bounds the peak bytes per rank of the whole step: parameters +
     gradients + optimizer state (``state_bytes_per_param`` bytes per element; None: two
-    moments in the parameter's dtype, as AdamW keeps). ``program.arg_specs`` holds the
-    chosen specs, ``program.memory`` the bytes per rank (see :mod:`._auto`).
+    moments in the parameter's dtype, as AdamW keeps) + the inputs, the activations the
+    backward reads, the moved copies it reads again and the transient values of the op at
+    the peak, as :func:`~meshplan.runtime.run_program` runs the step
+    (:func:`._memory.step_memory`). ``state_budget`` bounds the training state alone
+    (give one of the two). ``program.arg_specs`` holds the chosen specs,
+    ``program.memory`` the bytes per rank with their parts (see :mod:`._auto`).
 
     Redistributions are planned and priced by ``planner`` (a
     :class:`meshplan.redistribute.Planner`; the default one when None).
@@ -192,6 +197,7 @@ def plan_program(
         progress=progress,
         planner=planner,
         tie_layers=tie_layers,
+        state_budget=state_budget,
     )
 
 
@@ -215,6 +221,7 @@ def plan_graph(
     progress: Progress | None = None,
     planner: Any = None,
     tie_layers: bool = True,
+    state_budget: float | None = None,
 ) -> Program:
     """Plan an already traced :class:`Graph` (pure: no torch).
 
@@ -248,7 +255,14 @@ def plan_graph(
     cots = tuple(grad_spec(s) for s in outs[: graph.n_results])
     grads = _grad_specs(graph, arg_specs)
     free = resolve_choose(choose, len(arg_specs))
-    budget = _check_budget(memory_budget)
+    peak_budget = _check_budget(memory_budget)
+    budget = peak_budget if peak_budget is not None else _check_budget(state_budget, "state")
+    if peak_budget is not None and state_budget is not None:
+        raise StrategyError(
+            f"give memory_budget= (the step's peak, {memory_budget!r}) or state_budget= (the "
+            f"training state alone, {state_budget!r}), not both",
+            value=state_budget,
+        )
     per_param = check_state_bytes_per_param(state_bytes_per_param)
     fixed: dict[int, Spec] = {
         k: s for i, (k, s) in enumerate(zip(graph.args, arg_specs, strict=True)) if i not in free
@@ -274,7 +288,7 @@ def plan_graph(
     options = [options[at[n]] for n in nodes]
 
     prices = Prices(model, planner)
-    memory = (arg_specs, per_param, budget)
+    memory = (arg_specs, per_param, budget, peak_budget is not None)
     obj = objective(graph, options, free, fixed, (outs, grads), prices, memory, var)
     calls = graph.calls
     report(progress, "strategies", len(calls), len(calls))
@@ -287,45 +301,45 @@ def plan_graph(
         if o.output_specs[0] == arg_specs[i]
     }
     seeds = (given,) if given and budget is not None else ()
-    sol = solve_lazily(
-        graph,
-        obj,
-        prices,
-        planning=planning,
-        max_factor=max_factor,
-        max_rounds=max_rounds,
-        budget=budget,
-        seeds=seeds,
-        progress=progress,
-    )
+    solve_args = dict(planning=planning, max_factor=max_factor, max_rounds=max_rounds, seeds=seeds)
+
+    def program_of(sol: Solution, fixed=fixed) -> Program:
+        chosen, fixed = chosen_specs(graph, arg_specs, free, options, obj.var, sol, fixed)
+        # a written argument's new value goes back in the layout chosen for the argument
+        results = outs[: graph.n_results] + tuple(chosen[k] for k in graph.writes)
+        grads = _grad_specs(graph, chosen)
+        program = assemble(
+            graph, chosen, results, cots, grads, fixed, options, obj.var, sol, model, fallbacks,
+            planner,
+        )  # fmt: skip
+        if repeats is not None and sol.method is Method.TIED:
+            method = f"{repeats.layers} layers planned as one, bound by parts"
+            program = attrs.evolve(program, method=method)
+        cut = {(prices.table[a], prices.table[b]) for a, b in prices.cut}
+        if prices.owner().cut_plans:  # (no plan of this planner was ever cut: none here)
+            cut |= _cut_moves(program, model, planner)
+        if cut:
+            program = _with_cut_pairs(program, sol.bound, program.method, len(cut))
+        return attrs.evolve(program, memory=step_memory(program, per_param))
+
+    if peak_budget is not None:
+        _check_peak_feasible(obj, peak_budget, program_of)
+    sol = solve_lazily(graph, obj, prices, budget=budget, progress=progress, **solve_args)
     if repeats is not None:  # the tied problem's bound bounds only its own restriction
         env = (fixed, prices.sid, obj.sinks, obj.free_grads)
         priced = None if budget is None else (sol.multiplier, budget - obj.fixed_bytes)
         args = (graph, obj, repeats, options, env, prices, max_factor, sol.choice, priced)
         bound = tied_bound(*args)
         sol = attrs.evolve(sol, bound=min(bound, sol.cost), method=Method.TIED)
-    chosen, fixed = chosen_specs(graph, arg_specs, free, options, obj.var, sol, fixed)
-    # a written argument's new value goes back in the layout chosen for the argument
-    outs = outs[: graph.n_results] + tuple(chosen[k] for k in graph.writes)
-    grads = _grad_specs(graph, chosen)
     report(progress, "moves", 0, len(calls))
-    program = assemble(
-        graph, chosen, outs, cots, grads, fixed, options, obj.var, sol, model, fallbacks, planner
-    )
-    if repeats is not None:
-        method = f"{repeats.layers} layers planned as one, bound by parts"
-        program = attrs.evolve(program, method=method)
-    cut = {(prices.table[a], prices.table[b]) for a, b in prices.cut}
-    if prices.owner().cut_plans:  # (no plan of this planner was ever cut: none here)
-        cut |= _cut_moves(program, model, planner)
-    if cut:
-        program = _with_cut_pairs(program, sol.bound, program.method, len(cut))
-    differentiated = tuple(g is not None for g in graph.grads)
-    program = attrs.evolve(program, memory=program_memory(chosen, differentiated, per_param))
-    if not free or planning is not Planning.WHOLE or (sol.exact and not cut):
+    program = program_of(sol)
+    if peak_budget is not None:
+        program = _fit_peak(program, obj, prices, peak_budget, program_of, solve_args)
+    if not free or planning is not Planning.WHOLE or program.method == "exact":
         return program
     again = dict(out_specs=out_specs, cost_model=model, compute=compute, ruleset=ruleset)
     again.update(limits, memory_budget=memory_budget, planner=planner, tie_layers=tie_layers)
+    again.update(state_budget=state_budget)
     return _never_worse_than_given(program, graph, arg_specs, state_bytes_per_param, again)
 
 
@@ -370,6 +384,56 @@ def _never_worse_than_given(program: Program, graph, arg_specs, per_param, optio
     if given_plan.cost.total >= program.cost.total:
         return program
     return attrs.evolve(given_plan, lower_bound=program.lower_bound, method=program.method)
+
+
+def _check_peak_feasible(obj, budget: float, program_of) -> None:
+    """Raise when no plan can fit ``budget``: the separable estimate of the peak (state,
+    inputs, saved activations) at its lightest exceeds it. The message names the peak of
+    the lightest such plan: a budget known to be feasible."""
+    least = obj.fixed_bytes + min_memory_choice(obj.problem.weights())
+    if least <= budget:
+        return
+    _raise_infeasible(obj, budget, least, program_of)
+
+
+def _raise_infeasible(obj, budget: float, least: float, program_of) -> None:
+    lightest = tuple(int(w.argmin()) for w in obj.problem.weights())
+    sol = Solution(lightest, 0.0, 0.0, Method.OP_BY_OP)
+    peak = program_of(sol).memory.peak
+    raise StrategyError(
+        f"memory_budget={budget:.0f} bytes per rank is infeasible: the smallest feasible "
+        f"budget for this program is at least {least:.0f} bytes (state, inputs and saved "
+        f"activations at their lightest layouts) and at most {max(peak, least):.0f} bytes "
+        "(the peak of the plan with every layout at its lightest); raise the budget, free "
+        "more arguments (choose=) or shorten the batch",
+        value=budget,
+    )
+
+
+def _fit_peak(program, obj, prices, budget: float, program_of, solve_args) -> Program:
+    """``program`` if its whole step's peak fits ``budget``; else the plan of a solve
+    whose separable estimate leaves room for what the estimate leaves out (moved copies,
+    transients), tightened until the peak fits. The first solve's bound stays: it bounds
+    the peak's constrained minimum (the estimate never exceeds the peak)."""
+    inner = budget
+    bound = program.lower_bound
+    least = obj.fixed_bytes + min_memory_choice(obj.problem.weights())
+    for _ in range(8):
+        if program.memory.peak <= budget * (1 + 1e-9):
+            break
+        inner -= program.memory.peak - budget
+        if inner < least:
+            _raise_infeasible(obj, budget, least, program_of)
+        sol = solve_lazily(program.graph, obj, prices, budget=inner, progress=None, **solve_args)
+        program = program_of(sol)
+    else:
+        if program.memory.peak > budget * (1 + 1e-9):
+            _raise_infeasible(obj, budget, least, program_of)
+    cost = program.cost.total
+    if cost - bound <= 1e-12 * max(abs(cost), 1e-300):
+        return program
+    method = program.method if program.method != "exact" else "peak fitted, estimate's bound"
+    return attrs.evolve(program, lower_bound=min(bound, cost), method=method)
 
 
 def _check_graph_arguments(graph, arg_specs, solver, limits: dict[str, Any]) -> tuple[Spec, ...]:
@@ -436,7 +500,7 @@ def _options(graph, mesh, compute, max_options, ruleset, strict, progress):
     return options, fallbacks
 
 
-def _check_budget(value) -> float | None:
+def _check_budget(value, name: str = "memory") -> float | None:
     """``value`` as a float of bytes per rank, None for no limit; a StrategyError naming
     it and the range otherwise (an int beyond a float's range too)."""
     if value is None:
@@ -444,7 +508,7 @@ def _check_budget(value) -> float | None:
     number = as_float(value)
     if number is None or not number > 0:
         raise StrategyError(
-            f"memory_budget={brief(value)} must be a number of bytes per rank > 0 and <= "
+            f"{name}_budget={brief(value)} must be a number of bytes per rank > 0 and <= "
             f"{sys.float_info.max:.2g} (or None: no limit)",
             value=value,
         )

@@ -5,7 +5,8 @@ candidate option each), then the free arguments (one candidate layout each); its
 values are the redistributions (see :mod:`._program_terms`): into each call's inputs, out
 to the fixed output and gradient specs, and each free argument's gradient into its
 layout, a value moved to a layout once serving all its readers; its memory rows are the
-free arguments' state bytes.
+free arguments' state bytes and, under a whole-step budget, each call's saved activations
+in its option's output layouts (:func:`._memory.activation_bytes`).
 
 Lazy pricing: each round solves with exact prices where known and lower bounds elsewhere,
 then prices exactly the pairs the answer uses; it stops once the answer uses exact prices
@@ -26,6 +27,7 @@ from meshplan.placement import Spec
 
 from ._auto import memory_weights
 from ._graph import Graph, Value
+from ._memory import activation_bytes, local_bytes
 from ._program_parts import parts_bound
 from ._program_prices import Prices
 from ._program_terms import greedy, order_too_wide
@@ -75,7 +77,9 @@ class Objective:
     :meth:`at`), with what maps the program onto it: ``calls`` (the graph's call nodes,
     in order), ``var`` (each node's variable), ``sinks`` (the fixed targets ``(value,
     spec)``), ``free_grads`` (the free arguments' gradients ``(value, argument node)``)
-    and ``fixed_bytes`` (the fixed arguments' state bytes)."""
+    and ``fixed_bytes`` (the fixed arguments' state bytes; under a whole-step budget the
+    inputs' too), ``node_weights`` (under a whole-step budget, each call node's saved
+    activation bytes per option)."""
 
     problem: Problem
     calls: tuple[int, ...]
@@ -83,6 +87,7 @@ class Objective:
     sinks: tuple = ()
     free_grads: tuple = ()
     fixed_bytes: float = 0.0
+    node_weights: dict = attrs.field(factory=dict)
 
     def at(self, prices: Prices) -> Problem:
         """The problem at the prices known now (exact where planned, else bounds)."""
@@ -130,7 +135,8 @@ def objective(
         for i, (v, s) in enumerate(zip(graph.grads, grads, strict=True))
         if v is not None and i not in free
     ]
-    arg_specs, per_param, budget = memory
+    arg_specs, per_param, budget, *whole = memory
+    step = bool(whole and whole[0])  # the whole step's peak: checked by the caller
     differentiated = tuple(g is not None for g in graph.grads)
     free_weights, fixed_bytes = memory_weights(
         arg_specs,
@@ -139,9 +145,17 @@ def objective(
         [options[var[graph.args[i]]] for i in free],
         [],
         per_param,
-        budget,
+        None if step else budget,
     )
     rows = [MemoryRow(var[graph.args[i]], w) for i, w in zip(free, free_weights, strict=True)]
+    node_weights: dict = {}
+    if step:  # the inputs and each call's saved activations count too
+        fixed_bytes += sum(
+            local_bytes(s) for s, d in zip(arg_specs, differentiated, strict=True) if not d
+        )
+        for n, row in activation_bytes(graph, lambda n: options[var[n]]).items():
+            node_weights[n] = np.asarray(row, dtype=float)
+            rows.append(MemoryRow(var[n], row))
     # each value once: one move per distinct layout its readers want
     grad_reads = [(graph.grads[i], var[graph.args[i]]) for i in free if graph.grads[i] is not None]
     values = shared_values(graph, calls, var, fixed, sid, sinks, grad_reads)
@@ -154,7 +168,9 @@ def objective(
     ]
     free_grads = [(graph.grads[i], graph.args[i]) for i in free if graph.grads[i] is not None]
     problem = Problem(compute, values=values, ins=ins, outs=outs, price=prices.price, memory=rows)
-    return Objective(problem, tuple(calls), var, tuple(sinks), tuple(free_grads), fixed_bytes)
+    return Objective(
+        problem, tuple(calls), var, tuple(sinks), tuple(free_grads), fixed_bytes, node_weights
+    )
 
 
 def shared_values(graph: Graph, calls, var, fixed, sid, sinks, grad_reads=()) -> list[SharedValue]:
@@ -374,6 +390,8 @@ def _tied_bound(graph, obj, repeats, options, env, price, max_factor, choice, bu
         # a tied variable's weights sum its arguments' (alike: equal shares)
         weights = obj.problem.weights()
         node_unary = {a: mu * weights[obj.var[a]] / times[obj.var[a]] for a in args}
+        # a call's saved activations: its own row (a tied variable's sums its calls')
+        node_unary.update({n: mu * w for n, w in obj.node_weights.items()})
         taken = mu * room
     parts = (graph, repeats.blocks, dict(repeats.tie), tied, env, solve_part, price, node_unary)
     return parts_bound(*parts)[0] - taken

@@ -24,7 +24,14 @@ import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 DOCS = ROOT / "docs"
-GUIDES = ("index.rst", "concepts.rst", "from_dtensor.rst", "from_jax.rst", "train.rst")
+GUIDES = (
+    "index.rst",
+    "concepts.rst",
+    "from_dtensor.rst",
+    "from_jax.rst",
+    "train.rst",
+    "real_sizes.rst",
+)
 COMMANDS = ("pip ", "python ", "torchrun ", "meshplan ")
 FLAGS = doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE
 #: guides (or README sections) whose code runs on every rank of a gloo world of this size

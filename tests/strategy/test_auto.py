@@ -123,7 +123,7 @@ def _check_against_brute_force(program, shape, fraction, exact=True):
     lightest, heaviest = min(m for _, m, _ in every), max(m for _, m, _ in every)
     budget = lightest + fraction * (heaviest - lightest)
     best = min(c for c, m, _ in every if m <= budget)
-    prog = plan_graph(graph, specs, choose=free, memory_budget=budget)
+    prog = plan_graph(graph, specs, choose=free, state_budget=budget)
     tol = 1e-9 * best
     assert prog.memory.total <= budget
     assert prog.lower_bound <= best + tol, (prog.lower_bound, best)
@@ -203,7 +203,7 @@ def test_a_budget_below_pure_data_parallel_state_shards_the_parameters():
     assert [s.placements for s in free.arg_specs[1:]] == [(R,), (R,)]
     dp_state = free.memory.total
     assert dp_state == sum(state_bytes(s, True, None) for s in specs[1:])
-    tight = plan_graph(free.graph, specs, choose=[1, 2], memory_budget=dp_state * 0.3)
+    tight = plan_graph(free.graph, specs, choose=[1, 2], state_budget=dp_state * 0.3)
     assert tight.memory.total <= dp_state * 0.3
     assert all(s.placements != (R,) for s in tight.arg_specs[1:])  # FSDP-like: sharded on dp
     assert tight.cost.total > free.cost.total
@@ -226,7 +226,7 @@ def test_an_unlimited_budget_on_a_slow_inter_node_link_replicates_there():
     assert free.cost.total < fsdp_tp.cost.total
     # the FSDP x TP budget: a layout that fits it and costs less than the hand-written one
     fit = plan_graph(
-        fsdp_tp.graph, specs, choose=[1, 2], cost_model=slow, memory_budget=fsdp_tp.memory.total
+        fsdp_tp.graph, specs, choose=[1, 2], cost_model=slow, state_budget=fsdp_tp.memory.total
     )
     assert fit.memory.total <= fsdp_tp.memory.total
     assert fit.cost.total <= fsdp_tp.cost.total
@@ -238,12 +238,12 @@ def test_an_infeasible_budget_names_the_smallest_feasible_one():
     specs = _mlp_specs(mesh)
     prog = plan_program(mlp, *specs, choose=[1, 2], requires_grad=GRAD)
     with pytest.raises(StrategyError, match="smallest feasible budget") as info:
-        plan_graph(prog.graph, specs, choose=[1, 2], memory_budget=1000)
+        plan_graph(prog.graph, specs, choose=[1, 2], state_budget=1000)
     least = float(re.search(r"is (\d+) bytes", str(info.value)).group(1))
-    fits = plan_graph(prog.graph, specs, choose=[1, 2], memory_budget=least)
+    fits = plan_graph(prog.graph, specs, choose=[1, 2], state_budget=least)
     assert fits.memory.total == least
     with pytest.raises(StrategyError, match="smallest feasible budget"):
-        plan_graph(prog.graph, specs, choose=[1, 2], memory_budget=least - 1)
+        plan_graph(prog.graph, specs, choose=[1, 2], state_budget=least - 1)
 
 
 def test_fixed_arguments_count_against_the_budget():
@@ -253,7 +253,7 @@ def test_fixed_arguments_count_against_the_budget():
     assert prog.memory.total == sum(state_bytes(s, True, None) for s in specs[1:])
     assert prog.memory.per_arg[0] == 0.0  # the batch has no gradient: not training state
     with pytest.raises(StrategyError, match="fixed arguments"):
-        plan_graph(prog.graph, specs, memory_budget=prog.memory.total - 1)
+        plan_graph(prog.graph, specs, state_budget=prog.memory.total - 1)
     sgd = plan_graph(prog.graph, specs, state_bytes_per_param=0)
     assert sgd.memory.optimizer == 0 and sgd.memory.total == prog.memory.total / 2
 
@@ -352,12 +352,12 @@ def test_a_budget_every_choice_fits_constrains_nothing():
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         free = plan_program(mlp, *specs, requires_grad=GRAD, choose=[1, 2], max_factor=4)
-        roomy = plan_program(mlp, *specs, requires_grad=GRAD, choose=[1, 2], memory_budget=1e12)
+        roomy = plan_program(mlp, *specs, requires_grad=GRAD, choose=[1, 2], state_budget=1e12)
     assert roomy.cost.total == free.cost.total
     assert roomy.arg_specs == free.arg_specs
     assert "branch and bound" not in roomy.method
     with pytest.raises(StrategyError, match="smallest feasible budget"):
-        plan_program(mlp, *specs, requires_grad=GRAD, choose=[1, 2], memory_budget=1.0)
+        plan_program(mlp, *specs, requires_grad=GRAD, choose=[1, 2], state_budget=1.0)
 
 
 def _brute_best(unary, pairs, weights, budget, rises=None):

@@ -164,8 +164,8 @@ def test_under_a_memory_budget_the_tied_bound_holds_and_the_budget_is_kept(share
         hi = plan_program(_stack(4), *specs).memory.total  # every weight whole
         lo = plan_program(_stack(4), x, *[ws] * 4).memory.total  # every weight sharded
         budget = lo + share * (hi - lo)
-        untied = plan_program(_stack(4), *specs, choose=free, memory_budget=budget, tie_layers=False)
-        tied = plan_program(_stack(4), *specs, choose=free, memory_budget=budget, max_factor=8)
+        untied = plan_program(_stack(4), *specs, choose=free, state_budget=budget, tie_layers=False)
+        tied = plan_program(_stack(4), *specs, choose=free, state_budget=budget, max_factor=8)
     assert "planned as one" in tied.method
     assert tied.memory.total <= budget
     eps = 1e-12 * untied.cost.total
