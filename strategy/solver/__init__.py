@@ -9,7 +9,10 @@ bounded it and the :class:`Effort` spent). The methods, each a function of a pro
 exact elimination (:func:`solve_pairwise`, :func:`solve_exact`), message passing
 (:func:`lp_bound`), the sharing dual (:func:`solve_shared`), local search
 (:func:`local_search`), a tied layer's periodic bound (:func:`run_bound`), Lagrangian
-relaxation with branch and bound under a memory budget (:func:`solve_within`).
+relaxation with branch and bound under a memory budget (:func:`solve_within`), and the
+transportation LP (:func:`transport_lp`, :func:`solve_lp`: per reader a transport plan
+between its producer's and its own layout weights, a wanted layout paid once per value;
+through HiGHS when the ``meshplan[solver]`` extra, highspy, is installed, else skipped).
 Options and budgets are typed values (:class:`Options`).
 
 Knows nothing of torch, meshes, specs or ops: layouts and options are numbers, prices
@@ -31,10 +34,12 @@ from ._problem import MemoryRow, Problem, Reader, SharedValue
 from ._shared import Split, reader_weights, solve_exact, solve_shared, split
 from ._solution import Effort, Method, Options, Solution, Warm, proven
 from ._solve import solve
+from ._transport import LPRelaxation, has_lp, solve_lp, transport_lp
 
 __all__ = [
     "Effort",
     "InfeasibleBudget",
+    "LPRelaxation",
     "MemoryRow",
     "Method",
     "Options",
@@ -48,6 +53,7 @@ __all__ = [
     "Warm",
     "budget_binds",
     "elimination_order",
+    "has_lp",
     "local_search",
     "lp_bound",
     "min_memory_choice",
@@ -56,10 +62,12 @@ __all__ = [
     "run_bound",
     "solve",
     "solve_exact",
+    "solve_lp",
     "solve_pairwise",
     "solve_shared",
     "solve_within",
     "split",
     "total",
+    "transport_lp",
     "work",
 ]

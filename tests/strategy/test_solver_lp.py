@@ -1,0 +1,63 @@
+"""The transportation LP of a shared problem: its bound lies below the minimum (brute
+force over every choice, and HiGHS's MILP on bigger ones) and its rounded choice costs
+what it says."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+from hypothesis import given, settings
+from test_shared_solve import problems
+
+from meshplan.strategy.solver import Options, solve_shared
+from meshplan.strategy.solver._transport import solve_lp, transport_lp
+
+pytest.importorskip("highspy")
+
+
+def _brute(problem):
+    return min(problem.evaluate(c) for c in itertools.product(*map(range, problem.sizes)))
+
+
+@settings(max_examples=min(settings.default.max_examples, 60), deadline=None)
+@given(problems(max_ops=5, max_options=3))
+def test_the_lp_bound_lies_below_the_minimum_and_the_rounding_costs_what_it_says(problem):
+    best = _brute(problem)
+    sol = solve_lp(problem)
+    assert sol.bound <= best + 1e-9
+    assert sol.cost == problem.evaluate(sol.choice) >= best - 1e-9
+    if sol.exact:
+        assert abs(sol.cost - best) <= 1e-6 * max(1.0, best)
+
+
+@settings(max_examples=min(settings.default.max_examples, 40), deadline=None)
+@given(problems(max_ops=5, max_options=3))
+def test_the_lp_is_at_least_as_tight_as_the_even_shares(problem):
+    """The transportation LP's bound is at least that of the below problem with even
+    shares (a point of its dual), and solving with it keeps bound <= min <= cost."""
+    best = _brute(problem)
+    lp = transport_lp(problem)
+    plain = solve_shared(problem, Options(max_factor=1, steps=0))
+    assert lp.bound >= plain.bound - 1e-6 * max(1.0, abs(plain.bound))
+    both = solve_shared(problem, Options(max_factor=1, lp=True))
+    assert both.bound <= best + 1e-9 <= both.cost + 2e-9
+    assert both.bound >= lp.bound - 1e-9
+
+
+def test_a_shared_move_the_pairwise_bounds_split_is_paid_once_in_the_lp():
+    """Two readers of one fixed value both want layout 1: the below problem's even shares
+    charge each half a move, the LP charges the move once, which is the minimum."""
+    from meshplan.strategy.solver import Problem, Reader, SharedValue
+
+    v = SharedValue(-1, 0, 0, (Reader(0, 0), Reader(1, 0)))
+    ins = [[[0], [1]], [[0], [1]]]  # each reads the value in layout 0 (cost 5) or 1
+    problem = Problem(
+        [[5.0, 0.0], [5.0, 0.0]],
+        values=[v],
+        ins=ins,
+        outs=[[[], []], [[], []]],
+        price=lambda a, b: 4.0,
+    )
+    assert _brute(problem) == 4.0
+    assert transport_lp(problem).bound == pytest.approx(4.0, abs=1e-6)
