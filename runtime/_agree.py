@@ -86,14 +86,18 @@ def _vote(groups: Any, values: list[int], what: str, value: Any) -> list[int]:
     """Every rank's ``values``, reduced by max over the mesh's group."""
     import torch.distributed as dist
 
+    from ._collectives import _collective
+    from ._failstop import Failure
     from ._run import _prepare_every
 
     _prepare_every(groups)  # a mesh over part of the world: its group exists already
     group = groups.get(None)
     votes = torch.tensor(values, dtype=torch.int64)
     try:
-        dist.all_reduce(votes, op=dist.ReduceOp.MAX, group=group.pg)
+        _collective(dist.all_reduce, "all_reduce(max)", group, votes, op=dist.ReduceOp.MAX)
     except RuntimeError as e:
+        if isinstance(getattr(e, "value", None), Failure):
+            raise  # a peer failed: say so, as every collective does
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise RuntimeShellError(
             f"checking that every rank of {groups.mesh} runs the same {what} failed on rank "

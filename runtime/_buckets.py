@@ -35,6 +35,7 @@ import torch.distributed as dist
 
 from . import _run as R
 from ._collectives import _TORCH_OPS, guard
+from ._failstop import check, wait
 from ._overlap import Launch
 
 __all__ = ["Started", "start"]
@@ -43,19 +44,23 @@ __all__ = ["Started", "start"]
 class Started:
     """A launched bucket: its pending collective and how to unpack each move's result."""
 
-    __slots__ = ("_work", "_finish", "_what", "_group", "_results")
+    __slots__ = ("_work", "_finish", "_what", "_group", "_results", "_cuda")
 
     def __init__(self, work: Any, finish: Any, what: str, group: Any) -> None:
         self._work, self._finish, self._what, self._group = work, finish, what, group
         self._results: list[torch.Tensor] | None = None
+        self._cuda = False  # set by start: how to wait (see _failstop.wait)
 
     def wait(self) -> list[torch.Tensor]:
         """Each move's local result, in the launch's order (waits once, the first time)."""
         if self._results is None:
             if self._work is not None:
-                with guard(self._what, self._group):
-                    self._work.wait()
-                self._work = None
+                work, self._work = self._work, None
+                if torch.compiler.is_compiling():
+                    with guard(self._what, self._group):
+                        work.wait()
+                else:
+                    wait(work, self._group, self._what, cuda=self._cuda)
             with torch.no_grad():
                 self._results = self._finish()
             self._finish = None
@@ -71,15 +76,20 @@ def start(launch: Launch, tensors: Sequence[torch.Tensor], groups: Any) -> Start
     with torch.no_grad():
         tensors = [t.detach().contiguous() for t in tensors]
         if launch.kind == "all_reduce":
-            return _all_reduce(steps, tensors, group, launch.op)
-        if launch.kind == "reduce_scatter":
-            return _reduce_scatter(steps, tensors, group, launch.op, me)
-        return _all_gather(steps, tensors, group, me)
+            started = _all_reduce(steps, tensors, group, launch.op)
+        elif launch.kind == "reduce_scatter":
+            started = _reduce_scatter(steps, tensors, group, launch.op, me)
+        else:
+            started = _all_gather(steps, tensors, group, me)
+    started._cuda = any(t.is_cuda for t in tensors)
+    return started
 
 
 def _issue(call, what: str, group: Any, *args, **kwargs) -> Any:
     if group.size == 1:
         return None
+    if not torch.compiler.is_compiling():
+        check(what, group)
     with guard(what, group):
         return call(*args, group=group.pg, async_op=True, **kwargs)
 

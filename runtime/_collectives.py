@@ -31,6 +31,7 @@ import torch.distributed as dist
 
 from meshplan.errors import RuntimeShellError
 
+from ._failstop import check, wait
 from ._group import Group
 
 __all__ = [
@@ -80,6 +81,21 @@ class guard:
         if isinstance(exc, RuntimeError | ValueError):
             raise _shell_error(self.what, self.group, exc) from exc
         return False
+
+
+def _collective(call, what: str, group: Group, tensor: torch.Tensor, *args, **kwargs) -> None:
+    """Run the torch collective ``call(tensor, *args, group=group.pg, **kwargs)``: as is
+    while ``torch.compile`` traces (a functional collective in the graph), else issued
+    asynchronously and waited for with fail-stop (:func:`~._failstop.wait`: a peer's
+    failure stops this rank within seconds; a known failure refuses at once)."""
+    if torch.compiler.is_compiling():
+        with guard(what, group):
+            call(tensor, *args, group=group.pg, **kwargs)
+        return
+    check(what, group)
+    with guard(what, group):
+        work = call(tensor, *args, group=group.pg, async_op=True, **kwargs)
+    wait(work, group, what, cuda=tensor.is_cuda)
 
 
 def _shell_error(what: str, group: Group, exc: BaseException) -> RuntimeShellError:
@@ -152,8 +168,7 @@ def all_reduce(tensor: torch.Tensor, group: Group, op: str = "sum") -> torch.Ten
     _check_op(op)
     out = tensor.clone(memory_format=torch.contiguous_format)
     if group.size > 1 and out.numel():
-        with guard(f"all_reduce({op})", group):
-            dist.all_reduce(out, op=_TORCH_OPS[op], group=group.pg)
+        _collective(dist.all_reduce, f"all_reduce({op})", group, out, op=_TORCH_OPS[op])
     if op == "avg":
         _finish_avg(out, group.size)
     return out
@@ -200,8 +215,7 @@ def all_gather(
         padded[: x.shape[0]] = x
         x = padded
     out = x.new_empty((n * width, *rest))
-    with guard("all_gather", group):
-        dist.all_gather_single(out, x, group=group.pg)
+    _collective(dist.all_gather_single, "all_gather", group, out, x)
     pieces = []
     for p, s in enumerate(sizes):
         start = group.group_rank(p) * width
@@ -235,8 +249,7 @@ def all_gather_concat(
             )
         x = tensor.contiguous()
         out = x.new_empty((n * x.shape[0], *x.shape[1:]))
-        with guard("all_gather", group):
-            dist.all_gather_single(out, x, group=group.pg)
+        _collective(dist.all_gather_single, "all_gather", group, out, x)
         return out
     return torch.cat(all_gather(tensor, group, sizes=sizes, dim=dim), dim=dim)
 
@@ -310,8 +323,7 @@ def all_gather_into(out: torch.Tensor, tensor: torch.Tensor, group: Group) -> No
     if group.size == 1:
         out.copy_(tensor)
         return
-    with guard("all_gather", group):
-        dist.all_gather_single(out, tensor.contiguous(), group=group.pg)
+    _collective(dist.all_gather_single, "all_gather", group, out, tensor.contiguous())
 
 
 def _moved(piece: torch.Tensor, dim: int) -> torch.Tensor:
@@ -364,8 +376,14 @@ def reduce_scatter(
         x = tensor.movedim(dim, 0)
         if n > 1 and dim == 0 and len(set(sizes)) == 1 and group.is_identity and x.numel():
             out = x.new_empty((sizes[0], *x.shape[1:]))
-            with guard(f"reduce_scatter({op})", group):
-                dist.reduce_scatter_single(out, x.contiguous(), op=_TORCH_OPS[op], group=group.pg)
+            _collective(
+                dist.reduce_scatter_single,
+                f"reduce_scatter({op})",
+                group,
+                out,
+                x.contiguous(),
+                op=_TORCH_OPS[op],
+            )
             return _finish_avg(out, n) if op == "avg" else out
         blocks = list(x.split(sizes, dim=0))
         return _moved(_reduce_scatter_blocks(blocks, group, op), dim)
@@ -395,8 +413,14 @@ def _reduce_scatter_blocks(blocks: list[torch.Tensor], group: Group, op: str) ->
     for p, block in enumerate(blocks):
         wire[group.group_rank(p), : block.numel()] = block.reshape(-1)
     out = mine.new_empty((width,))
-    with guard(f"reduce_scatter({op})", group):
-        dist.reduce_scatter_single(out, wire.view(-1), op=_TORCH_OPS[op], group=group.pg)
+    _collective(
+        dist.reduce_scatter_single,
+        f"reduce_scatter({op})",
+        group,
+        out,
+        wire.view(-1),
+        op=_TORCH_OPS[op],
+    )
     out = out[: mine.numel()].view(mine.shape)
     return _finish_avg(out, n) if op == "avg" else out
 
@@ -443,8 +467,15 @@ def all_to_all(
     recv_numels = group.to_group_order([math.prod(s) for s in shapes])
     inp = torch.cat(send)
     out = inp.new_empty((sum(recv_numels),))
-    with guard("all_to_all", group):
-        dist.all_to_all_single(out, inp, recv_numels, [t.numel() for t in send], group=group.pg)
+    _collective(
+        dist.all_to_all_single,
+        "all_to_all",
+        group,
+        out,
+        inp,
+        recv_numels,
+        [t.numel() for t in send],
+    )
     by_group = out.split(recv_numels)
     return [by_group[group.group_rank(p)].view(shapes[p]) for p in range(n)]
 
@@ -470,8 +501,9 @@ def all_to_all_flat(
     if group.size == 1:
         recv.copy_(send)
         return
-    with guard("all_to_all", group):
-        dist.all_to_all_single(recv, send, list(recv_sizes), list(send_sizes), group=group.pg)
+    _collective(
+        dist.all_to_all_single, "all_to_all", group, recv, send, list(recv_sizes), list(send_sizes)
+    )
 
 
 def all_to_all_single(
@@ -503,8 +535,7 @@ def all_to_all_single(
     if group.size > 1 and dim == 0 and group.is_identity:
         x = tensor.contiguous()
         out = x.new_empty((sum(recv_sizes), *x.shape[1:]))
-        with guard("all_to_all", group):
-            dist.all_to_all_single(out, x, recv_sizes, send_sizes, group=group.pg)
+        _collective(dist.all_to_all_single, "all_to_all", group, out, x, recv_sizes, send_sizes)
         return out
     shape = list(tensor.shape)
     blocks = list(tensor.split(send_sizes, dim=dim))

@@ -62,6 +62,7 @@ from meshplan.layout import Mesh
 
 from ._backend_model import backend_plan_options, check_plan_options
 from ._device_mesh import device_mesh_groups, mesh_from_device_mesh
+from ._failstop import check
 from ._group import DEFAULT_TIMEOUT, Group
 
 __all__ = ["ProcessGroups"]
@@ -367,6 +368,7 @@ class ProcessGroups:
         import torch.distributed as dist
 
         order = tuple(sorted(ranks, key=self._layout_index))
+        check(f"creating the process group {name!r} over ranks {order!r}", None)
         try:
             pg = dist.new_group(
                 list(order),

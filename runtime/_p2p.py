@@ -19,6 +19,7 @@ import torch.distributed as dist
 from meshplan.errors import RuntimeShellError
 
 from ._collectives import guard
+from ._failstop import check, wait
 from ._group import Group
 
 __all__ = ["exchange", "permute"]
@@ -95,10 +96,17 @@ def exchange(
     # only once the group has run a collective of all its members (its first one sets up
     # the communicator): ProcessGroups runs one when it creates an NCCL group (warm_up).
     if ops:
+        if torch.compiler.is_compiling():
+            with guard("exchange", group):
+                for work in dist.batch_isend_irecv(ops):
+                    work.wait(datetime.timedelta(seconds=group.timeout))
+            return out
+        check("exchange", group)
         with guard("exchange", group):
             works = dist.batch_isend_irecv(ops)
-            for work in works:
-                work.wait(datetime.timedelta(seconds=group.timeout))
+        cuda = any(op.tensor.is_cuda for op in ops)
+        for work in works:
+            wait(work, group, "exchange", cuda=cuda)
     return out
 
 

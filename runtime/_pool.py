@@ -16,7 +16,11 @@ Failures are bounded and loud: a task that raises on some rank, a worker that di
 task that outlives its timeout ends ``run`` with a :class:`WorkerError` naming each rank's
 fate (the remote traceback included). Such a failure leaves the distributed state of the
 survivors unknown (a rank that skipped a collective desynchronizes every later one), so
-the pool is marked broken and restarts on the next ``run``.
+the pool is marked broken and restarts on the next ``run``. A task that raises is
+published to its peers first (:mod:`._failstop`): those waiting for it in a meshplan
+collective stop within seconds instead of at the groups' timeout. A world that failed
+so is never reused, even when every task caught its error and returned: ``alive``
+turns False and the next ``run`` starts a fresh one.
 
 Tasks run one at a time: ``run`` called from several threads serves the callers one after
 another, and each gets its own task's replies.
@@ -39,6 +43,7 @@ from typing import Any
 
 from meshplan.errors import RemoteError, RuntimeShellError, TaskTimeout, WorkerDied, WorkerError
 
+from ._failstop import Failure
 from ._worker import worker_main
 
 __all__ = ["WorkerPool", "RemoteError"]
@@ -52,6 +57,7 @@ _PRELOAD = (
     "meshplan.runtime._pool",
     "meshplan.runtime._groups",
     "meshplan.runtime._collectives",
+    "meshplan.runtime._failstop",
     "meshplan.runtime._p2p",
 )
 
@@ -164,6 +170,7 @@ class WorkerPool:
         self._conns: list[multiprocessing.connection.Connection] = []
         self._store: Any = None
         self._broken = False
+        self._failure: Failure | None = None  # the world's, reported by a worker
         self._tasks = 0
         # one caller at a time drives the pipes (start, run, shutdown); reentrant since
         # run starts the pool
@@ -242,6 +249,7 @@ class WorkerPool:
             conns.append(parent_end)
         self._procs, self._conns, self._store = procs, conns, store
         self._broken = False
+        self._failure = None
         self.starts += 1
         outcomes = self._collect(time.monotonic() + self.start_timeout, "start")
         failed = {r: o for r, o in outcomes.items() if isinstance(o, BaseException)}
@@ -340,6 +348,8 @@ class WorkerPool:
             self._broken = True
             raise _error(f"task {_name(fn)}", dead, {})
         outcomes = self._collect(time.monotonic() + limit, "task", self._tasks)
+        if self._failure is not None:  # even if every rank's task returned
+            self._broken = True
         failed = {r: o for r, o in outcomes.items() if isinstance(o, BaseException)}
         if failed:
             self._broken = True
@@ -382,7 +392,10 @@ class WorkerPool:
                     data = None
                 if data is not None:
                     try:
-                        outcomes[rank] = _unpack_reply(rank, pickle.loads(data), task_id)
+                        reply = pickle.loads(data)
+                        if reply[3] is not None:  # the world failed: its groups are unusable
+                            self._failure = Failure(*reply[3])
+                        outcomes[rank] = _unpack_reply(rank, reply[:3], task_id)
                     except Exception as exc:  # an unpicklable reply
                         outcomes[rank] = RemoteError(
                             f"rank {rank}'s reply could not be unpickled: {exc!r}"
@@ -442,12 +455,20 @@ def _error(
     for rank in sorted(failed):
         exc = failed[rank]
         lines.append(f"  rank {rank}: {type(exc).__name__}: {exc}")
-    first = min(failed, key=lambda r: (isinstance(failed[r], TaskTimeout | WorkerDied), r))
+    first = min(failed, key=lambda r: (_echo(failed[r]), r))
     cause = failed[first].__cause__
     if isinstance(cause, _RemoteTraceback):
         lines.append(str(cause))
     lines.append("the pool restarts before its next task")
     return WorkerError("\n".join(lines), errors=failed, results=results)
+
+
+def _echo(exc: BaseException) -> int:
+    """How far ``exc`` is from a task's own failure: 0 for an error a task raised, 1 for a
+    rank stopping because a peer failed (:mod:`._failstop`), 2 for a death or a timeout."""
+    if isinstance(exc, TaskTimeout | WorkerDied):
+        return 2
+    return 1 if isinstance(getattr(exc, "value", None), Failure) else 0
 
 
 def _name(fn: Any) -> str:

@@ -32,6 +32,7 @@ from meshplan.strategy._random import draw_kind, draw_seed
 from meshplan.strategy._trace import to_torch_const
 
 from ._agree import _fingerprint, check_same_call, program_fingerprint
+from ._failstop import fails_world
 from ._overlap import (
     BUCKET_BYTES,
     PREFETCH,
@@ -398,6 +399,7 @@ def simulate_program(
 
 class _RunProgram(torch.autograd.Function):
     @staticmethod
+    @fails_world  # a rank failing here stops its peers within seconds (see _failstop)
     def forward(ctx: Any, program: Program, backend: _Shell, *locals_: torch.Tensor):  # type: ignore[override]
         env: dict[Value, Any] = {}
         saved = saved_for_backward(program)
@@ -429,6 +431,7 @@ class _RunProgram(torch.autograd.Function):
         return outs
 
     @staticmethod
+    @fails_world
     def backward(ctx: Any, *gouts: torch.Tensor):  # type: ignore[override]
         program, backend = ctx.program, ctx.backend
         env = dict(zip(ctx.keys, ctx.saved_tensors, strict=True))

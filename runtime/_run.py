@@ -43,6 +43,7 @@ from . import _collectives as C
 from . import _p2p
 from ._agree import check_same_plan
 from ._backend_model import runs_on_gloo
+from ._failstop import fail_stop
 from ._group import Group
 from ._groups import ProcessGroups
 from ._schedules import (
@@ -104,19 +105,23 @@ def run(plan: Plan | Step, local: torch.Tensor, groups: ProcessGroups) -> torch.
     meshplan.errors.PlanError: run needs a Plan (meshplan.redistribute.plan(src, dst)) or a Step, got str 'S(0) -> R'
     """
     _check_plan(plan, "run")
-    _check_local(local, plan.src, groups)
-    resolved = None if torch.compiler.is_compiling() else groups._runs.get(plan)
-    if resolved is None:
-        _prepare_every(groups)
+    # an error on this rank alone would leave the others waiting for it: every error
+    # past here stops the world (see _failstop), but the plan check's, raised by every
+    # rank at once
+    with fail_stop():
+        _check_local(local, plan.src, groups)
+        resolved = None if torch.compiler.is_compiling() else groups._runs.get(plan)
+        if resolved is None:
+            _prepare_every(groups)
     if groups.check_specs:
         check_same_plan(plan, groups)
-    if resolved is None:
-        resolved = _resolve(plan, groups)
     # the data, not its autograd history (``redistribute`` is the differentiable form): a
     # parameter's buffers may not be written in place under grad mode
     data = local.detach()
     out = data
-    with torch.no_grad():
+    with fail_stop(), torch.no_grad():
+        if resolved is None:
+            resolved = _resolve(plan, groups)
         for step, group in resolved:
             out = _run_step(step, out, groups, group)
     if out is data:
@@ -224,9 +229,10 @@ def run_step(step: Step, local: torch.Tensor, groups: ProcessGroups) -> torch.Te
     (of the data: no autograd history)."""
     if not isinstance(step, Step):
         raise PlanError(f"run_step runs a Step, got {type(step).__name__} {step!r:.80}", value=step)
-    _check_local(local, step.src, groups)
-    with torch.no_grad():
-        return _run_step(step, local.detach(), groups)
+    with fail_stop():
+        _check_local(local, step.src, groups)
+        with torch.no_grad():
+            return _run_step(step, local.detach(), groups)
 
 
 def _run_step(

@@ -2,12 +2,16 @@
 
 :func:`worker_main` is each worker process's body. It joins the pool's
 ``torch.distributed`` world through the parent's ``TCPStore``, reports ``("ok", 0,
-rank)`` (or the failure), then serves the parent's messages on its pipe until told to
+rank, None)`` (or the failure), then serves the parent's messages on its pipe until told to
 stop or the parent goes away:
 
 * ``("task", (task_id, sys_path, payload))``: adopt the parent's ``sys.path``, unpickle
   ``(fn, args, kwargs)`` from ``payload``, call it and reply ``("ok", task_id,
-  result)``, or ``("err", task_id, (pickled exception or None, traceback text))``;
+  result, failure)``, or ``("err", task_id, (pickled exception or None, traceback
+  text), failure)``. A task that raises is published to the other ranks first (see
+  :mod:`._failstop`: they may be waiting for this rank in a collective), and
+  ``failure`` is the world's recorded failure as ``(rank, error)``, or None: a world
+  whose groups are unusable, even if every task returned;
 * ``("stop", None)``: leave the world and exit.
 
 An exception whose attributes cannot be pickled travels with those attributes as their
@@ -25,6 +29,8 @@ import traceback
 from typing import Any
 
 from meshplan.errors import RuntimeShellError
+
+from ._failstop import failure, publish
 
 __all__ = ["bind_device", "worker_main"]
 
@@ -68,16 +74,27 @@ def worker_main(rank: int, config: dict[str, Any], conn: Any) -> None:
         _adopt_sys_path(parent_path)
         try:
             fn, args, kwargs = pickle.loads(payload)
-            result = fn(*args, **kwargs)
-            out = pickle.dumps(("ok", task_id, result))
-        except BaseException as exc:  # reported to the parent
-            out = pickle.dumps(("err", task_id, _pack_exception(exc)))
+            reply: tuple[Any, ...] = ("ok", task_id, fn(*args, **kwargs))
+        except BaseException as exc:  # reported to the parent, and to the peers
+            publish(exc)  # they may be waiting for this rank in a collective
+            reply = ("err", task_id, _pack_exception(exc))
+        try:
+            out = pickle.dumps((*reply, _world_failure()))
+        except Exception as exc:  # a result that cannot travel
+            out = pickle.dumps(("err", task_id, _pack_exception(exc), _world_failure()))
         try:
             conn.send_bytes(out)
         except (OSError, ValueError):
             break
     with contextlib.suppress(Exception):  # exiting anyway
         dist.destroy_process_group()
+
+
+def _world_failure() -> tuple[int, str] | None:
+    """The world's recorded failure, if any (see :mod:`._failstop`): the parent restarts a
+    world whose groups are unusable even when every rank's task returned."""
+    found = failure()
+    return None if found is None else (found.rank, found.error)
 
 
 def bind_device(backend: str, rank: int) -> Any:
@@ -132,4 +149,4 @@ def _travel_copy(exc: BaseException) -> BaseException:
 
 def _reply(conn: Any, status: str, task_id: int, body: Any) -> None:
     with contextlib.suppress(OSError, ValueError):
-        conn.send_bytes(pickle.dumps((status, task_id, body)))
+        conn.send_bytes(pickle.dumps((status, task_id, body, None)))
