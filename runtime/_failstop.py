@@ -205,7 +205,7 @@ def wait(work: Any, group: Any, what: str, *, cuda: bool = False) -> None:
                 raise _failed(what, group, exc) from exc
             found = failure()
             if found is not None:
-                raise _stopped(what, group, found, "stopped") from None
+                raise _stopped(what, group, found, "failed") from None
             if time.monotonic() > deadline:
                 raise _failed(what, group, exc) from exc
 
