@@ -26,7 +26,9 @@ the world's default store (the c10d store every rank of the world shares, under
 
 The record lives as long as the store: a world re-initialized on the same store (same
 prefix) inherits it. CUDA tensors (NCCL) are waited for as torch does (NCCL's own
-watchdog bounds them). Nothing is published while ``torch.compile`` traces, nor on a
+watchdog bounds them), and so are point-to-point exchanges (gloo fails a send or receive
+whose wait times out, so they cannot be waited for in slices): a rank blocked in one
+stops at the groups' timeout, or when the failed rank's process exits. Nothing is published while ``torch.compile`` traces, nor on a
 world whose store cannot hold the record (the in-process ``fake`` backend).
 """
 

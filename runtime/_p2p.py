@@ -19,7 +19,7 @@ import torch.distributed as dist
 from meshplan.errors import RuntimeShellError
 
 from ._collectives import guard
-from ._failstop import check, wait
+from ._failstop import check, fail_stop
 from ._group import Group
 
 __all__ = ["exchange", "permute"]
@@ -101,12 +101,12 @@ def exchange(
                 for work in dist.batch_isend_irecv(ops):
                     work.wait(datetime.timedelta(seconds=group.timeout))
             return out
+        # gloo fails a point-to-point op whose wait times out (it cannot be waited for
+        # in slices, as collectives are): wait once, with the group's timeout
         check("exchange", group)
-        with guard("exchange", group):
-            works = dist.batch_isend_irecv(ops)
-        cuda = any(op.tensor.is_cuda for op in ops)
-        for work in works:
-            wait(work, group, "exchange", cuda=cuda)
+        with fail_stop(), guard("exchange", group):
+            for work in dist.batch_isend_irecv(ops):
+                work.wait(datetime.timedelta(seconds=group.timeout))
     return out
 
 
