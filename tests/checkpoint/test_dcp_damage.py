@@ -109,7 +109,7 @@ for entry in (load_dcp, load_dcp_all):
 """
 
 
-def _child(code: str, *args: str, timeout: float = 60.0) -> str:
+def _child(code: str, *args: str, timeout: float = 180.0) -> str:
     """Run ``code`` in a fresh interpreter limited to 2 GiB of address space; its output."""
     prelude = "import resource\nresource.setrlimit(resource.RLIMIT_AS, (2 << 30, 2 << 30))\n"
     try:
@@ -128,7 +128,7 @@ def test_a_dcp_data_file_that_is_a_fifo_is_refused_at_once(saved):
     data = os.path.join(saved, DATA)
     os.remove(data)
     os.mkfifo(data)
-    lines = _child(_CHILD_LOAD, saved, timeout=30).splitlines()
+    lines = _child(_CHILD_LOAD, saved, timeout=180).splitlines()
     assert len(lines) == 2, lines  # load_dcp, then load_dcp_all
     for out in lines:
         assert out.startswith("CheckpointError"), out
@@ -381,7 +381,7 @@ for kind, how in (("one chunk", "read"), ("one chunk", "load"), ("distinct chunk
 
 def test_a_dcp_metadata_multiplying_chunks_by_memo_references_is_refused_early(tmp_path):
     # one chunk referenced 1M times (read, then load), 50k distinct chunks sharing offsets
-    lines = _child(_MEMO_BOMB, str(tmp_path), timeout=90).splitlines()
+    lines = _child(_MEMO_BOMB, str(tmp_path), timeout=240).splitlines()
     assert len(lines) == 3, lines
     for out in lines:
         assert out.startswith("CheckpointError"), out
@@ -414,7 +414,7 @@ except BaseException as e:
 
 def test_a_dcp_metadata_naming_a_huge_memo_index_costs_no_memory(tmp_path):
     # the C unpickler grows its memo array to the index named (~64 GB here)
-    out = _child(_HUGE_MEMO_INDEX, str(tmp_path), timeout=60)
+    out = _child(_HUGE_MEMO_INDEX, str(tmp_path), timeout=180)
     assert out.startswith(("loaded", "CheckpointError")), out
     assert "MemoryError" not in out, out
 
