@@ -26,7 +26,7 @@ import attrs
 
 from meshplan.placement import Partial, Replicate
 
-from ._rule import DimStrategy, Meta, Placeholder
+from ._rule import DimStrategy, Meta, Placeholder, call_rule, check_strategies
 
 __all__ = ["Call", "aten_strategies", "has_rule", "SIZE_ARGS", "ATEN_RULES", "POINTWISE"]
 
@@ -521,6 +521,10 @@ def aten_strategies(call: Call, ruleset: Any = None) -> list[DimStrategy] | None
     entry = _entry(call, ruleset)
     if entry is None:
         return _pointwise(call) if "pointwise" in call.tags else None
+    op = call.target
     if entry.aten is not None:
-        return list(entry.aten(call))
-    return list(entry.strategies(call.inputs, **call.named_args()))
+        value = call_rule(op, "aten rule", entry.aten, call)
+    else:
+        value = call_rule(op, "rule", entry.strategies, call.inputs, **call.named_args())
+    outputs = [None if m is None else m.ndim for m in call.outputs]
+    return list(check_strategies(op, value, outputs, [m.ndim for m in call.inputs]))

@@ -18,7 +18,7 @@ import attrs
 from meshplan.errors import StrategyError
 from meshplan.placement import Spec, is_shard_like
 
-from ._rule import DimStrategy, Meta, fill, meta_of, shard_kinds
+from ._rule import DimStrategy, Meta, call_rule, check_strategies, fill, meta_of, shard_kinds
 from ._ruleset import OpRule, RuleSet, freeze_args
 
 __all__ = ["Problem", "build_problem", "check_inputs", "check_op", "prepare"]
@@ -167,13 +167,16 @@ def build_problem(
     for fn in (rule.strategies, rule.outputs):
         _check_keywords(op, fn, kwargs)
     # outputs first: it computes the result's dtype, refusing dtypes torch refuses
-    outputs = _sequence(op, "outputs function", rule.outputs(metas, **kwargs))
+    outputs = _sequence(
+        op, "outputs function", call_rule(op, "outputs function", rule.outputs, metas, **kwargs)
+    )
     if not outputs:
         raise StrategyError(f"{op}: the outputs function returned no outputs", value=outputs)
     for m in outputs:
         if not isinstance(m, Meta):
             raise StrategyError(f"{op}: the outputs function returned {m!r}, not a Meta", value=m)
-    raw = _sequence(op, "rule", rule.strategies(metas, **kwargs))
+    raw = call_rule(op, "rule", rule.strategies, metas, **kwargs)
+    raw = check_strategies(op, raw, [m.ndim for m in outputs], [m.ndim for m in metas])
     filled = fill(raw, kinds, len(outputs), len(specs))
     tensors = (*outputs, *metas)
     for s in filled:

@@ -12,7 +12,7 @@ from collections.abc import Iterable, Sequence
 
 import attrs
 
-from meshplan.errors import StrategyError
+from meshplan.errors import MeshplanError, StrategyError
 from meshplan.layout._ints import as_int, brief
 from meshplan.placement import Partial, Placement, Replicate, Shard, Spec, StridedShard
 from meshplan.placement._types import dtype_name
@@ -28,6 +28,9 @@ __all__ = [
     "replicate_strategy",
     "CONSTRAINTS",
     "MAX_TENSORS",
+    "RULE_HINT",
+    "call_rule",
+    "check_strategies",
 ]
 
 CONSTRAINTS = ("even", "nonempty", "aligned")
@@ -377,3 +380,73 @@ def fill(
                 seen.add(filled)
                 out.append(filled)
     return tuple(out)
+
+
+RULE_HINT = (
+    "a rule returns [DimStrategy(outputs, inputs), ...], outputs first, one placement per "
+    "output and per tensor input; check a rule's math with check_rule(op, rule, inputs, "
+    "outputs=..., impl=...)"
+)
+
+
+def call_rule(op: str, what: str, fn, *args, **kwargs):
+    """``fn(*args, **kwargs)`` (a rule, or its outputs function, of ``op``); any exception
+    but a meshplan error as a StrategyError naming the op, chained to it."""
+    try:
+        return fn(*args, **kwargs)
+    except MeshplanError:
+        raise
+    except Exception as e:
+        raise StrategyError(
+            f"{op}: its {what} raised {type(e).__name__}: {brief(str(e))[1:-1]}; fix the "
+            f"{what} ({RULE_HINT})",
+            value=fn,
+        ) from e
+
+
+def check_strategies(
+    op: str, value, outputs: Sequence[int | None], inputs: Sequence[int]
+) -> tuple[DimStrategy, ...]:
+    """``value``, what the rule of ``op`` returned, as a tuple of DimStrategy values, each
+    with one placement per output (``outputs``: their ranks, None for a non-tensor one)
+    and per tensor input (``inputs``: their ranks), sharding only dims those have; a
+    StrategyError naming the op and what the rule returned otherwise.
+
+    >>> check_strategies("neg", None, (2,), (2,))
+    Traceback (most recent call last):
+    ...
+    meshplan.errors.StrategyError: neg: its rule returned None, not a sequence of DimStrategy values; ...
+    """
+    if isinstance(value, str | bytes | DimStrategy) or not isinstance(value, Iterable):
+        raise StrategyError(
+            f"{op}: its rule returned {brief(value)}, not a sequence of DimStrategy values; "
+            f"{RULE_HINT}",
+            value=value,
+        )
+    out = tuple(value)
+    ranks = (*outputs, *inputs)
+    for s in out:
+        if not isinstance(s, DimStrategy):
+            raise StrategyError(
+                f"{op}: its rule returned {brief(out)}, holding {brief(s)}, not a "
+                f"DimStrategy; {RULE_HINT}",
+                value=s,
+            )
+        if len(s.outputs) != len(outputs) or len(s.inputs) != len(inputs):
+            raise StrategyError(
+                f"{op}: its rule returned the strategy {s} with {len(s.outputs)} outputs and "
+                f"{len(s.inputs)} inputs; the op has {len(outputs)} outputs and {len(inputs)} "
+                f"tensor inputs ({RULE_HINT})",
+                value=s,
+            )
+        for pos, p in enumerate(s.entries):
+            dim = getattr(p, "dim", None)
+            n = ranks[pos]
+            if dim is not None and n is not None and not dim < n:
+                which = f"output {pos}" if pos < len(outputs) else f"input {pos - len(outputs)}"
+                raise StrategyError(
+                    f"{op}: its rule returned the strategy {s}, which shards dim {dim} of a "
+                    f"{n}-D tensor ({which}); {RULE_HINT}",
+                    value=s,
+                )
+    return out

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import functools
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 import attrs
@@ -12,6 +12,7 @@ from meshplan.errors import StrategyError
 from meshplan.layout import FrozenMap
 
 from ._oprule import AtenRule, OpRule, OutputsFn, Rule
+from ._rule import DimStrategy, Meta, check_strategies
 
 __all__ = ["OpRule", "RuleSet", "Rule", "OutputsFn", "AtenRule", "freeze_args"]
 
@@ -56,6 +57,33 @@ def _check_hashable(op: str, entry: OpRule) -> None:
                 "functools.partial, or an object that defines __hash__",
                 value=fn,
             ) from None
+
+
+_SAMPLES = tuple((Meta((8, 8)),) * n for n in (1, 2, 3))
+"""Inputs a rule is tried on when registered: one to three 8x8 float32 tensors."""
+
+
+def _check_on_samples(op: str, entry: OpRule) -> None:
+    """Call ``entry``'s rule on sample inputs (:data:`_SAMPLES`, no op arguments) and
+    refuse it, naming what it returned, where it returns no sequence of DimStrategy
+    values. A rule that needs arguments or other shapes (it raises on these) is checked
+    when it is used; the counts of its strategies' placements, there too (they depend on
+    the op's inputs)."""
+    if entry.strategies is None or entry.outputs is None:
+        return
+    for metas in _SAMPLES:
+        try:
+            outputs = entry.outputs(metas)
+            value = entry.strategies(metas)
+            outputs = tuple(outputs)
+        except Exception:  # (other shapes, or arguments, needed: checked when used)
+            continue
+        if isinstance(value, str | bytes | DimStrategy) or not isinstance(value, Iterable):
+            check_strategies(op, value, (), ())
+        for s in value:
+            if not isinstance(s, DimStrategy):
+                check_strategies(op, value, (), ())
+        return
 
 
 def _rules(value: Mapping[str, OpRule]) -> FrozenMap[str, OpRule]:
@@ -190,6 +218,7 @@ class RuleSet:
                     )
             entry = OpRule(rule, outputs, aten=aten)
         _check_hashable(op, entry)
+        _check_on_samples(op, entry)
         return RuleSet(self.rules.set(op, entry))
 
     def __repr__(self) -> str:
