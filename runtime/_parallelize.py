@@ -1,7 +1,7 @@
 """A planned model as an ``nn.Module`` of local shards: :func:`parallelize`, :class:`ParallelModule`.
 
 ``pm = parallelize(model, groups, *batch_specs, specs=..., forward=...)`` plans the
-model's step once (on the mesh's first rank, which sends the plan to the others) and
+model's step once (each rank makes the same, deterministic plan) and
 returns a module whose parameters are this rank's shards, each in its planned spec
 (:meth:`ParallelModule.spec_of`). ``loss = pm(*local_batch)`` runs the planned forward
 with :func:`~meshplan.runtime.run_program`, and ``loss.backward()`` leaves every shard's
@@ -45,6 +45,10 @@ OPTIM_PREFIX = "optim."
 ``optim.<parameter name>.<state key>`` and ``optim.param_groups``."""
 
 
+STEP_KEY = "parallelize.step"
+"""Where :meth:`ParallelModule.save` keeps :attr:`ParallelModule.step` (the random stream's)."""
+
+
 class LoadResult(NamedTuple):
     """What :meth:`ParallelModule.load_state_dict` did not match (as torch's own)."""
 
@@ -61,6 +65,7 @@ def parallelize(
     state: Mapping[str, Any] | None = None,
     names: Sequence[str] | None = None,
     device: Any = None,
+    seed: int = 0,
     **plan_args: Any,
 ) -> ParallelModule:
     """This rank's part of ``model`` planned on ``groups.mesh``, as a trainable module.
@@ -74,8 +79,10 @@ def parallelize(
     ``choose=`` / ``memory_budget=``), or an already planned
     :class:`~meshplan.strategy.ModuleProgram` (or :class:`~meshplan.strategy.Program`
     with the ``names`` of its arguments after the batch), whose initial weights come
-    from ``state`` if given. Planning runs on the mesh's first rank only; the others
-    receive the plan. ``device`` places the shards (default: the model's, else the CPU).
+    from ``state`` if given. Each rank plans (deterministically: the same plan), with
+    no collective waiting meanwhile. ``device`` places the shards (default: the model's, else the CPU).
+    ``seed`` starts the random stream of the step's random ops (dropout), the same on
+    every rank (see :meth:`ParallelModule.forward`).
 
     >>> parallelize("gpt", None)
     Traceback (most recent call last):
@@ -140,6 +147,7 @@ def parallelize(
         aliases=aliases,
         source=source,
         replan=replan,
+        seed=seed,
     )
     if state is not None and not any(_is_meta(t) for t in state.values()):
         pm.load_state_dict({n: t for n, t in state.items() if n in pm.specs})
@@ -165,6 +173,7 @@ class ParallelModule(torch.nn.Module):
         aliases: Mapping[str, str] | None = None,
         source: torch.nn.Module | None = None,
         replan: Mapping[str, Any] | None = None,
+        seed: int = 0,
     ) -> None:
         super().__init__()
         _check_groups(groups)
@@ -192,6 +201,8 @@ class ParallelModule(torch.nn.Module):
         self._persistent = set(mp.names) if persistent is None else set(persistent)
         self._aliases = dict(aliases or {})
         self._loaded = False
+        # the random stream of the step's draws: (seed, step), step counting training calls
+        self.seed, self.step = seed, 0
         self.training = next(iter(self._programs))
         for name in mp.names:
             spec = self._specs[name]
@@ -267,7 +278,11 @@ class ParallelModule(torch.nn.Module):
         """Run the planned step on this rank's part of the batch; returns its outputs.
 
         ``run_args`` go to :func:`~meshplan.runtime.run_program` (``bucket_bytes=``,
-        ``prefetch=``).
+        ``prefetch=``). Random ops (dropout) draw from the stream of (:attr:`seed`,
+        :attr:`step`): each call in training mode draws anew and counts ``step`` up (it is
+        saved and loaded with the checkpoint, so a resumed run continues the stream).
+        Buffers the step writes (a BatchNorm's running statistics) are updated in place,
+        each rank its shard, as on one process.
         """
         if not self._loaded:
             raise RuntimeShellError(
@@ -277,7 +292,12 @@ class ParallelModule(torch.nn.Module):
             )
         mp = self._program_for(self.training)
         tensors = [self._tensor(n) for n in mp.names]
-        return run_program(mp.program, self._groups, *local_batch, *tensors, **run_args)
+        run_args.setdefault("seed", self.seed)
+        run_args.setdefault("step", self.step)
+        out = run_program(mp.program, self._groups, *local_batch, *tensors, **run_args)
+        if self.training:
+            self.step += 1
+        return out
 
     def _program_for(self, training: bool) -> ModuleProgram:
         mp = self._programs.get(bool(training))
@@ -556,6 +576,8 @@ class ParallelModule(torch.nn.Module):
         for key, t in meta.tensors.items():
             if key in self._specs:
                 out[key] = self._specs[key]
+            elif key == STEP_KEY:
+                out[key] = self._replicated((1,), "int64")
             elif key.startswith(OPTIM_PREFIX):
                 name = key[len(OPTIM_PREFIX) :].rpartition(".")[0]
                 spec = self._specs.get(name)
@@ -578,6 +600,8 @@ class ParallelModule(torch.nn.Module):
         from meshplan.checkpoint import save
 
         state: dict[str, Sharded] = dict(self.state_dict())
+        step = torch.tensor([self.step], device=self._device())
+        state[STEP_KEY] = Sharded(step, self._replicated((1,), "int64"), self._rank)
         if optimizer is not None:
             state |= self.optimizer_state_dict(optimizer)
         state |= dict(extra or {})
@@ -599,6 +623,8 @@ class ParallelModule(torch.nn.Module):
             targets = {k: s for k, s in targets.items() if not k.startswith(OPTIM_PREFIX)}
         targets |= dict(extra or {})
         got = load(path, targets, self._groups, device=self._device())
+        if STEP_KEY in got:
+            self.step = int(got[STEP_KEY].local[0])
         self.load_state_dict({k: v for k, v in got.items() if k in self._specs})
         if optimizer is not None:
             self.load_optimizer_state_dict(optimizer, got)
@@ -708,25 +734,7 @@ def _check_groups(groups: Any) -> None:
 
 
 def _plan_once(groups: Any, plan: Callable[[], ModuleProgram]) -> ModuleProgram:
-    """Plan on the mesh's first rank and send the result to the others (planning is
-    deterministic, but costs seconds of CPU that every rank would spend at once)."""
-    import torch.distributed as dist
-
-    mesh = groups.mesh
-    if mesh.size() == 1:
-        return plan()
-    leader = mesh.ranks[0]
-    box: list[Any] = [None]
-    if groups.rank == leader:
-        try:
-            box = [("ok", plan())]
-        except Exception as exc:  # every rank raises, not only the planning one
-            failed = exc
-            box = [("error", f"{type(exc).__name__}: {exc}")]
-    dist.broadcast_object_list(box, src=leader, group=groups.get(None).pg)
-    kind, value = box[0]
-    if kind == "error":
-        if groups.rank == leader:
-            raise failed
-        raise RuntimeShellError(f"planning on rank {leader} failed: {value}", value=value)
-    return value
+    """The plan, made on this rank: planning is deterministic, so every rank makes the
+    same one (and :func:`~meshplan.runtime.run_program` checks that the ranks agree) with
+    no collective waiting meanwhile, however long planning takes."""
+    return plan()

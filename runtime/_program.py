@@ -575,7 +575,11 @@ def run_unsharded(
         if spec is None:
             grads.append(None)
         else:
-            grads.append(env[v] if v is not None else torch.zeros(spec.shape, dtype=getattr(torch, spec.dtype)))
+            grads.append(
+                env[v]
+                if v is not None
+                else torch.zeros(spec.shape, dtype=getattr(torch, spec.dtype))
+            )
     return tuple(env[v] for v in graph.outputs), tuple(grads)
 
 

@@ -126,12 +126,12 @@ def test_a_stock_optimizer_on_the_shards_equals_it_on_the_whole_model_and_resume
     three, _ = _reference(kind, batches[:3])
     grid = Mesh.create((2, 2), ("dp", "tp"))
     path = str(tmp_path / "ckpt")
-    results = pool4.run(_train, grid, FSDP_TP, kind, batches[:3], save=path)
+    results = pool4.run(_train, grid, FSDP_TP, kind, batches[:3], save=path, timeout=600)
     for got, _, _ in results:
         _close(got, three, "fsdp x tp")
     assert all(norm > CLIP for _, norm in want[:3])  # the clipping did clip
     line = Mesh.create((4,), ("dp",))
-    resumed = pool4.run(_train, line, FSDP, kind, batches[3:], resume=path)
+    resumed = pool4.run(_train, line, FSDP, kind, batches[3:], resume=path, timeout=600)
     for got, _, _ in resumed:
         _close(got, want[3:], "resumed on another mesh")
     _same_weights(resumed, final)
@@ -184,7 +184,7 @@ def _shards_and_errors(mesh):
 def test_the_shards_are_parameters_named_as_the_model_and_load_from_a_whole_model(pool4):
     model = Tiny()
     grid = Mesh.create((2, 2), ("dp", "tp"))
-    results = pool4.run(_shards_and_errors, grid)
+    results = pool4.run(_shards_and_errors, grid, timeout=600)
     assert results[0]["names"] == [n for n, _ in model.named_parameters()]
     specs = results[0]["specs"]
     for name, t in model.named_parameters():
@@ -206,3 +206,66 @@ def test_parallelize_refuses_what_is_not_a_model():
         b = _batch_spec(Mesh.create((2,)))
         parallelize(plan_module(Tiny(), b, b).program, None)
     assert issubclass(ParallelModule, torch.nn.Module)
+
+
+class Norm(torch.nn.Module):
+    """A BatchNorm (running statistics: buffers the step writes) and a dropout."""
+
+    def __init__(self, p: float = 0.0) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.fc1 = torch.nn.Linear(D, 2 * D, dtype=torch.float64)
+        self.bn = torch.nn.BatchNorm1d(2 * D, dtype=torch.float64)
+        self.drop = torch.nn.Dropout(p)
+        self.fc2 = torch.nn.Linear(2 * D, 4, dtype=torch.float64)
+
+    def forward(self, x):
+        return self.fc2(self.drop(self.bn(self.fc1(x)))).square().mean()
+
+
+def _inputs(n: int):
+    g = torch.Generator().manual_seed(2)
+    return [torch.randn(B, D, generator=g, dtype=torch.float64) for _ in range(n)]
+
+
+def _buffers_dropout_and_modes(mesh):
+    groups = groups_for(mesh)
+    x = Spec(mesh, [Shard(0), Replicate()], (B, D), "float64")
+    pm = parallelize(Norm(), groups, x, specs={"fc1.weight": "S(0) S(0)"})
+    opt = torch.optim.SGD(pm.parameters(), lr=0.1)
+    losses = []
+    for batch in _inputs(3):
+        loss = pm(*pm.local_batch(batch))
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        losses.append(loss.item())
+    buffers = {n: b.clone() for n, b in pm.named_buffers()}
+    evaluated = pm.eval()(*pm.local_batch(_inputs(1)[0])).item()  # planned again, in eval mode
+    drop = parallelize(Norm(0.5), groups, x, seed=7)
+    drawn = [drop(*drop.local_batch(_inputs(1)[0])).item() for _ in range(2)]
+    return losses, buffers, pm.specs, evaluated, drawn, drop.step
+
+
+def test_buffers_update_as_on_one_process_eval_replans_and_dropout_draws_per_step(pool4):
+    results = pool4.run(_buffers_dropout_and_modes, Mesh.create((2, 2), ("dp", "tp")), timeout=600)
+    model = Norm()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    want = []
+    for batch in _inputs(3):
+        loss = model(batch)
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        want.append(loss.item())
+    model.eval()
+    evaluated = model(_inputs(1)[0]).item()
+    specs = results[0][2]
+    for losses, _, _, ev, drawn, step in results:
+        assert all(abs(a - b) <= 1e-12 * abs(b) for a, b in zip(losses, want, strict=True))
+        assert abs(ev - evaluated) <= 1e-12 * abs(evaluated)
+        assert drawn[0] != drawn[1] and step == 2  # each training call draws anew
+        assert drawn == results[0][4]  # one global draw: every rank the same loss
+    for name, value in model.named_buffers():
+        got = unshard({r: res[1][name] for r, res in enumerate(results)}, specs[name])
+        assert torch.allclose(got.to(value.dtype), value, rtol=1e-12, atol=1e-14), name

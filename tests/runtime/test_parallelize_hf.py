@@ -16,7 +16,7 @@ from _shell_cases import groups_for
 from meshplan.layout import Mesh
 from meshplan.placement import Replicate, Shard, Spec
 from meshplan.runtime import parallelize
-from meshplan.strategy import ComputeModel
+from meshplan.strategy import ComputeModel, plan_module
 
 transformers = pytest.importorskip("transformers")
 
@@ -75,12 +75,15 @@ def _batches(n: int):
     ]
 
 
-def _train(name, mesh, specs, batches, save=None, resume=None):
-    groups = groups_for(mesh)
+def _plan(name, mesh, specs):
+    """Planned once here (every rank would make the same plan) and shipped to the ranks."""
     b = Spec(mesh, [Shard(0)] + [Replicate()] * (mesh.ndim - 1), (B, T), "int64")
-    pm = parallelize(
-        _model(name), groups, b, b, specs=specs, forward=_loss, compute=ComputeModel.cpu()
-    )
+    return plan_module(_model(name), b, b, specs=specs, forward=_loss, compute=ComputeModel.cpu())
+
+
+def _train(name, planned, batches, save=None, resume=None):
+    pm = parallelize(planned, groups_for(planned.program.arg_specs[0].mesh))
+    pm.load_state_dict(_model(name))  # the whole model's weights, cut to the planned specs
     opt = torch.optim.AdamW(pm.parameters(), lr=1e-2, weight_decay=0.1)
     if resume:
         pm.load(resume, opt)
@@ -120,10 +123,10 @@ def test_a_hugging_face_model_trains_through_parallelize_as_on_one_process_and_r
     assert any(norm > CLIP for _, norm in want)  # clipping takes part
     path = str(tmp_path / "ckpt")
     grid = Mesh.create((2, 2), ("dp", "tp"))
-    for got in pool4.run(_train, name, grid, SPECS[name], batches[:3], save=path):
+    for got in pool4.run(_train, name, _plan(name, grid, SPECS[name]), batches[:3], save=path):
         for (la, na), (lb, nb) in zip(got, want[:3], strict=True):
             assert abs(la - lb) <= 1e-12 * abs(lb) and abs(na - nb) <= 1e-12 * abs(nb), (got, want)
     line = Mesh.create((4,), ("dp",))
-    for got in pool4.run(_train, name, line, {"*": "S(0)"}, batches[3:], resume=path):
+    for got in pool4.run(_train, name, _plan(name, line, {"*": "S(0)"}), batches[3:], resume=path):
         for (la, na), (lb, nb) in zip(got, want[3:], strict=True):
             assert abs(la - lb) <= 1e-12 * abs(lb) and abs(na - nb) <= 1e-12 * abs(nb), (got, want)
