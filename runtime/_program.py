@@ -27,6 +27,7 @@ from meshplan.placement._tensor import shard_one
 from meshplan.strategy._aten import SIZE_ARGS, TensorArg
 from meshplan.strategy._aten_pieces import local_range
 from meshplan.strategy._graph import TorchConst, Value
+from meshplan.strategy._memory import move_readers
 from meshplan.strategy._program import Program, ProgramOp
 from meshplan.strategy._random import draw_kind, draw_seed
 from meshplan.strategy._trace import to_torch_const
@@ -262,15 +263,7 @@ class _Moved:
     every reader of that layout (forward and backward) and is dropped after the last."""
 
     def __init__(self, program: Program) -> None:
-        self.left: dict[tuple[Value, Spec], int] = {}
-        reads = [zip(op.inputs, op.moves, strict=True) for op in program.ops]
-        reads.append(zip(program.graph.outputs, program.out_moves, strict=True))
-        reads.append(zip(program.graph.grads, program.grad_moves, strict=True))
-        for pairs in reads:
-            for v, plan in pairs:
-                if plan is not None and v is not None:
-                    key = (v, plan.dst)
-                    self.left[key] = self.left.get(key, 0) + 1
+        self.left: dict[tuple[Value, Spec], int] = move_readers(program)
         self.held: dict[tuple[Value, Spec], Any] = {}
         # started launches not yet read: key -> (the launch's handle, its index there)
         self.pending: dict[tuple[Value, Spec], tuple[Any, int]] = {}

@@ -277,6 +277,22 @@ def _last_reads(ops, keep) -> list[list]:
     return out
 
 
+def move_readers(program) -> dict:
+    """How many reads each moved copy ``(value, target spec)`` serves over the step (the
+    forward's ops, the outputs and the gradients): the copy is made once and dropped after
+    its last reader, by the runner and by the memory walk alike."""
+    left: dict = {}
+    reads = [zip(op.inputs, op.moves, strict=True) for op in program.ops]
+    reads.append(zip(program.graph.outputs, program.out_moves, strict=True))
+    reads.append(zip(program.graph.grads, program.grad_moves, strict=True))
+    for pairs in reads:
+        for v, plan in pairs:
+            if plan is not None and v is not None:
+                key = (v, plan.dst)
+                left[key] = left.get(key, 0) + 1
+    return left
+
+
 class _Walk:
     """Live storage over the runner's schedule (one rank, each piece at its largest)."""
 
@@ -288,15 +304,7 @@ class _Walk:
         self.held: dict = {}
         self.pinned: set[int] = set()
         self.free_grads = free_grads  # gradients that are the .grad itself: counted flat
-        self.left: dict = {}
-        reads = [zip(op.inputs, op.moves, strict=True) for op in program.ops]
-        reads.append(zip(program.graph.outputs, program.out_moves, strict=True))
-        reads.append(zip(program.graph.grads, program.grad_moves, strict=True))
-        for pairs in reads:
-            for v, plan in pairs:
-                if plan is not None and v is not None:
-                    key = (v, plan.dst)
-                    self.left[key] = self.left.get(key, 0) + 1
+        self.left: dict = move_readers(program)
         self.peak = 0.0
 
     def new(self, nbytes: float) -> int:
