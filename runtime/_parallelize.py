@@ -24,7 +24,6 @@ step on its value.
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, NamedTuple
@@ -36,14 +35,10 @@ from meshplan.errors import RuntimeShellError
 from meshplan.placement import Replicate, Sharded, Spec, local_shape, shard_one
 from meshplan.strategy import ModuleProgram, Program, plan_module
 
+from ._optim_state import OPTIM_PREFIX, load_optimizer_state, optimized_names, optimizer_state
 from ._program import run_program
 
 __all__ = ["ParallelModule", "parallelize"]
-
-OPTIM_PREFIX = "optim."
-"""Where :meth:`ParallelModule.optimizer_state_dict` puts the optimizer's tensors:
-``optim.<parameter name>.<state key>`` and ``optim.param_groups``."""
-
 
 STEP_KEY = "parallelize.step"
 """Where :meth:`ParallelModule.save` keeps :attr:`ParallelModule.step` (the random stream's)."""
@@ -492,78 +487,14 @@ class ParallelModule(torch.nn.Module):
         ``exp_avg``), other tensors (``step``) replicated, and the param groups'
         settings (``optim.param_groups``, JSON bytes)."""
         names = self._optimized_names(optimizer)
-        out: dict[str, Sharded] = {}
-        for p, state in optimizer.state.items():
-            name = names[id(p)]
-            spec = self._specs[name]
-            for key, v in state.items():
-                if not isinstance(v, torch.Tensor):
-                    raise RuntimeShellError(
-                        f"the optimizer's state {key!r} of {name!r} is {v!r:.40}, not a "
-                        "tensor; only tensor state is saved",
-                        value=v,
-                    )
-                out[f"{OPTIM_PREFIX}{name}.{key}"] = self._sharded_state(spec, p, v)
-        groups = []
-        for group in optimizer.param_groups:
-            settings = {k: _jsonable(k, v) for k, v in group.items() if k != "params"}
-            groups.append({"params": [names[id(p)] for p in group["params"]], **settings})
-        raw = torch.tensor(list(json.dumps(groups).encode()), dtype=torch.uint8)
-        out[OPTIM_PREFIX + "param_groups"] = Sharded(
-            raw, self._replicated(raw.shape, "uint8"), self._rank
-        )
-        return out
-
-    def _sharded_state(self, spec: Spec, p: torch.Tensor, v: torch.Tensor) -> Sharded:
-        dtype = str(v.dtype).removeprefix("torch.")
-        if v.shape == p.shape and v.ndim > 0:
-            return Sharded(v.detach(), attrs.evolve(spec, dtype=dtype), self._rank)
-        return Sharded(v.detach(), self._replicated(tuple(v.shape), dtype), self._rank)
+        return optimizer_state(optimizer, names, self._specs, self._rank, self._replicated)
 
     def load_optimizer_state_dict(
         self, optimizer: torch.optim.Optimizer, state: Mapping[str, Sharded]
     ) -> None:
         """Set the optimizer's state from :meth:`optimizer_state_dict`'s values (e.g. as
         loaded by :func:`meshplan.checkpoint.load` into :meth:`checkpoint_specs`)."""
-        names = self._optimized_names(optimizer)
-        by_name = {n: p for p in _params_of(optimizer) for n in [names[id(p)]]}
-        for key, value in state.items():
-            if not key.startswith(OPTIM_PREFIX) or key == OPTIM_PREFIX + "param_groups":
-                continue
-            name, _, what = key[len(OPTIM_PREFIX) :].rpartition(".")
-            if name not in by_name:
-                raise RuntimeShellError(
-                    f"optimizer state {key!r} names no parameter of this optimizer",
-                    value=key,
-                )
-            local = value.local if isinstance(value, Sharded) else value
-            p = by_name[name]
-            local = local.detach().clone()
-            if what != "step":  # as torch's own load: step stays where it was saved
-                local = local.to(p.device, p.dtype if local.is_floating_point() else None)
-            optimizer.state[p][what] = local
-        raw = state.get(OPTIM_PREFIX + "param_groups")
-        if raw is None:
-            return
-        local = raw.local if isinstance(raw, Sharded) else raw
-        saved = json.loads(bytes(local.cpu().tolist()).decode())
-        if len(saved) != len(optimizer.param_groups):
-            raise RuntimeShellError(
-                f"the saved optimizer has {len(saved)} param groups, this one "
-                f"{len(optimizer.param_groups)}; build the optimizer as it was",
-                value=len(saved),
-            )
-        for group, got in zip(optimizer.param_groups, saved, strict=True):
-            mine = [names[id(p)] for p in group["params"]]
-            if mine != got["params"]:
-                raise RuntimeShellError(
-                    f"a saved param group holds {got['params'][:3]!r}..., this optimizer's "
-                    f"{mine[:3]!r}...; build the optimizer over the same parameters",
-                    value=got["params"],
-                )
-            for k, v in got.items():
-                if k != "params":
-                    group[k] = tuple(v) if isinstance(group.get(k), tuple) else v
+        load_optimizer_state(optimizer, state, self._optimized_names(optimizer))
 
     def checkpoint_specs(self, path: str | os.PathLike[str]) -> dict[str, Spec]:
         """Targets for :func:`meshplan.checkpoint.load` of a checkpoint saved by
@@ -667,40 +598,12 @@ class ParallelModule(torch.nn.Module):
         return Spec(self.mesh, [Replicate()] * self.mesh.ndim, shape, dtype)
 
     def _optimized_names(self, optimizer: torch.optim.Optimizer) -> dict[int, str]:
-        mine = {id(self._tensor(n)): n for n in self._params}
-        out = {}
-        for p in _params_of(optimizer):
-            if id(p) not in mine:
-                raise RuntimeShellError(
-                    f"the optimizer steps a tensor of shape {tuple(p.shape)} that is not a "
-                    "parameter of this model; build it as torch.optim.AdamW(pm.parameters())",
-                    value=tuple(p.shape),
-                )
-            out[id(p)] = mine[id(p)]
-        return out
+        return optimized_names(optimizer, {id(self._tensor(n)): n for n in self._params})
 
     def named_shards(self) -> Iterator[tuple[str, Sharded]]:
         """Each parameter as a Sharded (its local tensor and spec)."""
         for n in self._params:
             yield n, Sharded(self._tensor(n), self._specs[n], self._rank)
-
-
-def _params_of(optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:
-    return [p for g in optimizer.param_groups for p in g["params"]]
-
-
-def _jsonable(key: str, v: Any) -> Any:
-    if isinstance(v, torch.Tensor) and v.numel() == 1:
-        return v.item()
-    if v is None or isinstance(v, bool | int | float | str):
-        return v
-    if isinstance(v, tuple | list) and all(isinstance(x, int | float) for x in v):
-        return list(v)
-    raise RuntimeShellError(
-        f"the optimizer setting {key!r} is {v!r:.60}, which a checkpoint cannot hold; give "
-        "numbers, strings or tuples of numbers",
-        value=v,
-    )
 
 
 def _is_meta(t: Any) -> bool:
