@@ -294,42 +294,94 @@ def move_readers(program) -> dict:
 
 
 class _Walk:
-    """Live storage over the runner's schedule (one rank, each piece at its largest)."""
+    """Live storage over the runner's schedule (one rank, each piece at its largest).
+
+    A buffer is live while a name refers to it (a value in ``env``, a held moved copy, a
+    pinned saved value); the walk keeps each buffer's count of names and the running sum
+    of the live buffers' bytes, so each op costs its own reads and writes, not the live
+    set's size."""
 
     def __init__(self, program, free_grads: frozenset) -> None:
         self.specs = dict(program.value_specs)
         self.strided: set = set()  # values whose local tensor is not contiguous
         self.size: list[float] = []
+        self.refs: list[int] = []  # each buffer's names (env, held, pinned)
+        self.total = 0.0  # the bytes of the buffers with a name
         self.env: dict = {}
         self.held: dict = {}
-        self.pinned: set[int] = set()
         self.free_grads = free_grads  # gradients that are the .grad itself: counted flat
         self.left: dict = move_readers(program)
         self.peak = 0.0
 
     def new(self, nbytes: float) -> int:
         self.size.append(nbytes)
+        self.refs.append(0)
         return len(self.size) - 1
+
+    def _ref(self, b: int) -> None:
+        self.refs[b] += 1
+        if self.refs[b] == 1:
+            self.total += self.size[b]
+
+    def _unref(self, b: int) -> None:
+        self.refs[b] -= 1
+        if self.refs[b] == 0:
+            self.total -= self.size[b]
+
+    def bind(self, v, b: int) -> None:
+        """``env[v] = b``."""
+        old = self.env.get(v)
+        self.env[v] = b
+        self._ref(b)
+        if old is not None:
+            self._unref(old)
+
+    def drop(self, v) -> None:
+        b = self.env.pop(v, None)
+        if b is not None:
+            self._unref(b)
+
+    def _hold(self, key, b: int) -> None:
+        self.held[key] = b
+        self._ref(b)
+
+    def _unhold(self, key):
+        b = self.held.pop(key, None)
+        if b is not None:
+            self._unref(b)
+        return b
+
+    def reset(self, env: dict, pinned=()) -> None:
+        """Restart the names: ``env`` as the values, ``pinned`` buffers held throughout,
+        the held copies kept."""
+        self.refs = [0] * len(self.size)
+        self.total = 0.0
+        self.env = {}
+        for b in (*pinned, *self.held.values()):
+            self._ref(b)
+        for v, b in env.items():
+            self.bind(v, b)
 
     def read(self, v, plan, transient: list[int]) -> int:
         if plan is None:
             return self.env[v]
         key = (v, plan.dst)
-        b = self.held.pop(key, None)
+        b = self._unhold(key)
         if b is None:
             if v in self.strided:  # made contiguous, then moved
                 transient.append(self.new(local_bytes(self.specs.get(v))))
             b = self.new(local_bytes(plan.dst))
         self.left[key] -= 1
         if self.left[key] > 0:
-            self.held[key] = b
+            self._hold(key, b)
         else:
             transient.append(b)
         return b
 
     def live(self, extra=()) -> float:
-        bufs = set(self.env.values()) | set(self.held.values()) | self.pinned | set(extra)
-        return sum(self.size[b] for b in bufs)
+        """The live bytes, with the buffers ``extra`` (each counted once)."""
+        more = {b for b in extra if self.refs[b] == 0}
+        return self.total + sum(self.size[b] for b in more)
 
     def run(self, ops, released) -> None:
         from ._graph import Value
@@ -347,16 +399,16 @@ class _Walk:
                     continue
                 v = Value(op.node, j)
                 if j == 0 and ins and name in _VIEWS:
-                    self.env[v] = ins[0]
+                    self.bind(v, ins[0])
                 else:
-                    self.env[v] = self.new(0.0 if v in self.free_grads else local_bytes(spec))
+                    self.bind(v, self.new(0.0 if v in self.free_grads else local_bytes(spec)))
                 if j == 0 and op.inputs:
                     unmoved_strided = op.moves[0] is None and op.inputs[0] in self.strided
                     if name in _STRIDED or (name in _KEEPS_STRIDES and unmoved_strided):
                         self.strided.add(v)
             self.peak = max(self.peak, self.live(transient))
             for v in drop:
-                self.env.pop(v, None)
+                self.drop(v)
 
 
 def step_memory(program, state_bytes_per_param: float | None) -> ProgramMemory:
@@ -378,7 +430,7 @@ def step_memory(program, state_bytes_per_param: float | None) -> ProgramMemory:
     )
     walk = _Walk(program, free_grads)
     args = {Value(k): walk.new(0.0) for k in graph.args}  # counted as state and inputs
-    walk.env.update(args)
+    walk.reset(args)
     forward, backward = program.forward_ops, program.backward_ops
     walk.run(forward, _last_reads(forward, saved | set(graph.outputs)))
     outs = [walk.read(v, p, []) for v, p in zip(graph.outputs, program.out_moves, strict=True)]
@@ -386,18 +438,17 @@ def step_memory(program, state_bytes_per_param: float | None) -> ProgramMemory:
     activations = sum(walk.size[b] for b in set(kept.values()))
     moved = sum(walk.size[b] for b in set(walk.held.values()) - set(kept.values()))
     # the backward: the saved values and the held copies stay until it ends
-    walk.pinned = set(kept.values()) | set(walk.held.values())
-    walk.env = {**args, **kept}
+    walk.reset({**args, **kept}, pinned=set(kept.values()) | set(walk.held.values()))
     walk.peak = max(walk.peak, walk.live(outs))
     for k, spec in zip(graph.cotangents, program.cot_specs, strict=True):
-        walk.env[Value(k)] = walk.new(local_bytes(spec))
+        walk.bind(Value(k), walk.new(local_bytes(spec)))
     grads = {v for v in graph.grads if v is not None}
     walk.run(backward, _last_reads(backward, grads))
     final: list[int] = []
     for v, p in zip(graph.grads, program.grad_moves, strict=True):
         if v is not None and p is not None:
             key = (v, p.dst)
-            b = walk.held.pop(key, None)
+            b = walk._unhold(key)
             final.append(b if b is not None else walk.new(0.0))  # the .grad: counted flat
             # the gradients' moves start together after the last op: each one's buffer
             # (a bucket's flat buffer holds every input it packs) is live until they end
