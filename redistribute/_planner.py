@@ -63,33 +63,32 @@ from __future__ import annotations
 
 import math
 import time
-import warnings
 
 import attrs
 
-from meshplan.errors import BudgetWarning, PlanError
+from meshplan.errors import PlanError
 from meshplan.layout._ints import as_bool, as_int
 from meshplan.layout._ranks import short_repr
 from meshplan.placement import (
-    Replicate,
     Spec,
     dtype_itemsize,
     same_layout,
 )
 
 from ._aliases import alias_dims, alias_named
+from ._budgeted import bounded_search, deadline_of, past_budget, proven_lower, through_common_prefix
 from ._cost import OBJECTIVES, _plan_cost, collective_weight
 from ._engine._encoding import R, universe_of
 from ._engine._family import family_of
 from ._engine._goals import goal_class
 from ._engine._problem import Problem
-from ._engine._search import GREEDY, OverBudget, search
+from ._engine._search import OverBudget, search
 from ._engine._table import walk
 from ._merge import merge_plan, warn_missed
 from ._plan import Plan
 from ._profile import CostModel, as_model
 from ._sizes import padded_local_bytes
-from ._store import Planner, SearchBudget, default_planner
+from ._store import Planner, default_planner
 
 __all__ = ["plan", "plan_cost", "price_bound", "check_plannable", "clear_plan_cache", "Planner"]
 
@@ -174,13 +173,15 @@ def _min_cost_plan(
     moves, over = _moves_to(planner, problem, start_state, goals)
     lower = None
     if over is not None:
-        lower = _proven_lower(over)
+        lower = proven_lower(over)
         if moves is None:  # (the greedy search found none in its time either)
-            legs = _through_common_prefix(planner, src, dst, model, bound, objective, merge)
+            legs = through_common_prefix(
+                lambda a, b: _planned(planner, a, b, model, merge, bound, objective)[0], src, dst
+            )
             if legs is not None:
-                _past_budget(planner, src, dst, over, _plan_cost(legs, model).total)
+                past_budget(planner, src, dst, over, _plan_cost(legs, model).total)
                 return legs, None, lower
-        _past_budget(planner, src, dst, over, _path_price(moves))
+        past_budget(planner, src, dst, over, _path_price(moves))
     if moves is None:
         b_start = padded_local_bytes(src)
         b_goal = padded_local_bytes(dst)
@@ -208,12 +209,6 @@ def _min_cost_plan(
     return Plan(src, dst, tuple(steps)), prices, lower
 
 
-def _proven_lower(over: OverBudget) -> float:
-    """The price every plan costs at least, by a search cut at its budget (the least rank
-    left in its queue, taken down by more than the tie-breaking factors' share)."""
-    return max(0.0, over.lower) * (1.0 - 1e-9)
-
-
 def _may_share_layout(codes_a: tuple, codes_b: tuple, empty: bool) -> bool:
     """Whether specs of these placement codes may give every rank the same local tensor
     (``same_layout``'s first test, on codes): each Partial dim alike, and unless the
@@ -233,99 +228,6 @@ def _path_price(moves) -> float | None:
     return None if moves is None else sum(edge.price for _, edge, _ in moves)
 
 
-def _through_common_prefix(
-    planner: Planner, src: Spec, dst: Spec, model, bound, objective: str, merge: bool
-) -> Plan | None:
-    """A plan from ``src`` to ``dst`` in two legs, each planned on its own (within the
-    budget): every mesh dim outside the shard orders' common prefixes gathered or reduced
-    to Replicate, then sliced or made Partial as ``dst`` says (a plan that always exists,
-    for when no search found one in its time); None when that middle spec is ``src`` or
-    ``dst`` (the legs would be the same problem)."""
-    keep: dict[int, tuple[int, ...]] = {}
-    for d, chain in src.shard_order.items():
-        other = dst.shard_order.get(d, ())
-        k = 0
-        while (
-            k < min(len(chain), len(other))
-            and chain[k] == other[k]
-            and src.placements[chain[k]] == dst.placements[chain[k]]
-        ):
-            k += 1
-        if k:
-            keep[d] = chain[:k]
-    kept = {m for chain in keep.values() for m in chain}
-    placements = [p if m in kept else Replicate() for m, p in enumerate(src.placements)]
-    mid = Spec(src.mesh, placements, src.shape, src.dtype, keep)
-    if mid in (src, dst):
-        return None
-    with warnings.catch_warnings():  # (the whole plan's warning says what the legs cost)
-        warnings.simplefilter("ignore", BudgetWarning)
-        first, _, _ = _planned(planner, src, mid, model, merge, bound, objective)
-        # (a plan may stop at a spec of its target's layout that says it another way)
-        end = first.steps[-1].dst if first.steps else src
-        second, _, _ = _planned(planner, end, dst, model, merge, bound, objective)
-    return Plan(src, dst, first.steps + second.steps)
-
-
-def _past_budget(planner: Planner, src: Spec, dst: Spec, over: OverBudget, total) -> None:
-    """Raise or warn for a plan the search budget cut short (``total``: the price of the
-    plan found past it, None if none was)."""
-    budget = planner.budget
-    said = budget.describe(over.timed)  # the limit reached, as Planner's keyword
-    limit = budget.seconds if over.timed else budget.states
-    knob = said.partition("=")[0]
-    if planner.on_budget == "raise" or total is None:
-        spent = f"ran past {said} s" if over.timed else f"generated more than {said} moves"
-        raise PlanError(
-            f"planning {src} -> {dst} {spent} without proving a cheapest plan (every plan "
-            f"costs at least {over.lower:.4g} s); raise the budget (Planner({knob}=...), "
-            "None for no bound), or take the best plan found (Planner(on_budget='best'))",
-            value=limit,
-        )
-    gap = max(0.0, total - over.lower)
-    warnings.warn(
-        BudgetWarning(
-            f"planning {src} -> {dst} stopped at {said}: the plan found costs "
-            f"{total:.4g} s, at most {gap:.3g} s above the cheapest (raise "
-            f"Planner({knob}=...) for a proven minimum)",
-            gap=gap,
-            lower=over.lower,
-            limit=limit,
-        ),
-        stacklevel=4,
-    )
-
-
-GREEDY_ROOM = 10_000
-"""The least budget of the greedy search that follows a search past the budget."""
-
-GREEDY_TIME = 2.0
-"""The greedy search's time, in the budget's seconds (its heuristic costs as much a
-state as the search's: it visits fewer states, not cheaper ones)."""
-
-
-def _deadline(budget: SearchBudget, start: float, times: float = 1.0) -> float | None:
-    """The instant (of ``time.thread_time``: CPU time) a search begun at ``start`` stops
-    at, given ``times`` the budget's seconds."""
-    return None if budget.seconds is None else start + budget.seconds * times
-
-
-def _bounded_search(budget: SearchBudget, ctx, start: int, goal, deadline: float | None):
-    """``search`` within ``budget`` (its time up at ``deadline``): ``(found, None)``, or
-    past it ``(found by a greedy search within the budget's moves, at least
-    :data:`GREEDY_ROOM`, and twice its time, or None, the OverBudget)``."""
-    states = budget.states
-    try:
-        return search(ctx, start, goal, budget=states, deadline=deadline), None
-    except OverBudget as over:
-        room = None if states is None else max(states, GREEDY_ROOM)
-        more = _deadline(budget, time.thread_time(), GREEDY_TIME)
-        try:
-            return search(ctx, start, goal, budget=room, weight=GREEDY, deadline=more), over
-        except OverBudget:
-            return None, over
-
-
 def _moves_to(planner: Planner, problem: Problem, start_state, goals: tuple):
     """The cheapest path from ``start_state`` to the nearest of ``goals`` (states of one
     layout) as ``[(state, edge, next state)]`` (None: none within the memory
@@ -334,7 +236,7 @@ def _moves_to(planner: Planner, problem: Problem, start_state, goals: tuple):
     :class:`OverBudget` of a search past the planner's budget (the path then the best
     a greedy search found, not proven the cheapest)."""
     key = goals[0] if len(goals) == 1 else ("layout", goals)  # the pair's key in a family
-    deadline = _deadline(planner.budget, time.thread_time())  # (one for every search)
+    deadline = deadline_of(planner.budget, time.thread_time())  # (one for every search)
     ctx = planner.context(problem)
     fam = ctx.family
     if fam is False:  # (not known yet: once per context)
@@ -360,7 +262,7 @@ def _moves_to(planner: Planner, problem: Problem, start_state, goals: tuple):
         if tab is not None:
             found = walk(ctx, tab, start, goal)
         else:
-            found, over = _bounded_search(planner.budget, ctx, start, goal, deadline)
+            found, over = bounded_search(planner.budget, ctx, start, goal, deadline)
             if found is not None and fam is not None and over is None:
                 families.record(fam, ctx, start_state, key, found)
         if found is None:
@@ -390,9 +292,7 @@ def _extend(planner: Planner, fam, ctx, start_state, goals, key, deadline) -> bo
             other.trim()
             start, goal = other.intern(start_state), _interned(other, goals)
             try:
-                found = search(
-                    other, start, goal, budget=planner.budget.states, deadline=deadline
-                )
+                found = search(other, start, goal, budget=planner.budget.states, deadline=deadline)
             except OverBudget:
                 continue  # (the pair is planned on its own context then)
             if found is not None:

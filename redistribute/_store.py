@@ -106,7 +106,7 @@ class Planner:
     :data:`SECONDS_BUDGET` by default (None: no bound), so a plan takes about a second
     on any input (``planner.budget``: the two as a :class:`SearchBudget`). Past either
     ``on_budget="best"`` (the default) returns a plan found by a greedy search (within the
-    same budget, or ``_planner.GREEDY_ROOM`` moves if more) and warns
+    same budget, or ``_budgeted.GREEDY_ROOM`` moves if more) and warns
     with a :class:`~meshplan.errors.BudgetWarning` giving its proven gap to the cheapest
     plan; ``on_budget="raise"`` raises a :class:`PlanError` naming the limit. A plan made
     within the budget is the cheapest there is.

@@ -103,12 +103,16 @@ def test_the_plan_through_the_common_prefix_delivers(src, dst, shape):
     # shard orders do not share, then slice
     from _plan_cases import delivers, values
 
-    from meshplan.redistribute._planner import _through_common_prefix
+    from meshplan.redistribute._budgeted import through_common_prefix
+    from meshplan.redistribute._planner import _planned
     from meshplan.redistribute._profile import as_model
 
     a = Spec(_SMALL, src, shape, "float64")
     b = Spec(_SMALL, dst, shape, "float64")
-    p = _through_common_prefix(Planner(), a, b, as_model(None), None, "time", True)
+    planner, model = Planner(), as_model(None)
+    p = through_common_prefix(
+        lambda s, d: _planned(planner, s, d, model, True, None, "time")[0], a, b
+    )
     if p is not None:
         assert p.src == a and p.dst == b
         assert delivers(p, values(shape))
