@@ -527,4 +527,27 @@ def aten_strategies(call: Call, ruleset: Any = None) -> list[DimStrategy] | None
     else:
         value = call_rule(op, "rule", entry.strategies, call.inputs, **call.named_args())
     outputs = [None if m is None else m.ndim for m in call.outputs]
-    return list(check_strategies(op, value, outputs, [m.ndim for m in call.inputs]))
+    checked = check_strategies(op, value, outputs, [m.ndim for m in call.inputs])
+    return [s for s in checked if _sums_in_one_dtype(call, s)]
+
+
+def _is_sum(p: Any) -> bool:
+    return isinstance(p, Partial) and p.op in ("sum", "avg")
+
+
+def _sums_in_one_dtype(call: Call, strategy: DimStrategy) -> bool:
+    """Whether every Partial(sum) output of ``strategy`` keeps the dtype of its Partial(sum)
+    inputs.
+
+    Parts rounded to another dtype do not sum to the rounded sum (a float64 sum cast to
+    float32 part by part is off by float32's rounding of each part, worse under
+    cancellation; a cast to an integer truncates each part): a cast, or an op promoting a
+    Partial input to a wider dtype, takes its Partial input summed, as one process does.
+    """
+    ins = {m.dtype for m, p in zip(call.inputs, strategy.inputs, strict=False) if _is_sum(p)}
+    if not ins:
+        return True
+    return all(
+        m is None or not _is_sum(p) or {m.dtype} == ins
+        for m, p in zip(call.outputs, strategy.outputs, strict=False)
+    )

@@ -85,6 +85,34 @@ def test_a_write_through_a_transposed_view_of_an_argument_copy_reads_the_new_val
         assert torch.allclose(unshard(grads[0], prog.grad_specs[0]), want_grads[0], rtol=1e-12)
 
 
+# -- casts ----------------------------------------------------------------------------------
+
+
+def _rel(got, want):
+    """Norm-wise relative error ``||got - want|| / ||want||``."""
+    return ((got.double() - want.double()).norm() / want.double().norm()).item()
+
+
+def test_a_partial_sum_cast_to_float32_and_back_rounds_once_as_one_process():
+    # Mamba's pattern: a float64 sum cast to float32 and back. Cast piece by piece (each
+    # rank's partial sum rounded to float32, then summed) it was off by float32's rounding
+    # of each piece (2.6e-8 relative in Mamba's gradients); the sum is taken first now
+    def fn(x, w):
+        return (x @ w).float().double().square().sum()
+
+    mesh = Mesh.create((4,))
+    torch.manual_seed(0)
+    x, w = torch.randn(8, 16, dtype=torch.float64), torch.randn(16, 3, dtype=torch.float64)
+    prog = plan_program(
+        fn, Spec(mesh, [Shard(1)], x.shape, F64), Spec(mesh, [Shard(0)], w.shape, F64)
+    )
+    outs, grads = _simulated(prog, [x, w])
+    one, one_grads = run_unsharded(prog, x, w)
+    assert _rel(unshard(outs[0], prog.out_specs[0]), one[0]) <= 1e-15
+    for a in range(2):
+        assert _rel(unshard(grads[a], prog.grad_specs[a]), one_grads[a]) <= 1e-15, a
+
+
 # -- random ops -----------------------------------------------------------------------------
 
 
