@@ -9,6 +9,7 @@ the graph hashes, compares and pickles without torch.
 
 from __future__ import annotations
 
+from functools import cached_property
 from typing import Any, Literal
 
 import attrs
@@ -83,15 +84,15 @@ class Graph:
         """How many outputs the function returns (the rest are written arguments)."""
         return len(self.outputs) - len(self.writes)
 
-    @property
+    @cached_property
     def args(self) -> tuple[int, ...]:
         return tuple(i for i, n in enumerate(self.nodes) if n.kind == "arg")
 
-    @property
+    @cached_property
     def cotangents(self) -> tuple[int, ...]:
         return tuple(i for i, n in enumerate(self.nodes) if n.kind == "cotangent")
 
-    @property
+    @cached_property
     def calls(self) -> tuple[int, ...]:
         return tuple(i for i, n in enumerate(self.nodes) if n.kind == "call")
 

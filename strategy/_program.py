@@ -233,6 +233,54 @@ def plan_graph(
     as fixed ones) and the cheaper is returned: never worse than the specs given.
     ``progress`` and ``tie_layers`` as in :func:`plan_program`.
     """
+    return _plan_graph(
+        graph,
+        arg_specs,
+        out_specs=out_specs,
+        cost_model=cost_model,
+        compute=compute,
+        strict=strict,
+        max_factor=max_factor,
+        max_options=max_options,
+        max_rounds=max_rounds,
+        max_priced=max_priced,
+        solver=solver,
+        ruleset=ruleset,
+        choose=choose,
+        memory_budget=memory_budget,
+        state_bytes_per_param=state_bytes_per_param,
+        progress=progress,
+        planner=planner,
+        tie_layers=tie_layers,
+        state_budget=state_budget,
+    )
+
+
+def _plan_graph(
+    graph: Graph,
+    arg_specs: Sequence[Spec],
+    *,
+    out_specs: Sequence[Spec] | None = None,
+    cost_model: Any = None,
+    compute: ComputeModel | None = None,
+    strict: bool = False,
+    max_factor: int = 1 << 22,
+    max_options: int = 32,
+    max_rounds: int = 100,
+    max_priced: int = 20_000,
+    solver: str = "whole",
+    ruleset: RuleSet | None = None,
+    choose: Collection[int] | None = None,
+    memory_budget: float | None = None,
+    state_bytes_per_param: float | None = None,
+    progress: Progress | None = None,
+    planner: Any = None,
+    tie_layers: bool = True,
+    state_budget: float | None = None,
+    name_least: bool = True,
+) -> Program:
+    """:func:`plan_graph`; ``name_least=False``: a budget no plan meets raises without
+    planning the lightest plan to name its peak (for a caller that drops the error)."""
     limits = {
         "max_factor": max_factor,
         "max_options": max_options,
@@ -323,7 +371,7 @@ def plan_graph(
         return attrs.evolve(program, memory=step_memory(program, per_param))
 
     if peak_budget is not None:
-        _check_peak_feasible(obj, peak_budget, program_of)
+        _check_peak_feasible(obj, peak_budget, program_of if name_least else None)
     sol = solve_lazily(graph, obj, prices, budget=budget, progress=progress, **solve_args)
     if repeats is not None:  # the tied problem's bound bounds only its own restriction
         env = (fixed, prices.sid, obj.sinks, obj.free_grads)
@@ -378,7 +426,9 @@ def _never_worse_than_given(program: Program, graph, arg_specs, per_param, optio
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", ProgramWarning)  # warned above already
-            given_plan = plan_graph(graph, arg_specs, state_bytes_per_param=per_param, **options)
+            given_plan = _plan_graph(
+                graph, arg_specs, state_bytes_per_param=per_param, name_least=False, **options
+            )
     except StrategyError:  # the given layouts do not fit the budget
         return program
     if given_plan.cost.total >= program.cost.total:
@@ -397,6 +447,14 @@ def _check_peak_feasible(obj, budget: float, program_of) -> None:
 
 
 def _raise_infeasible(obj, budget: float, least: float, program_of) -> None:
+    """Raise: ``budget`` is below ``least``; the message names the peak of the lightest plan
+    too (``program_of`` None: not planned, only ``least`` named)."""
+    if program_of is None:
+        raise StrategyError(
+            f"memory_budget={budget:.0f} bytes per rank is infeasible: the smallest feasible "
+            f"budget for this program is at least {least:.0f} bytes",
+            value=budget,
+        )
     lightest = tuple(int(w.argmin()) for w in obj.problem.weights())
     sol = Solution(lightest, 0.0, 0.0, Method.OP_BY_OP)
     peak = program_of(sol).memory.peak

@@ -71,6 +71,8 @@ def greedy(problem: Problem, order: Sequence[int], exact_price) -> Solution:
     """Each variable of ``order`` (a topological order of the calls) in turn takes its
     cheapest option given its producers' choices (moves into it at ``exact_price``, out
     to fixed targets at ``problem.price``); the others keep option 0."""
+    import numpy as np
+
     choice = [0] * len(problem.unary)
     into: dict[int, list[tuple[SharedValue, Reader]]] = {}
     out: dict[int, list[tuple[SharedValue, Reader]]] = {}
@@ -80,19 +82,42 @@ def greedy(problem: Problem, order: Sequence[int], exact_price) -> Solution:
                 into.setdefault(r.op, []).append((v, r))
             elif not v.fixed:
                 out.setdefault(v.producer, []).append((v, r))
+    seen: dict[int, tuple] = {}  # each variable's sources when it last chose
     for c in order:
-        best = None
-        for k in range(len(problem.ins[c])):
-            cost = float(problem.unary[c][k])
-            for v, r in into.get(c, ()):
-                a = v.layout if v.fixed else problem.outs[v.producer][choice[v.producer]][v.j]
-                cost += v.count * exact_price(a, problem.ins[c][k][r.i])
-            for v, r in out.get(c, ()):
-                b = problem.outs[c][k][v.j]
-                cost += 0.0 if b == r.layout else v.count * problem.price(b, r.layout)
-            if best is None or cost < best[0]:
-                best = (cost, k)
-        choice[c] = best[1]
+        # a variable met again (a tied layer's) with the same sources chooses the same
+        reads_c = into.get(c, ())
+        sources = tuple(
+            v.layout if v.fixed else problem.outs[v.producer][choice[v.producer]][v.j]
+            for v, _ in reads_c
+        )
+        if seen.get(c) == sources:
+            continue
+        seen[c] = sources
+        # every option at once (the same sums, term by term, as option by option); each
+        # distinct layout an input may want priced once
+        n = len(problem.ins[c])
+        cost = np.array(problem.unary[c], dtype=float).reshape(-1)[:n].copy()
+        for (v, r), a in zip(reads_c, sources, strict=True):
+            memo: dict[int, float] = {}
+            terms = []
+            for row in problem.ins[c]:
+                b = row[r.i]
+                p = memo.get(b)
+                if p is None:
+                    p = memo[b] = exact_price(a, b)
+                terms.append(p)
+            cost += v.count * np.array(terms, dtype=float)
+        for v, r in out.get(c, ()):
+            memo = {}
+            terms = []
+            for row in problem.outs[c]:
+                b = row[v.j]
+                p = memo.get(b)
+                if p is None:
+                    p = memo[b] = 0.0 if b == r.layout else v.count * problem.price(b, r.layout)
+                terms.append(p)
+            cost += np.array(terms, dtype=float)
+        choice[c] = int(np.argmin(cost)) if n else 0
     return Solution(choice, problem.evaluate(choice), 0.0, Method.OP_BY_OP)
 
 
