@@ -119,6 +119,9 @@ SIZE_ARGS: dict[str, tuple[int, int | None]] = {
     "embedding_dense_backward": (2, 0),
     "slice_backward": (1, None),
     "select_backward": (1, None),
+    "unfold_backward": (1, None),
+    "diagonal_backward": (1, None),
+    "as_strided": (1, None),
 }
 
 

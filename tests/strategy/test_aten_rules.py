@@ -69,9 +69,14 @@ def _writes_model(x, probs):
     y[:, 0] = 1.5
     y.transpose(0, 2)[1].masked_fill_(y.transpose(0, 2)[1] > 0, 0.5)
     y[torch.arange(0, x.shape[0], 2)] = y[torch.arange(0, x.shape[0], 2)] * 3
+    # views functionalization scatters into as diagonal_scatter, as_strided_scatter and
+    # (an unfold's window) select_scatter into the unfold, then unfold_backward
+    y.diagonal(0, 1, 2).mul_(2.0)
+    y.as_strided((x.shape[0], 3, 2), (48, 8, 2), 1).fill_(0.5)
+    y.unfold(2, 2, 2)[..., 0] = 3.0
     d = F.dropout(y, 0.5, True) + torch.bernoulli(probs) + torch.rand_like(y)
     d = d + torch.randn(x.shape, dtype=x.dtype) + y.clone().normal_(1.0, 2.0)
-    return (d * y.clone().uniform_(-1, 1)).sum()
+    return (d * y.clone().uniform_(-1, 1)).sum() + x.diagonal(0, 0, 2).square().sum()
 
 
 def _gqa_model(q, k, v):

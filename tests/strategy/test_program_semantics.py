@@ -236,30 +236,51 @@ def test_a_function_writing_into_a_differentiated_argument_is_refused():
 
 @st.composite
 def view_writes(draw):
-    """A function writing into views of a clone of its argument, with its shape."""
+    """A function writing into views of a clone of its argument, with its shape: slices of
+    it or of its transpose (every other row or column from some start), diagonals, and
+    windows of its storage (``as_strided``, rows of up to two strided columns)."""
     shape = (draw(st.integers(2, 5)), draw(st.integers(2, 5)))
     steps = []
     for _ in range(draw(st.integers(1, 3))):
-        transpose = draw(st.booleans())
+        kind = draw(st.sampled_from(["slice", "slice", "diagonal", "as_strided"]))
+        transpose = kind != "as_strided" and draw(st.booleans())
         dims = shape[::-1] if transpose else shape
-        d = draw(st.integers(0, 1))
-        start = draw(st.integers(0, dims[d] - 1))
-        stride = draw(st.integers(1, 2))
+        if kind == "slice":
+            d = draw(st.integers(0, 1))
+            where = (d, draw(st.integers(0, dims[d] - 1)), draw(st.integers(1, 2)))
+        elif kind == "diagonal":
+            where = (draw(st.integers(1 - dims[0], dims[1] - 1)),)
+        else:
+            step = draw(st.integers(1, 2))
+            cols = draw(st.integers(1, (shape[1] - 1) // step + 1))
+            rows = draw(st.integers(1, shape[0]))
+            span = (cols - 1) * step  # no element twice: the columns stay within a row
+            first = draw(st.integers(0, (shape[0] - rows) * shape[1] + shape[1] - 1 - span))
+            where = ((rows, cols), (shape[1], step), first)
         how = draw(st.sampled_from(["copy_", "fill_", "masked_fill_", "index_put_", "setitem"]))
-        steps.append((transpose, d, start, stride, how))
+        steps.append((kind, transpose, where, how))
     return shape, tuple(steps)
+
+
+def _view(t, kind, transpose, where):
+    base = t.t() if transpose else t
+    if kind == "slice":
+        d, start, stride = where
+        index = [slice(None), slice(None)]
+        index[d] = slice(start, None, stride)
+        return base[tuple(index)]
+    if kind == "diagonal":
+        return base.diagonal(where[0])
+    return base.as_strided(*where)
 
 
 def _apply(shape, steps):
     def fn(x):
         y = x.clone() * 1.5
-        for transpose, d, start, stride, how in steps:
-            base = y.t() if transpose else y
-            index = [slice(None), slice(None)]
-            index[d] = slice(start, None, stride)
-            view = base[tuple(index)]
+        for kind, transpose, where, how in steps:
+            view = _view(y, kind, transpose, where)
             if how == "copy_":
-                view.copy_(x.t()[tuple(index)] if transpose else x[tuple(index)])
+                view.copy_(_view(x, kind, transpose, where))
             elif how == "fill_":
                 view.fill_(-2.0)
             elif how == "masked_fill_":
@@ -267,8 +288,14 @@ def _apply(shape, steps):
             elif how == "index_put_":
                 rows = torch.arange(0, view.shape[0], 2)
                 view.index_put_((rows,), view[rows] * 3)
-            else:
+            elif kind == "slice":
+                base = y.t() if transpose else y
+                d, start, stride = where
+                index = [slice(None), slice(None)]
+                index[d] = slice(start, None, stride)
                 base[tuple(index)] = view * -1 + 1
+            else:
+                view[...] = view * -1 + 1
         return (y * x).sum()
 
     return fn
