@@ -9,11 +9,14 @@ every gradient norm and the final weights equal one process's ``torch.optim`` an
 
 from __future__ import annotations
 
+import functools
+
 import pytest
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from _shell_cases import groups_for
+from _train_cases import call, reference_steps, train_planned
 
 from meshplan.errors import RuntimeShellError
 from meshplan.layout import Mesh
@@ -68,39 +71,16 @@ def _batch_spec(mesh: Mesh) -> Spec:
     return Spec(mesh, [Shard(0)] + [Replicate()] * (mesh.ndim - 1), (B, T), "int64")
 
 
-def _train(mesh, specs, kind, batches, save=None, resume=None):
-    """On every rank: parallelize, optionally resume, train, optionally save."""
-    groups = groups_for(mesh)
-    b = _batch_spec(mesh)
-    pm = parallelize(Tiny(), groups, b, b, specs=specs, compute=ComputeModel.cpu())
-    opt = _optimizer(kind, pm.parameters())
-    if resume:
-        pm.load(resume, opt)
-    out = []
-    for tok, tgt in batches:
-        loss = pm(*pm.local_batch(tok, tgt))
-        loss.backward()
-        norm = pm.clip_grad_norm_(CLIP)
-        opt.step()
-        opt.zero_grad()
-        out.append((loss.item(), norm.item()))
-    if save:
-        pm.save(save, opt)
-    return out, {n: s.local for n, s in pm.state_dict().items()}, pm.specs
-
-
-def _reference(kind, batches):
-    model = Tiny()
-    opt = _optimizer(kind, model.parameters())
-    out = []
-    for tok, tgt in batches:
-        loss = model(tok, tgt)
-        loss.backward()
-        norm = torch.nn.utils.clip_grad_norm_(model.parameters(), CLIP)
-        opt.step()
-        opt.zero_grad()
-        out.append((loss.item(), norm.item()))
-    return out, model.state_dict()
+@pytest.fixture(scope="module")
+def planned():
+    """The step planned once per mesh and shared by both optimizers' runs (planning is
+    pure and deterministic; each rank planning alike is tested below)."""
+    out = {}
+    grid, line = Mesh.create((2, 2), ("dp", "tp")), Mesh.create((4,), ("dp",))
+    for mesh, specs in ((grid, FSDP_TP), (line, FSDP)):
+        b = _batch_spec(mesh)
+        out[mesh.ndim] = plan_module(Tiny(), b, b, specs=specs, compute=ComputeModel.cpu())
+    return out
 
 
 def _close(got, want, what):
@@ -118,20 +98,23 @@ def _same_weights(results, want):
 
 @pytest.mark.parametrize("kind", ["adamw", "sgd"])
 def test_a_stock_optimizer_on_the_shards_equals_it_on_the_whole_model_and_resumes_elsewhere(
-    pool4, kind, tmp_path
+    pool4, planned, kind, tmp_path
 ):
     batches = _batches(5)
-    want, _ = _reference(kind, batches)
-    _, final = _reference(kind, batches)
-    three, _ = _reference(kind, batches[:3])
-    grid = Mesh.create((2, 2), ("dp", "tp"))
+    model = Tiny()
+    want = reference_steps(model, call, _optimizer(kind, model.parameters()), batches, CLIP)
+    final = model.state_dict()
+    make_optimizer = functools.partial(_optimizer, kind)
     path = str(tmp_path / "ckpt")
-    results = pool4.run(_train, grid, FSDP_TP, kind, batches[:3], save=path, timeout=600)
+    results = pool4.run(
+        train_planned, planned[2], Tiny, make_optimizer, batches[:3], CLIP, save=path, timeout=600
+    )
     for got, _, _ in results:
-        _close(got, three, "fsdp x tp")
+        _close(got, want[:3], "fsdp x tp")
     assert all(norm > CLIP for _, norm in want[:3])  # the clipping did clip
-    line = Mesh.create((4,), ("dp",))
-    resumed = pool4.run(_train, line, FSDP, kind, batches[3:], resume=path, timeout=600)
+    resumed = pool4.run(
+        train_planned, planned[1], Tiny, make_optimizer, batches[3:], CLIP, resume=path, timeout=600
+    )
     for got, _, _ in resumed:
         _close(got, want[3:], "resumed on another mesh")
     _same_weights(resumed, final)

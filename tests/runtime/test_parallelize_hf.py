@@ -9,13 +9,14 @@ relative difference <= 1e-12).
 
 from __future__ import annotations
 
+import functools
+
 import pytest
 import torch
-from _shell_cases import groups_for
+from _train_cases import reference_steps, train_planned
 
 from meshplan.layout import Mesh
 from meshplan.placement import Replicate, Shard, Spec
-from meshplan.runtime import parallelize
 from meshplan.strategy import ComputeModel, plan_module
 
 transformers = pytest.importorskip("transformers")
@@ -75,43 +76,14 @@ def _batches(n: int):
     ]
 
 
+def _adamw(params):
+    return torch.optim.AdamW(params, lr=1e-2, weight_decay=0.1)
+
+
 def _plan(name, mesh, specs):
     """Planned once here (every rank would make the same plan) and shipped to the ranks."""
     b = Spec(mesh, [Shard(0)] + [Replicate()] * (mesh.ndim - 1), (B, T), "int64")
     return plan_module(_model(name), b, b, specs=specs, forward=_loss, compute=ComputeModel.cpu())
-
-
-def _train(name, planned, batches, save=None, resume=None):
-    pm = parallelize(planned, groups_for(planned.program.arg_specs[0].mesh))
-    pm.load_state_dict(_model(name))  # the whole model's weights, cut to the planned specs
-    opt = torch.optim.AdamW(pm.parameters(), lr=1e-2, weight_decay=0.1)
-    if resume:
-        pm.load(resume, opt)
-    out = []
-    for ids, labels in batches:
-        loss = pm(*pm.local_batch(ids, labels))
-        loss.backward()
-        norm = pm.clip_grad_norm_(CLIP)
-        opt.step()
-        opt.zero_grad()
-        out.append((loss.item(), norm.item()))
-    if save:
-        pm.save(save, opt)
-    return out
-
-
-def _reference(name, batches):
-    model = _model(name)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.1)
-    out = []
-    for ids, labels in batches:
-        loss = _loss(model, ids, labels)
-        loss.backward()
-        norm = torch.nn.utils.clip_grad_norm_(model.parameters(), CLIP)
-        opt.step()
-        opt.zero_grad()
-        out.append((loss.item(), norm.item()))
-    return out
 
 
 @pytest.mark.parametrize("name", ["gpt2", "llama"])
@@ -119,14 +91,22 @@ def test_a_hugging_face_model_trains_through_parallelize_as_on_one_process_and_r
     pool4, name, tmp_path
 ):
     batches = _batches(5)
-    want = _reference(name, batches)
+    model = _model(name)
+    want = reference_steps(model, _loss, _adamw(model.parameters()), batches, CLIP)
     assert any(norm > CLIP for _, norm in want)  # clipping takes part
     path = str(tmp_path / "ckpt")
     grid = Mesh.create((2, 2), ("dp", "tp"))
-    for got in pool4.run(_train, name, _plan(name, grid, SPECS[name]), batches[:3], save=path):
+    make_model = functools.partial(_model, name)
+    planned = _plan(name, grid, SPECS[name])
+    for got, _, _ in pool4.run(
+        train_planned, planned, make_model, _adamw, batches[:3], CLIP, save=path
+    ):
         for (la, na), (lb, nb) in zip(got, want[:3], strict=True):
             assert abs(la - lb) <= 1e-12 * abs(lb) and abs(na - nb) <= 1e-12 * abs(nb), (got, want)
     line = Mesh.create((4,), ("dp",))
-    for got in pool4.run(_train, name, _plan(name, line, {"*": "S(0)"}), batches[3:], resume=path):
+    planned = _plan(name, line, {"*": "S(0)"})
+    for got, _, _ in pool4.run(
+        train_planned, planned, make_model, _adamw, batches[3:], CLIP, resume=path
+    ):
         for (la, na), (lb, nb) in zip(got, want[3:], strict=True):
             assert abs(la - lb) <= 1e-12 * abs(lb) and abs(na - nb) <= 1e-12 * abs(nb), (got, want)
