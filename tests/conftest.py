@@ -63,12 +63,20 @@ def fake_world():
 # test folder; a task that fails makes its pool restart before the next task.
 
 
+#: what the fork server imports once for every worker of every pool (and every restart of
+#: one): the test tools, the planner, and transformers' models where installed (~5 s of CPU
+#: per import: the model tests and the training guide would otherwise pay it on every rank)
+PRELOAD = ("pytest", "hypothesis", "meshplan.runtime", "meshplan.strategy", "meshplan.checkpoint")
+
+
 def _pool(world_size):
+    import importlib.util
+
     from meshplan.runtime._pool import WorkerPool
 
-    pool = WorkerPool(
-        world_size, "gloo", timeout=60.0, pg_timeout=30.0, preload=("pytest", "hypothesis")
-    )
+    models = importlib.util.find_spec("transformers") is not None
+    preload = PRELOAD + (("transformers.modeling_utils",) if models else ())
+    pool = WorkerPool(world_size, "gloo", timeout=60.0, pg_timeout=30.0, preload=preload)
     yield pool
     pool.shutdown()
 
