@@ -189,19 +189,19 @@ def solve_shared(
     # what bounds the choice: the below problem's minimum, or its bound
     method = Method.RELAXATION if lo.method is Method.EXACT else lo.method
     effort = lo.effort
+    lp = None
     if options.lp and not options.draft and not proven(cost, bound, 1e-9):
         from ._transport import solve_lp
 
-        lp = solve_lp(problem, search)
+        lp = solve_lp(problem, search, [choice, up.choice, lo.choice], warm)
         if lp is not None:
             effort = effort + lp.effort
             if lp.cost < cost:
                 cost, choice = lp.cost, tuple(lp.choice)
             if lp.bound > bound:
                 bound, method = min(lp.bound, cost), Method.TRANSPORT_LP
-            if cost - bound <= 1e-7 * max(abs(cost), 1.0):  # the LP's tolerance
-                return Solution(choice, cost, bound, Method.EXACT, effort)
-    if options.steps and not options.draft and not proven(cost, bound, 1e-9):
+    # the LP's bound is at least the sharing dual's (whose shares are a point of its dual)
+    if lp is None and options.steps and not options.draft and not proven(cost, bound, 1e-9):
         start_weights = None if warm is None else warm.weights
         t = tighten(
             problem,

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import enum
+from typing import Any
 
 import attrs
 
@@ -87,8 +88,9 @@ class Options:
     times that in all); ``steps``: the sharing dual's steps; ``draft``: a cheap, looser
     bound (no dual steps); ``prove``: run message passing to convergence for the bound;
     ``max_branches`` and ``gap``: a memory budget's branch and bound stops after that many
-    relaxation solves, or once its gap is within ``gap`` of the cost; ``lp``: try the
-    transportation LP (when highspy is installed and the problem is not solved exactly)."""
+    relaxation solves, or once its gap is within ``gap`` of the cost; ``lp``: solve the
+    transportation LP (when highspy is installed and the problem is not solved exactly;
+    the sharing dual's steps run instead without it)."""
 
     max_factor: int = 1 << 21
     steps: int = 30
@@ -96,7 +98,7 @@ class Options:
     prove: bool = True
     max_branches: int = 64
     gap: float = 0.0
-    lp: bool = False
+    lp: bool = True
 
     def __attrs_post_init__(self) -> None:
         if not (isinstance(self.gap, int | float) and 0 <= self.gap < 1):
@@ -107,8 +109,10 @@ class Options:
 class Warm:
     """What one solve leaves the next over the same terms (prices may rise between them):
     the readers' shares of the sharing dual, a budget's search tree and the two sides of
-    its root dual. Working memory, not a value."""
+    its root dual, the transportation LP (its columns and basis). Working memory, not a
+    value."""
 
     weights: list | None = None
+    lp: Any = None
     search: dict | None = None
     lines: dict = attrs.field(factory=dict)

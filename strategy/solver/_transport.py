@@ -3,19 +3,30 @@ whole programs, and a choice rounded off it (numpy; highspy when installed).
 
 Variables ``x[v, k] >= 0`` with ``sum_k x[v, k] = 1`` relax each variable's choice. A
 value's source takes layout ``a`` with weight ``s[a]`` (the sum of its producer's
-``x`` over the options writing ``a``), a reader wants layout ``b`` with weight
-``t_r[b]``. Per reader a transportation plan ``mu_r[a, b] >= 0`` has row sums ``s`` and
-column sums ``t_r`` (at an integral choice, the one move the reader makes), and per
-value and wanted layout ``y[a, b] >= mu_r[a, b]`` for every reader that may want ``b``
-pays ``count * price(a, b)`` once. Every choice is a feasible point costing exactly what
-:meth:`~._problem.Problem.evaluate` says, so the LP's minimum is a true lower bound of
-the problem's. A pair table ``m[k, l]`` gets the local-marginal polytope (``mu[k, l]``
-with marginals ``x[a]`` and ``x[b]``).
+``x`` over the options writing ``a``; 1 for a fixed layout), a reader wants layout ``b``
+with weight ``t_r[b]``. Per reader a transportation plan ``mu_r[a, b] >= 0`` has row sums
+``s`` and column sums ``t_r`` (at an integral choice, the one move the reader makes), and
+per value and wanted layout ``y[a, b] >= mu_r[a, b]`` for every reader that may want
+``b`` pays ``count * price(a, b)`` once. Every choice is a feasible point costing
+exactly what :meth:`~._problem.Problem.evaluate` says, so the LP's minimum is a true
+lower bound of the problem's. A pair table ``m[k, l]`` gets the local-marginal polytope
+(a plan between the two variables' options, paying ``m[k, l]`` per unit).
+
+The LP is solved by column generation: the plans' entries start from those a known
+choice uses, and each round adds the entries (for a shared move: the entry of every
+reader of that move, with its ``y``) whose reduced cost at the round's duals is
+negative, until none is. The bound is not the simplex's objective but the Lagrangian
+dual at its duals (:func:`_Model.bound`): the equality rows relaxed with those duals,
+every variable in ``[0, 1]``, each shared move's ``y >= mu_r`` kept, which is a true
+lower bound for *any* duals (and the LP's minimum at optimal ones), so neither the
+simplex's tolerances nor stopping early can make it claim too much.
 
 The choice: each variable's heaviest option, improved by local search.
 """
 
 from __future__ import annotations
+
+from collections.abc import Sequence
 
 import attrs
 
@@ -23,7 +34,7 @@ from ._local_search import Searcher
 from ._problem import Problem
 from ._solution import Effort, Method, Solution
 
-__all__ = ["LPRelaxation", "has_lp", "transport_lp"]
+__all__ = ["LPRelaxation", "has_lp", "solve_lp", "transport_lp"]
 
 
 def has_lp() -> bool:
@@ -37,163 +48,420 @@ def has_lp() -> bool:
 
 @attrs.frozen(eq=False)
 class LPRelaxation:
-    """The LP's optimum ``bound`` (a true lower bound, less a tolerance), each variable's
-    fractional ``x`` and the simplex iterations it took."""
+    """The LP's ``bound`` (a true lower bound: the Lagrangian dual at the simplex's
+    duals), each variable's fractional ``x``, the simplex iterations it took and the
+    rounds of column generation."""
 
     bound: float
     x: list
     iterations: int
+    rounds: int = 0
 
     def fractional(self, tol: float = 1e-6) -> list[int]:
         """The variables the LP leaves fractional."""
         return [v for v, row in enumerate(self.x) if row.max() < 1 - tol]
 
 
-class _Builder:
-    """Columns (cost, upper bound) and rows (lower, upper, sparse entries) of an LP."""
+class _Model:
+    """The full LP, enumerated in arrays (costs divided by ``scale``).
 
-    def __init__(self) -> None:
-        self.cost: list[float] = []
-        self.rows: list[tuple[float, float, list[int], list[float]]] = []
+    Rows: one simplex row per variable, then per edge (a reader of a value, or a pair
+    table) its plan's row sums (one per source layout) and column sums (one per wanted
+    layout), each ``= rhs`` (1 where that side is fixed, else 0). Columns: the ``x`` (all
+    in every round), the plans' entries (``e``: rows ``P[e]`` and ``Q[e]``, unit
+    ``unit[e]``) and per shared unit a ``y``. A *unit* is what a round adds at once: one
+    entry paying ``cost[u]`` itself, or (``shared[u]``) the entries of every reader of
+    one value wanting one move, paying ``cost[u]`` once through their ``y``."""
 
-    def col(self, cost: float = 0.0) -> int:
-        self.cost.append(cost)
-        return len(self.cost) - 1
+    def __init__(self, problem: Problem) -> None:
+        import numpy as np
 
-    def row(self, lo: float, hi: float, idx: list[int], val: list[float]) -> None:
-        self.rows.append((lo, hi, idx, val))
+        sizes = problem.sizes
+        n = len(sizes)
+        self.n = n
+        self.off = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
+        self.nx = int(self.off[-1])
+        un = np.concatenate([np.asarray(u, dtype=float) for u in problem.unary]) if n else []
+        self.var_of_x = np.repeat(np.arange(n), sizes)
+        prices: dict[tuple[int, int], float] = {}
+        price = problem.price
 
-    def solve(self):
+        def priced(a: int, b: int) -> float:
+            c = prices.get((a, b))
+            if c is None:
+                c = prices[(a, b)] = 0.0 if a == b else float(price(a, b))
+            return c
+
+        rhs = [np.ones(n)]
+        xr = [self.var_of_x]  # x entries: rows, columns, values
+        xc = [np.arange(self.nx)]
+        xv = [np.ones(self.nx)]
+        rows = n
+        entries = 0
+        P, Q, cost, key = [], [], [], []  # per entry; key: (value, a, b) shared, else -1
+        # per edge, to find the entries a choice uses: (base, width, src var, src index per
+        # option, reader var, wanted index per option)
+        self.edges: list[tuple] = []
+
+        def side(var: int, index, fixed: bool) -> tuple:
+            nonlocal rows
+            width = 1 if fixed else int(index.max()) + 1
+            first = rows
+            rows += width
+            rhs.append(np.full(width, 1.0 if fixed else 0.0))
+            if not fixed:
+                cols = self.off[var] + np.arange(len(index))
+                xr.append(first + index)
+                xc.append(cols)
+                xv.append(-np.ones(len(index)))
+            return first, width
+
+        def edge(src, dst, table, keys) -> None:
+            """A plan between ``src`` and ``dst`` (each ``(var, index per option, fixed)``)
+            paying ``table[a, b]``; ``keys[a, b]``: its shared unit's key, or -1."""
+            nonlocal entries
+            (sv, si, sf), (dv, di, df) = src, dst
+            p0, na = side(sv, si, sf)
+            q0, nb = side(dv, di, df)
+            base = entries
+            entries += na * nb
+            ia, ib = np.divmod(np.arange(na * nb), nb)
+            P.append(p0 + ia)
+            Q.append(q0 + ib)
+            cost.append(np.asarray(table, dtype=float).reshape(-1))
+            key.append(np.asarray(keys, dtype=np.int64).reshape(-1))
+            self.edges.append((base, nb, sv, None if sf else si, dv, None if df else di))
+
+        zero = np.zeros(1, dtype=np.int64)
+        for (a, b), m in problem.pairs.items():
+            ka, kb = m.shape
+            edge((a, np.arange(ka), False), (b, np.arange(kb), False), m, np.full(m.shape, -1))
+        nkeys = 0
+        for v in problem.values:
+            if v.fixed:
+                srcs, si = [v.layout], zero
+            else:
+                outs = [row[v.j] for row in problem.outs[v.producer]]
+                srcs = list(dict.fromkeys(outs))
+                at = {a: i for i, a in enumerate(srcs)}
+                si = np.array([at[a] for a in outs], dtype=np.int64)
+            reads = []
+            for r in v.readers:
+                if r.fixed:
+                    reads.append(([r.layout], zero))
+                else:
+                    ins = [row[r.i] for row in problem.ins[r.op]]
+                    dsts = list(dict.fromkeys(ins))
+                    at = {b: i for i, b in enumerate(dsts)}
+                    reads.append((dsts, np.array([at[b] for b in ins], dtype=np.int64)))
+            wanted = list(dict.fromkeys(b for dsts, _ in reads for b in dsts))
+            col = {b: i for i, b in enumerate(wanted)}
+            table = np.array([[priced(a, b) for b in wanted] for a in srcs]) * v.count
+            many = np.zeros(len(wanted))  # how many readers may want each layout
+            for dsts, _ in reads:
+                many[[col[b] for b in dsts]] += 1
+            for r, (dsts, di) in zip(v.readers, reads, strict=True):
+                cols = np.array([col[b] for b in dsts])
+                t = table[:, cols]
+                # shared: a move more readers may want (whatever its price, so that the
+                # units stay the same as prices change between solves)
+                shared = (np.array(srcs)[:, None] != np.array(dsts)[None, :]) & (many[cols] > 1)[
+                    None, :
+                ]
+                k = nkeys + np.arange(len(srcs))[:, None] * len(wanted) + cols[None, :]
+                edge((v.producer, si, v.fixed), (r.op, di, r.fixed), t, np.where(shared, k, -1))
+            nkeys += len(srcs) * len(wanted)
+        self.rows = rows
+        self.rhs = np.concatenate(rhs)
+        self.xr, self.xc, self.xv = (np.concatenate(z) for z in (xr, xc, xv))
+        self.P = np.concatenate(P) if P else np.zeros(0, dtype=np.int64)
+        self.Q = np.concatenate(Q) if Q else np.zeros(0, dtype=np.int64)
+        ecost = np.concatenate(cost) if cost else np.zeros(0)
+        ekey = np.concatenate(key) if key else np.zeros(0, dtype=np.int64)
+        # units: each shared key one, each other entry its own
+        shared = ekey >= 0
+        uniq, inv = np.unique(ekey[shared], return_inverse=True)
+        self.unit = np.empty(len(ekey), dtype=np.int64)
+        self.unit[shared] = inv
+        self.unit[~shared] = len(uniq) + np.arange(int((~shared).sum()))
+        nu = len(uniq) + int((~shared).sum())
+        self.ucost = np.zeros(nu)
+        self.ucost[self.unit] = ecost  # a shared unit's entries all hold its price
+        self.ushared = np.zeros(nu, dtype=bool)
+        self.ushared[: len(uniq)] = True
+        order = np.argsort(self.unit, kind="stable")
+        self.by_unit = order  # entries grouped by unit
+        self.unit_start = np.searchsorted(self.unit[order], np.arange(nu + 1))
+        self.raw = (np.asarray(un, dtype=float), self.ucost)
+        self.rescale(
+            max(
+                float(np.abs(un).max()) if len(un) else 0.0,
+                float(np.abs(self.ucost).max()) if nu else 0.0,
+                1e-300,
+            )
+        )
+
+    def rescale(self, scale: float) -> None:
+        """Costs divided by ``scale`` (the simplex works best near 1)."""
+        self.scale = scale
+        self.xcost = self.raw[0] / scale
+        self.ucost = self.raw[1] / scale
+
+    def same_terms(self, other: _Model) -> bool:
+        """Whether ``other`` has this model's rows, columns and units (prices aside)."""
+        import numpy as np
+
+        return (
+            self.rows == other.rows
+            and self.nx == other.nx
+            and len(self.P) == len(other.P)
+            and len(self.ucost) == len(other.ucost)
+            and all(
+                np.array_equal(a, b)
+                for a, b in (
+                    (self.P, other.P),
+                    (self.Q, other.Q),
+                    (self.unit, other.unit),
+                    (self.rhs, other.rhs),
+                    (self.xr, other.xr),
+                    (self.xc, other.xc),
+                )
+            )
+        )
+
+    def units_of(self, choice: Sequence[int]):
+        """The units the entries ``choice`` uses belong to."""
+        import numpy as np
+
+        es = []
+        for base, nb, sv, si, dv, di in self.edges:
+            a = 0 if si is None else int(si[choice[sv]])
+            b = 0 if di is None else int(di[choice[dv]])
+            es.append(base + a * nb + b)
+        return np.unique(self.unit[np.array(es, dtype=np.int64)]) if es else np.zeros(0, int)
+
+    def terms(self, dual):
+        """Per unit its Lagrangian term at the row duals ``dual`` (each ``<= 0``), and the
+        ``x``'s reduced costs."""
+        import numpy as np
+
+        g = dual[self.P] + dual[self.Q]
+        gain = np.where(self.ushared[self.unit], np.maximum(g, 0.0), g)
+        paid = np.bincount(self.unit, weights=gain, minlength=len(self.ucost))
+        xrc = self.xcost - np.bincount(self.xc, weights=self.xv * dual[self.xr], minlength=self.nx)
+        return np.minimum(self.ucost - paid, 0.0), xrc
+
+    def bound(self, dual) -> float:
+        """The Lagrangian dual at ``dual`` (see the module docstring), in the problem's
+        units: a true lower bound of the problem's minimum for any ``dual``."""
+        import numpy as np
+
+        units, xrc = self.terms(dual)
+        return float((self.rhs @ dual + np.minimum(xrc, 0.0).sum() + units.sum()) * self.scale)
+
+
+class _Restricted:
+    """The LP over the ``x`` and the units added so far, in one HiGHS model (each round
+    warm-starts from the last)."""
+
+    def __init__(self, model: _Model) -> None:
         import highspy
         import numpy as np
 
-        lp = highspy.HighsLp()
-        n = len(self.cost)
-        lp.num_col_, lp.num_row_ = n, len(self.rows)
-        lp.col_cost_ = np.asarray(self.cost, dtype=float)
-        lp.col_lower_ = np.zeros(n)
-        lp.col_upper_ = np.full(n, highspy.kHighsInf)
-        lp.row_lower_ = np.array([r[0] for r in self.rows], dtype=float)
-        lp.row_upper_ = np.array([r[1] for r in self.rows], dtype=float)
-        starts = np.zeros(len(self.rows) + 1, dtype=np.int32)
-        starts[1:] = np.cumsum([len(r[2]) for r in self.rows])
-        lp.a_matrix_.format_ = highspy.MatrixFormat.kRowwise
-        lp.a_matrix_.start_ = starts
-        lp.a_matrix_.index_ = np.array([i for r in self.rows for i in r[2]], dtype=np.int32)
-        lp.a_matrix_.value_ = np.array([x for r in self.rows for x in r[3]], dtype=float)
+        self.m = model
+        self.inf = highspy.kHighsInf
         h = highspy.Highs()
         h.setOptionValue("output_flag", False)
-        h.setOptionValue("threads", 1)
-        h.passModel(lp)
-        h.run()
-        if h.getModelStatus() != highspy.HighsModelStatus.kOptimal:
-            return None
-        info = h.getInfo()
-        return (
-            np.asarray(h.getSolution().col_value),
-            info.objective_function_value,
-            int(info.simplex_iteration_count),
+        lp = highspy.HighsLp()
+        lp.num_col_, lp.num_row_ = model.nx, model.rows
+        lp.col_cost_ = model.xcost
+        lp.col_lower_ = np.zeros(model.nx)
+        lp.col_upper_ = np.full(model.nx, self.inf)
+        lp.row_lower_ = model.rhs
+        lp.row_upper_ = model.rhs
+        order = np.argsort(model.xc, kind="stable")
+        lp.a_matrix_.format_ = highspy.MatrixFormat.kColwise
+        lp.a_matrix_.start_ = np.searchsorted(model.xc[order], np.arange(model.nx + 1)).astype(
+            np.int32
         )
+        lp.a_matrix_.index_ = model.xr[order].astype(np.int32)
+        lp.a_matrix_.value_ = model.xv[order]
+        h.passModel(lp)
+        self.h = h
+        self.cols = model.nx
+        self.added = np.zeros(len(model.ucost), dtype=bool)
+        self.col_unit: list = []  # per column past the x: its unit, and whether its y
+        self.col_y: list = []
+
+    def reprice(self, model: _Model) -> None:
+        """The same columns at ``model``'s costs (a model of the same terms), the basis
+        kept: the next run starts from the last one's optimum."""
+        import numpy as np
+
+        model.rescale(self.m.scale)
+        self.m = model
+        unit = np.concatenate(self.col_unit) if self.col_unit else np.zeros(0, dtype=np.int64)
+        is_y = np.concatenate(self.col_y) if self.col_y else np.zeros(0, dtype=bool)
+        cost = np.where(is_y | ~model.ushared[unit], model.ucost[unit], 0.0)
+        cost = np.concatenate([model.xcost, cost])
+        self.h.changeColsCost(len(cost), np.arange(len(cost), dtype=np.int32), cost)
+
+    def add(self, units) -> None:
+        """Add ``units`` (those not added yet): their entries' columns, each shared
+        unit's ``y`` and its rows ``y - mu_r >= 0``."""
+        import numpy as np
+
+        m = self.m
+        units = units[~self.added[units]]
+        if not len(units):
+            return
+        self.added[units] = True
+        counts = m.unit_start[units + 1] - m.unit_start[units]
+        ents = m.by_unit[
+            np.concatenate(
+                [np.arange(s, s + c) for s, c in zip(m.unit_start[units], counts, strict=True)]
+            )
+        ]
+        owner = np.repeat(units, counts)
+        # entry columns: cost on the entry itself unless its unit is shared
+        ecost = np.where(m.ushared[owner], 0.0, m.ucost[owner])
+        ne = len(ents)
+        idx = np.empty(2 * ne, dtype=np.int32)
+        idx[0::2], idx[1::2] = m.P[ents], m.Q[ents]
+        self.h.addCols(
+            ne,
+            ecost,
+            np.zeros(ne),
+            np.full(ne, self.inf),
+            2 * ne,
+            np.arange(0, 2 * ne, 2, dtype=np.int32),
+            idx,
+            np.ones(2 * ne),
+        )
+        ecol = self.cols + np.arange(ne)
+        self.cols += ne
+        self.col_unit.append(owner)
+        self.col_y.append(np.zeros(ne, dtype=bool))
+        sh = m.ushared[units]
+        if sh.any():
+            ys = units[sh]
+            ny = len(ys)
+            self.h.addCols(
+                ny,
+                m.ucost[ys],
+                np.zeros(ny),
+                np.full(ny, self.inf),
+                0,
+                np.zeros(ny, dtype=np.int32),
+                np.zeros(0, dtype=np.int32),
+                np.zeros(0),
+            )
+            ycol = np.full(len(m.ucost), -1, dtype=np.int64)
+            ycol[ys] = self.cols + np.arange(ny)
+            self.cols += ny
+            self.col_unit.append(ys)
+            self.col_y.append(np.ones(ny, dtype=bool))
+            mine = m.ushared[owner]
+            nr = int(mine.sum())
+            idx = np.empty(2 * nr, dtype=np.int32)
+            idx[0::2], idx[1::2] = ycol[owner[mine]], ecol[mine]
+            val = np.tile([1.0, -1.0], nr)
+            self.h.addRows(
+                nr,
+                np.zeros(nr),
+                np.full(nr, self.inf),
+                2 * nr,
+                np.arange(0, 2 * nr, 2, dtype=np.int32),
+                idx,
+                val,
+            )
+
+    def run(self):
+        """Solve; the duals of the model's own rows (None unless optimal)."""
+        import highspy
+        import numpy as np
+
+        self.h.run()
+        if self.h.getModelStatus() != highspy.HighsModelStatus.kOptimal:
+            return None
+        return np.asarray(self.h.getSolution().row_dual)[: self.m.rows]
 
 
-def transport_lp(problem: Problem) -> LPRelaxation | None:
-    """The LP relaxation of ``problem`` (see the module docstring), or None when highspy
-    is missing or the LP does not solve to optimality."""
+def transport_lp(
+    problem: Problem,
+    starts: Sequence[Sequence[int]] = (),
+    *,
+    max_rounds: int = 100,
+    target: float | None = None,
+    warm=None,
+) -> LPRelaxation | None:
+    """The LP relaxation of ``problem`` (see the module docstring) by column generation
+    from the entries ``starts`` (choices) use, for at most ``max_rounds`` rounds or
+    until the bound meets ``target`` (a known cost); None when highspy is missing or the
+    LP does not solve to optimality. ``warm``: a :class:`~._solution.Warm` whose ``lp``
+    (the restricted LP an earlier solve over the same terms left, at other prices) the
+    LP starts from, with its columns and basis, and which it leaves its own in."""
     if not has_lp():
         return None
     import numpy as np
 
-    lp = _Builder()
-    xs = []
-    for u in problem.unary:
-        cols = [lp.col(float(c)) for c in u]
-        xs.append(cols)
-        lp.row(1.0, 1.0, cols, [1.0] * len(cols))
-    for (a, b), m in problem.pairs.items():
-        mu = [[lp.col(float(m[k, q])) for q in range(m.shape[1])] for k in range(m.shape[0])]
-        for k in range(m.shape[0]):
-            lp.row(0.0, 0.0, [*mu[k], xs[a][k]], [1.0] * m.shape[1] + [-1.0])
-        for q in range(m.shape[1]):
-            col = [mu[k][q] for k in range(m.shape[0])]
-            lp.row(0.0, 0.0, [*col, xs[b][q]], [1.0] * m.shape[0] + [-1.0])
-    price, ins, outs = problem.price, problem.ins, problem.outs
-    const = 0.0
-
-    def indicator(options, pick):
-        """Layout -> the option columns choosing it (in first-seen order)."""
-        out: dict[int, list[int]] = {}
-        for k, opt in enumerate(options):
-            out.setdefault(pick(opt), []).append(k)
-        return out
-
-    for v in problem.values:
-        src = {v.layout: None} if v.fixed else indicator(outs[v.producer], lambda o, j=v.j: o[j])
-        # per wanted layout b != a: the readers' plans' entries mu_r[a, b] (or, for a fixed
-        # source, the readers' indicator columns)
-        wants: dict[tuple[int, int], list[tuple[list[int], list[float]]]] = {}
-        for r in v.readers:
-            dst = {r.layout: None} if r.fixed else indicator(ins[r.op], lambda o, i=r.i: o[i])
-            if v.fixed and r.fixed:
-                if r.layout != v.layout:
-                    wants.setdefault((v.layout, r.layout), []).append(([], [1.0]))
-                continue
-            if v.fixed:  # mu_r[a0, b] = t_r[b]
-                for b, ks in dst.items():
-                    if b != v.layout:
-                        wants.setdefault((v.layout, b), []).append(([xs[r.op][k] for k in ks], []))
-                continue
-            if r.fixed:  # mu_r[a, b0] = s[a]
-                for a, ks in src.items():
-                    if a != r.layout:
-                        wants.setdefault((a, r.layout), []).append(
-                            ([xs[v.producer][k] for k in ks], [])
-                        )
-                continue
-            mu = {(a, b): lp.col() for a in src for b in dst}
-            for a, ks in src.items():
-                idx = [mu[(a, b)] for b in dst] + [xs[v.producer][k] for k in ks]
-                lp.row(0.0, 0.0, idx, [1.0] * len(dst) + [-1.0] * len(ks))
-            for b, ks in dst.items():
-                idx = [mu[(a, b)] for a in src] + [xs[r.op][k] for k in ks]
-                lp.row(0.0, 0.0, idx, [1.0] * len(src) + [-1.0] * len(ks))
-            for (a, b), c in mu.items():
-                if a != b:
-                    wants.setdefault((a, b), []).append(([c], []))
-        for (a, b), reads in wants.items():
-            cost = v.count * price(a, b)
-            if cost == 0:
-                continue
-            if any(not idx for idx, _ in reads):  # a fixed source read by a fixed target
-                const += cost
-                continue
-            if len(reads) == 1:  # one reader: it pays the move itself
-                for c in reads[0][0]:
-                    lp.cost[c] += cost
-                continue
-            y = lp.col(cost)
-            for idx, _ in reads:
-                lp.row(-np.inf, 0.0, [*idx, y], [1.0] * len(idx) + [-1.0])
-    out = lp.solve()
-    if out is None:
+    model = _Model(problem)
+    lp = None if warm is None else warm.lp
+    if lp is not None and lp.m.same_terms(model):
+        lp.reprice(model)
+    else:
+        lp = _Restricted(model)
+    if warm is not None:
+        warm.lp = lp
+    first = list(starts) or [[0] * len(problem.sizes)]
+    lp.add(np.unique(np.concatenate([model.units_of(c) for c in first])))
+    best, rounds, dual = -np.inf, 0, None
+    while rounds < max_rounds:
+        rounds += 1
+        d = lp.run()
+        if d is None:
+            return None
+        bound = model.bound(d)
+        if bound > best:
+            best, dual = bound, d
+        if target is not None and best >= target - 1e-9 * max(abs(target), 1e-300):
+            break
+        terms, _ = model.terms(d)
+        # the simplex's own tolerance: entries priced out within it do not move it
+        new = np.flatnonzero((terms < -1e-7) & ~lp.added)
+        if not len(new):
+            break
+        lp.add(new)
+    if dual is None:
         return None
-    col, value, iterations = out
-    x = [np.clip(col[cols], 0.0, 1.0) for cols in xs]
-    # the simplex's optimum holds to its tolerances: a little off, for a true bound
-    bound = value + const - 1e-7 * max(abs(value), 1.0)
-    return LPRelaxation(float(bound), x, iterations)
+    col = np.asarray(lp.h.getSolution().col_value)[: model.nx]
+    x = [np.clip(col[model.off[v] : model.off[v + 1]], 0.0, 1.0) for v in range(model.n)]
+    iterations = int(lp.h.getInfo().simplex_iteration_count)
+    return LPRelaxation(float(best), x, iterations, rounds)
 
 
-def solve_lp(problem: Problem, search: Searcher | None = None) -> Solution | None:
+def solve_lp(
+    problem: Problem,
+    search: Searcher | None = None,
+    starts: Sequence[Sequence[int]] = (),
+    warm=None,
+) -> Solution | None:
     """The LP's bound and its rounded choice (each variable's heaviest option), improved
-    by local search; None without highspy."""
-    relaxed = transport_lp(problem)
+    by local search; None without highspy. ``starts``: choices whose entries the column
+    generation starts from (the cheapest of them is a candidate too); ``warm``: see
+    :func:`transport_lp`."""
+    target = min((problem.evaluate(s) for s in starts), default=None)
+    relaxed = transport_lp(problem, starts, target=target, warm=warm)
     if relaxed is None:
         return None
-    choice = [int(row.argmax()) for row in relaxed.x]
     search = Searcher(problem) if search is None else search
-    choice = search(choice, problem.unary)
+    choice = search([int(row.argmax()) for row in relaxed.x], problem.unary)
     cost = problem.evaluate(choice)
+    for s in starts:
+        c = problem.evaluate(s)
+        if c < cost:
+            cost, choice = c, list(s)
     effort = Effort(simplex=relaxed.iterations)
     bound = min(relaxed.bound, cost)
-    method = Method.EXACT if cost - bound <= 1e-7 * max(abs(cost), 1.0) else Method.TRANSPORT_LP
+    method = Method.EXACT if cost - bound <= 1e-9 * max(abs(cost), 1e-300) else Method.TRANSPORT_LP
     return Solution(choice, cost, bound, method, effort)
