@@ -174,7 +174,10 @@ def _draw_seeds(program: Program, seed: int | None, step: int) -> dict[int, int]
         )
     if isinstance(step, bool) or not isinstance(step, int) or step < 0:
         raise RuntimeShellError(f"step= must be an int >= 0, got {step!r}", value=step)
-    return {n: draw_seed(seed, step, k) for k, n in enumerate(draws)}
+    seeds = {n: draw_seed(seed, step, k) for k, n in enumerate(draws)}
+    # a recomputed random op redraws its original's values
+    seeds.update((c, seeds[o]) for c, o in program.graph.recomputes if o in seeds)
+    return seeds
 
 
 def _outputs(result: Any, op: ProgramOp) -> tuple[Any, ...]:

@@ -78,6 +78,8 @@ class Graph:
     outputs: tuple[Value, ...] = attrs.field(converter=tuple)
     grads: tuple[Value | None, ...] = attrs.field(converter=tuple)
     writes: tuple[int, ...] = attrs.field(default=(), converter=tuple)
+    #: ``(copy, original)`` per call the backward runs again (see :mod:`._recompute`)
+    recomputes: tuple[tuple[int, int], ...] = attrs.field(default=(), converter=tuple)
 
     @property
     def n_results(self) -> int:
@@ -98,8 +100,14 @@ class Graph:
 
     @property
     def draws(self) -> tuple[int, ...]:
-        """The calls that draw random numbers (:func:`~._random.is_draw`), in order."""
-        return tuple(i for i, n in enumerate(self.nodes) if n.kind == "call" and is_draw(n.call))
+        """The calls that draw random numbers (:func:`~._random.is_draw`), in order; a
+        recomputed call's copy redraws its original's (not listed)."""
+        copies = {c for c, _ in self.recomputes}
+        return tuple(
+            i
+            for i, n in enumerate(self.nodes)
+            if n.kind == "call" and i not in copies and is_draw(n.call)
+        )
 
     def meta(self, v: Value) -> Meta:
         m = self.nodes[v.node].metas[v.index]

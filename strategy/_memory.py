@@ -58,7 +58,8 @@ __all__ = [
 class ProgramMemory:
     """Bytes per rank of a program's step: the training state (``params``, ``grads``,
     ``optimizer``) and the rest of its peak (``inputs``, ``activations``, ``moved``,
-    ``transient``).
+    ``transient``); ``recomputed`` counts the forward calls the backward runs again
+    (their values are held only in their backward window, within ``transient``).
 
     ``total`` (also ``state``) is the training state, the quantity a ``state_budget``
     bounds; ``peak`` the whole step's peak, the sum of every part, the quantity a
@@ -79,6 +80,7 @@ class ProgramMemory:
     activations: float = 0.0
     moved: float = 0.0
     transient: float = 0.0
+    recomputed: int = 0
 
     @property
     def total(self) -> float:
@@ -100,6 +102,7 @@ class ProgramMemory:
             f"peak {gb(self.peak)} per rank (params {gb(self.params)}, grads {gb(self.grads)}, "
             f"optimizer {gb(self.optimizer)}, inputs {gb(self.inputs)}, activations "
             f"{gb(self.activations)}, moved {gb(self.moved)}, transient {gb(self.transient)})"
+            + (f"; {self.recomputed} forward calls recomputed" if self.recomputed else "")
         )
 
 
@@ -293,6 +296,13 @@ def move_readers(program) -> dict:
     return left
 
 
+def _gathers(plan) -> bool:
+    """Whether ``plan`` is one all_gather: the runner gathers into a flat buffer from a flat
+    copy of the input (``runtime._buckets``), then copies the result out."""
+    steps = plan.steps
+    return len(steps) == 1 and steps[0].collective == "all_gather"
+
+
 class _Walk:
     """Live storage over the runner's schedule (one rank, each piece at its largest).
 
@@ -371,6 +381,9 @@ class _Walk:
             if v in self.strided:  # made contiguous, then moved
                 transient.append(self.new(local_bytes(self.specs.get(v))))
             b = self.new(local_bytes(plan.dst))
+            if _gathers(plan):  # the runner's flat send and receive buffers, then the copy
+                transient.append(self.new(local_bytes(plan.src)))
+                transient.append(self.new(local_bytes(plan.dst)))
         self.left[key] -= 1
         if self.left[key] > 0:
             self._hold(key, b)
@@ -456,5 +469,10 @@ def step_memory(program, state_bytes_per_param: float | None) -> ProgramMemory:
     walk.peak = max(walk.peak, walk.live(final))
     transient = max(0.0, walk.peak - activations - moved)
     return attrs.evolve(
-        state, inputs=inputs, activations=activations, moved=moved, transient=transient
+        state,
+        inputs=inputs,
+        activations=activations,
+        moved=moved,
+        transient=transient,
+        recomputed=len(graph.recomputes),
     )

@@ -51,6 +51,7 @@ from ._program_prices import Prices
 from ._program_solve import Planning, objective, solve_lazily, tied_bound, variables
 from ._program_value import Program, ProgramCost, ProgramOp, ProgramWarning
 from ._progress import Progress, check_progress, report
+from ._recompute import check_recompute, layer_groups, with_recompute
 from ._repeats import exact_untied, find_repeats
 from ._ruleset import RuleSet
 from .solver import Method, Solution, min_memory_choice
@@ -101,6 +102,7 @@ def plan_program(
     planner: Any = None,
     tie_layers: bool = True,
     state_budget: float | None = None,
+    recompute: str | None = None,
 ) -> Program:
     """Trace ``fn`` (written for global tensors) and plan it whole, forward and backward.
 
@@ -141,6 +143,17 @@ def plan_program(
     (:func:`._memory.step_memory`). ``state_budget`` bounds the training state alone
     (give one of the two). ``program.arg_specs`` holds the chosen specs,
     ``program.memory`` the bytes per rank with their parts (see :mod:`._auto`).
+
+    Recompute (activation checkpointing): ``recompute`` says whether the backward may run
+    repeated layers' forward calls again instead of keeping their saved activations
+    (:mod:`._recompute`; a layer's input, its parameters and its output are kept, the rest
+    lives only while that layer's backward runs). ``"auto"`` (the default, also None)
+    recomputes only under a ``memory_budget``: the cheapest fitting plan of recomputing
+    every layer, none, or the fewest layers that fit; ``"never"`` never; ``"always"``
+    every layer. The recompute's compute and the moves it repeats are priced in the step
+    (``program.cost.recompute``); ``program.recomputed`` lists the calls recomputed,
+    ``program.memory.recomputed`` counts them; ``program.lower_bound`` bounds every choice
+    of recompute.
 
     Redistributions are planned and priced by ``planner`` (a
     :class:`meshplan.redistribute.Planner`; the default one when None).
@@ -198,6 +211,7 @@ def plan_program(
         planner=planner,
         tie_layers=tie_layers,
         state_budget=state_budget,
+        recompute=recompute,
     )
 
 
@@ -222,6 +236,7 @@ def plan_graph(
     planner: Any = None,
     tie_layers: bool = True,
     state_budget: float | None = None,
+    recompute: str | None = None,
 ) -> Program:
     """Plan an already traced :class:`Graph` (pure: no torch).
 
@@ -231,7 +246,7 @@ def plan_graph(
     ``choose``, ``memory_budget`` and ``state_bytes_per_param``: as in :func:`plan_program`;
     a choice the solver does not prove optimal is compared with the given layouts (planned
     as fixed ones) and the cheaper is returned: never worse than the specs given.
-    ``progress`` and ``tie_layers`` as in :func:`plan_program`.
+    ``progress``, ``tie_layers`` and ``recompute`` as in :func:`plan_program`.
     """
     return _plan_graph(
         graph,
@@ -317,6 +332,22 @@ def _plan_graph(
     }
     fixed.update(zip(graph.cotangents, cots, strict=True))
     ruleset = _check_ruleset(ruleset)
+    mode = check_recompute(recompute)
+    if (
+        mode != "never"
+        and not graph.recomputes
+        and planning is Planning.WHOLE
+        and (mode == "always" or peak_budget is not None)
+    ):
+        found = find_repeats(graph, fixed, [graph.args[i] for i in free])
+        groups = () if found is None else layer_groups(graph, found.blocks)
+        if groups:
+            again = dict(out_specs=out_specs, cost_model=model, compute=compute, strict=strict)
+            again.update(limits, solver=solver, ruleset=ruleset, choose=choose)
+            again.update(memory_budget=memory_budget, state_bytes_per_param=state_bytes_per_param)
+            again.update(progress=progress, planner=planner, tie_layers=tie_layers)
+            again.update(recompute="never")
+            return _plan_recompute(graph, arg_specs, groups, mode, again)
     options, fallbacks = _options(graph, mesh, compute, max_options, ruleset, strict, progress)
     options += [free_options(arg_specs[i]) for i in free]
     # repeated layers: one variable per call of a layer (see _repeats)
@@ -331,7 +362,7 @@ def _plan_graph(
         sizes = dict(zip(nodes_, map(len, options), strict=True))
         if repeats is not None and (not repeats.blocks or exact_untied(graph, sizes, max_factor)):
             repeats = None  # no layers to bound alone, or the untied plan is proven anyway
-    var, nodes = variables(graph, free, None if repeats is None else repeats.tie)
+    var, nodes = variables(graph, free, _ties(graph, repeats))
     at = {n: k for k, n in enumerate((*graph.calls, *(graph.args[i] for i in free)))}
     options = [options[at[n]] for n in nodes]
 
@@ -387,8 +418,89 @@ def _plan_graph(
         return program
     again = dict(out_specs=out_specs, cost_model=model, compute=compute, ruleset=ruleset)
     again.update(limits, memory_budget=memory_budget, planner=planner, tie_layers=tie_layers)
-    again.update(state_budget=state_budget)
+    again.update(state_budget=state_budget, recompute="never")
     return _never_worse_than_given(program, graph, arg_specs, state_bytes_per_param, again)
+
+
+def _ties(graph: Graph, repeats) -> dict[int, int] | None:
+    """Each tied node's representative: the repeated layers' (``repeats``), and each
+    recomputed call's copy tied to its original (it runs the same strategy)."""
+    tie = {} if repeats is None else dict(repeats.tie)
+    if not graph.recomputes:
+        return tie or None
+    for c, o in graph.recomputes:
+        tie[c] = o
+    out = {}
+    for n in tie:
+        r = n
+        while r in tie:
+            r = tie[r]
+        if r != n:
+            out[n] = r
+    return out
+
+
+#: how many layer counts the budget's search over recompute halves (each a budgeted solve)
+BISECTIONS = 3
+
+
+def _plan_recompute(graph: Graph, arg_specs, groups, mode: str, kwargs) -> Program:
+    """The plan of ``graph`` with its first ``k`` layers (``groups``) recomputed: every
+    layer (``mode`` ``"always"``), or under a ``memory_budget`` the cheapest of the plans
+    recomputing every layer, none, and (when none does not fit) the fewest that fit as
+    far as :data:`BISECTIONS` halvings of the count find it.
+
+    The bound: a plan recomputing any layers costs at least the plan of the same layouts
+    without recompute (the copies add compute and moves; a value's readers split between
+    the original and its copy move it at least as often), and its peak is at least its
+    training state; so the plan without recompute under ``state_budget`` = the peak's
+    budget bounds every choice of recompute."""
+    layers = len(groups)
+
+    def plan_k(k: int) -> Program:
+        g = graph if k == 0 else with_recompute(graph, groups[:k])
+        return plan_graph(g, arg_specs, **kwargs)
+
+    if mode == "always":
+        return plan_k(layers)
+    tried: dict[int, Any] = {}
+
+    def attempt(k: int):
+        if k not in tried:
+            try:
+                tried[k] = plan_k(k)
+            except StrategyError as e:
+                if "infeasible" not in str(e):
+                    raise
+                tried[k] = e
+        return tried[k]
+
+    if isinstance(attempt(layers), StrategyError):
+        raise attempt(layers)  # names the smallest budget, every layer recomputed
+    if isinstance(attempt(0), StrategyError):
+        lo, hi = 0, layers  # lo does not fit, hi does
+        for _ in range(BISECTIONS):
+            if hi - lo <= 1:
+                break
+            mid = (lo + hi) // 2
+            if isinstance(attempt(mid), StrategyError):
+                lo = mid
+            else:
+                hi = mid
+    fits = [p for p in tried.values() if isinstance(p, Program)]
+    best = min(fits, key=lambda p: p.cost.total)
+    relaxed = dict(kwargs, state_budget=kwargs["memory_budget"], memory_budget=None)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", ProgramWarning)  # warned above already
+            bound = plan_graph(graph, arg_specs, **relaxed).lower_bound
+    except StrategyError:
+        bound = best.lower_bound
+    bound = min(bound, best.lower_bound, best.cost.total)
+    method = best.method
+    if best.cost.total - bound > 1e-9 * abs(best.cost.total) and method == "exact":
+        method = f"exact for its recompute ({len(tried)} of {layers + 1} layer counts tried)"
+    return attrs.evolve(best, lower_bound=bound, method=method)
 
 
 def _cut_moves(program: Program, model, planner) -> set:

@@ -51,11 +51,13 @@ def assemble(
         specs[Value(node)] = spec
     comm = compute = nbytes = 0.0
     collectives = 0
+    copies = {c for c, _ in graph.recomputes}
+    again = 0.0  # the recompute's part
 
     moved: set[tuple[Value, Spec]] = set()  # a value moved to a layout once serves all
 
-    def move(v: Value, dst: Spec):
-        nonlocal comm, nbytes, collectives
+    def move(v: Value, dst: Spec, recomputing: bool = False):
+        nonlocal comm, nbytes, collectives, again
         src = specs[v]
         if src == dst:
             return None
@@ -65,6 +67,7 @@ def assemble(
         moved.add((v, dst))
         c = plan_cost(p, model)
         comm += c.total
+        again += c.total if recomputing else 0.0
         nbytes += c.bytes
         collectives += sum(1 for s in p.steps if s.collective is not None)
         return p
@@ -74,7 +77,9 @@ def assemble(
         n = graph.nodes[node]
         o = options[var[node]][sol.choice[var[node]]]
         compute += o.compute
-        moves = tuple(move(v, o.input_specs[i]) for i, v in enumerate(n.inputs))
+        copy = node in copies
+        again += o.compute if copy else 0.0
+        moves = tuple(move(v, o.input_specs[i], copy) for i, v in enumerate(n.inputs))
         for j, s in enumerate(o.output_specs):
             if s is not None:
                 specs[Value(node, j)] = s
@@ -94,7 +99,7 @@ def assemble(
     grad_moves = tuple(
         move(v, s) if v is not None else None for v, s in zip(graph.grads, grads, strict=True)
     )
-    cost = ProgramCost(comm, compute, nbytes, collectives)
+    cost = ProgramCost(comm, compute, nbytes, collectives, again)
     bound = sol.bound if not sol.exact else cost.total
     return Program(
         graph,

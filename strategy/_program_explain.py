@@ -26,6 +26,7 @@ def explain_program(program: Any) -> str:
 
     rows = [("phase", "op", "inputs", "outputs", "moves in", "comm (s)")]
     by_kind: dict[str, float] = {}
+    copies = {c for c, _ in program.graph.recomputes}
     for op in program.ops:
         moved = [(i, m) for i, m in enumerate(op.moves) if m is not None]
         comm = sum(plan_cost(m).total for _, m in moved)
@@ -35,7 +36,7 @@ def explain_program(program: Any) -> str:
                     by_kind[s.collective] = by_kind.get(s.collective, 0) + 1
         rows.append(
             (
-                op.phase,
+                "recompute" if op.node in copies else op.phase,
                 op.call.target.removeprefix("aten.")
                 + (" [replicated]" if op.replicated_fallback else ""),
                 ", ".join(_text(s) for s in op.input_specs),
@@ -66,6 +67,11 @@ def explain_program(program: Any) -> str:
         f"{c.collectives} collectives, {c.bytes:.4g} bytes per rank; method {program.method}"
         + (f" (lower bound {program.lower_bound:.4g} s)" if program.method != "exact" else "")
     )
+    if program.graph.recomputes:
+        lines.append(
+            f"recomputed in the backward: {len(program.graph.recomputes)} forward calls, "
+            f"{c.recompute:.4g} s of the total (compute and the moves they repeat)"
+        )
     if by_kind:
         lines.append("collectives: " + ", ".join(f"{k} x{v}" for k, v in sorted(by_kind.items())))
     if program.fallbacks:

@@ -18,12 +18,15 @@ __all__ = ["Program", "ProgramCost", "ProgramOp", "ProgramWarning"]
 @attrs.frozen
 class ProgramCost:
     """Modeled seconds of a program's step: ``comm`` (redistributions), ``compute``, ``total``;
-    ``bytes`` each rank sends at most, summed over moves; ``collectives`` launched."""
+    ``bytes`` each rank sends at most, summed over moves; ``collectives`` launched;
+    ``recompute`` the part of ``total`` the backward spends recomputing layers (their
+    compute and the moves they repeat, see :mod:`._recompute`)."""
 
     comm: float
     compute: float
     bytes: float
     collectives: int
+    recompute: float = 0.0
 
     @property
     def total(self) -> float:
@@ -90,6 +93,12 @@ class Program:
     def replicated(self) -> int:
         """How many ops run replicated for want of a rule (``fallbacks`` names them)."""
         return sum(1 for op in self.ops if op.replicated_fallback)
+
+    @property
+    def recomputed(self) -> tuple[int, ...]:
+        """The forward calls the backward runs again (activation checkpointing: see
+        :mod:`._recompute`), by node; empty when nothing is recomputed."""
+        return tuple(o for _, o in self.graph.recomputes)
 
     def spec_of(self, v: Value) -> Spec:
         return dict(self.value_specs)[v]

@@ -147,3 +147,13 @@ def test_a_move_shared_by_forward_and_backward_gives_the_single_process_gradient
     g = torch.Generator().manual_seed(0)
     tensors = [torch.randn(s.shape, generator=g, dtype=torch.float64) for s in (x, w)]
     _compare(pool, [(prog, _tanh_mm, tensors)])
+
+
+def test_a_plan_recomputing_its_layers_gives_the_single_process_loss_and_gradients(pool4):
+    # tensor-parallel residual layers, every layer recomputed in the backward: the
+    # recompute repeats the layers' reductions of partial sums on every rank
+    from test_recompute import planned, residual, tensors
+
+    program = planned("always", 0.0, True)
+    assert program.recomputed
+    _compare(pool4, [(program, residual, tensors())])

@@ -93,10 +93,18 @@ def _mlp(x, *ws):
     return x.square().mean()
 
 
-@pytest.mark.parametrize("layout", ["dp", "tp", "chosen"])
+def _residual(x, *ws):
+    for i in range(0, len(ws), 2):
+        x = x + torch.tanh(x @ ws[i]) @ ws[i + 1]
+    return x.square().mean()
+
+
+@pytest.mark.parametrize("layout", ["dp", "tp", "chosen", "recompute"])
 def test_the_modeled_peak_is_within_ten_percent_of_the_measured_one(pool4, layout):
     mesh = Mesh.create((4,), ("dp",))
-    n, d, layers = (1024, 256, 6) if layout == "chosen" else (4096, 128, 10)
+    n, d, layers = {"chosen": (1024, 256, 6), "recompute": (4096, 128, 16)}.get(
+        layout, (4096, 128, 10)
+    )
     x = Spec(mesh, [Shard(0)], (n, d), "float64")
     grad = [False] + [True] * layers
     if layout == "tp":  # the weights sharded: gathers, moved copies and partial gradients
@@ -116,12 +124,24 @@ def test_the_modeled_peak_is_within_ten_percent_of_the_measured_one(pool4, layou
             memory_budget=budget,
         )
         assert program.memory.peak <= budget
+    if layout == "recompute":  # residual layers, a budget only recompute meets
+        always = plan_program(
+            _residual, x, *ws, requires_grad=grad, state_bytes_per_param=0, recompute="always"
+        )
+        budget = always.memory.peak * 1.02
+        program = plan_program(
+            _residual, x, *ws, requires_grad=grad, state_bytes_per_param=0, memory_budget=budget
+        )
+        assert program.recomputed and program.memory.peak <= budget
     torch.manual_seed(0)
     tensors = [torch.randn(n, d, dtype=torch.float64)]
     tensors += [torch.randn(d, d, dtype=torch.float64) / d**0.5 for _ in ws]
     locals_ = [shard(t, s) for t, s in zip(tensors, program.arg_specs, strict=True)]
     measured = pool4.run(_measure, program, locals_)
     memory = program.memory
+    if layout == "recompute":  # the recomputing step's loss is one process's
+        want = float(_residual(*tensors))
+        assert all(abs(loss - want) <= 1e-12 * abs(want) for _, loss in measured)
     for rank, (peak, _) in enumerate(measured):
         assert abs(memory.peak - peak) <= 0.10 * peak, (rank, memory, peak, os.getpid())
         # the separable estimate the solver bounds never exceeds what is held

@@ -1,7 +1,7 @@
 """The incremental memory walk (``strategy._memory.step_memory``) against the walk it
 replaced, which rebuilt the live set at every op: equal results on random programs.
 
-The reference below is that walk, kept verbatim as the oracle."""
+The reference below is that walk (with the gathers' flat buffers it has counted since)."""
 
 from __future__ import annotations
 
@@ -19,6 +19,7 @@ from meshplan.strategy._memory import (
     _STRIDE_FREE,
     _STRIDED,
     _VIEWS,
+    _gathers,
     _last_reads,
     local_bytes,
     move_readers,
@@ -55,6 +56,9 @@ class _Walk:
             if v in self.strided:
                 transient.append(self.new(local_bytes(self.specs.get(v))))
             b = self.new(local_bytes(plan.dst))
+            if _gathers(plan):
+                transient.append(self.new(local_bytes(plan.src)))
+                transient.append(self.new(local_bytes(plan.dst)))
         self.left[key] -= 1
         if self.left[key] > 0:
             self.held[key] = b

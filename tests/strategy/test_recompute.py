@@ -1,0 +1,161 @@
+"""Recompute (activation checkpointing) chosen by the planner: ``recompute=`` of
+``plan_program`` and the graph rewrite behind it (``strategy._recompute``).
+
+The laws: a recomputing plan gives the same loss and gradients as one process (float64,
+dropout redrawn identically); its saved activations shrink and its walked peak drops;
+its modeled step pays the recompute; a budget only recompute meets gives a plan that
+recomputes and fits; a budget no plan meets names the smallest feasible one, recompute
+counted. Gloo: ``tests/runtime/test_step_memory_gloo.py`` (measured peak) and
+``tests/runtime/test_program_gloo.py`` (parity).
+"""
+
+from __future__ import annotations
+
+import functools
+import warnings
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from meshplan.errors import StrategyError
+from meshplan.layout import Mesh
+from meshplan.placement import Replicate, Shard, Spec, shard, unshard
+from meshplan.runtime import run_unsharded, simulate_program
+from meshplan.strategy import plan_program
+from meshplan.strategy._recompute import check_recompute, layer_groups, with_recompute
+from meshplan.strategy._repeats import find_repeats
+from meshplan.strategy._trace import trace
+
+MESH = Mesh.create((2, 2), ("dp", "tp"))
+N, D, LAYERS = 16, 8, 4
+
+
+def residual(x, *ws, p: float = 0.0):
+    """``LAYERS`` residual tanh-MLP layers (dropout ``p`` inside each), a mean square loss."""
+    for i in range(0, len(ws), 2):
+        h = torch.tanh(x @ ws[i])
+        if p:
+            h = torch.nn.functional.dropout(h, p)
+        x = x + h @ ws[i + 1]
+    return x.square().mean()
+
+
+def specs(tp: bool = False):
+    x = Spec(MESH, [Shard(0), Replicate()], (N, D), "float64")
+    w = [Spec(MESH, [Replicate(), Shard(1) if tp else Replicate()], (D, D), "float64")]
+    w.append(Spec(MESH, [Replicate(), Shard(0) if tp else Replicate()], (D, D), "float64"))
+    return [x, *(w * LAYERS)]
+
+
+def tensors(seed: int = 0):
+    g = torch.Generator().manual_seed(seed)
+    out = [torch.randn(N, D, generator=g, dtype=torch.float64)]
+    out += [torch.randn(D, D, generator=g, dtype=torch.float64) / D**0.5 for _ in range(2 * LAYERS)]
+    return out
+
+
+@functools.cache
+def planned(recompute: str, p: float = 0.0, tp: bool = False):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return plan_program(functools.partial(residual, p=p), *specs(tp), recompute=recompute)
+
+
+def _simulated(program, ts, seed):
+    outs, grads = simulate_program(
+        program, *[shard(t, s) for t, s in zip(ts, program.arg_specs, strict=True)], seed=seed
+    )
+    loss = unshard(outs[0], program.out_specs[0])
+    return loss, [
+        None if g is None else unshard(g, s) for g, s in zip(grads, program.grad_specs, strict=True)
+    ]
+
+
+def test_recomputing_every_layer_keeps_float64_parity_with_one_process_dropout_included():
+    # tensor parallel: the recompute repeats the layers' moves (a partial sum reduced)
+    always, never = planned("always", 0.1, True), planned("never", 0.1, True)
+    assert len(always.recomputed) > 0 and not never.recomputed
+    ts = tensors()
+    (want,), want_grads = run_unsharded(never, *ts, seed=7, step=3)
+    for program in (always, never):
+        outs, grads = simulate_program(
+            program,
+            *[shard(t, s) for t, s in zip(ts, program.arg_specs, strict=True)],
+            seed=7,
+            step=3,
+        )
+        got = unshard(outs[0], program.out_specs[0])
+        assert torch.allclose(got, want, rtol=1e-12, atol=1e-14)
+        for g, s, w in zip(grads, program.grad_specs, want_grads, strict=True):
+            if s is not None:
+                assert torch.allclose(unshard(g, s), w, rtol=1e-12, atol=1e-14)
+
+
+def test_recompute_shrinks_the_saved_activations_and_the_peak_and_pays_in_time():
+    always, never = planned("always"), planned("never")
+    assert always.memory.activations < never.memory.activations
+    assert always.memory.peak < never.memory.peak
+    assert always.memory.recomputed == len(always.recomputed) > 0
+    assert always.cost.recompute > 0 and never.cost.recompute == 0
+    assert always.cost.compute > never.cost.compute
+    assert "recomputed in the backward" in always.explain()
+    assert "forward calls recomputed" in str(always.memory)
+
+
+def test_a_budget_only_recompute_meets_gives_a_plan_that_recomputes_and_fits():
+    always, never = planned("always"), planned("never")
+    budget = (always.memory.peak + never.memory.peak) / 2
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        program = plan_program(residual, *specs(), memory_budget=budget, choose=())
+        plain = plan_program(residual, *specs(), recompute="never")
+    assert program.recomputed
+    assert program.memory.peak <= budget
+    assert program.lower_bound <= program.cost.total * (1 + 1e-9)
+    assert program.lower_bound <= plain.cost.total * (1 + 1e-9)  # a bound over every choice
+
+
+def test_an_infeasible_budget_names_the_smallest_feasible_one_with_recompute_counted():
+    with pytest.raises(StrategyError, match="smallest feasible budget") as info:
+        plan_program(residual, *specs(), memory_budget=1e4)
+    least = float(str(info.value).split("at least ")[1].split(" bytes")[0])
+    with pytest.raises(StrategyError, match="smallest feasible budget") as plain:
+        plan_program(residual, *specs(), memory_budget=1e4, recompute="never")
+    assert least < float(str(plain.value).split("at least ")[1].split(" bytes")[0])
+
+
+def test_recompute_takes_auto_never_always_and_names_the_choices_otherwise():
+    assert check_recompute(None) == "auto"
+    with pytest.raises(StrategyError, match="'auto', 'never', 'always'"):
+        plan_program(residual, *specs(), recompute="sometimes")
+
+
+@functools.cache
+def _graph_and_groups():
+    s = specs()
+    graph = trace(functools.partial(residual, p=0.1), s, [False] + [True] * (2 * LAYERS))
+    fixed = {k: spec for k, spec in zip(graph.args, s, strict=True)}
+    return graph, layer_groups(graph, find_repeats(graph, fixed).blocks)
+
+
+@settings(max_examples=min(settings.default.max_examples, 6), deadline=None)
+@given(chosen=st.sets(st.integers(0, LAYERS - 1), min_size=1), seed=st.integers(0, 3))
+def test_any_set_of_recomputed_layers_gives_the_single_process_results(chosen, seed):
+    from meshplan.strategy._program import plan_graph
+
+    graph, groups = _graph_and_groups()
+    assert len(groups) == LAYERS
+    rewritten = with_recompute(graph, [groups[k] for k in sorted(chosen)])
+    assert len({o for _, o in rewritten.recomputes}) == len(rewritten.recomputes)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        program = plan_graph(rewritten, specs(), recompute="never")
+    ts = tensors(seed)
+    (want,), want_grads = run_unsharded(planned("never", 0.1), *ts, seed=seed)
+    got, grads = _simulated(program, ts, seed)
+    assert torch.allclose(got, want, rtol=1e-12, atol=1e-14)
+    for g, w in zip(grads, want_grads, strict=True):
+        if g is not None:
+            assert torch.allclose(g, w, rtol=1e-12, atol=1e-14)
