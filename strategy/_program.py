@@ -268,6 +268,7 @@ def plan_graph(
         planner=planner,
         tie_layers=tie_layers,
         state_budget=state_budget,
+        recompute=recompute,
     )
 
 
@@ -292,6 +293,7 @@ def _plan_graph(
     planner: Any = None,
     tie_layers: bool = True,
     state_budget: float | None = None,
+    recompute: str | None = None,
     name_least: bool = True,
 ) -> Program:
     """:func:`plan_graph`; ``name_least=False``: a budget no plan meets raises without
@@ -459,7 +461,8 @@ def _plan_recompute(graph: Graph, arg_specs, groups, mode: str, kwargs) -> Progr
 
     def plan_k(k: int) -> Program:
         g = graph if k == 0 else with_recompute(graph, groups[:k])
-        return plan_graph(g, arg_specs, **kwargs)
+        # only every layer's infeasibility reaches the caller: the others' are not named
+        return _plan_graph(g, arg_specs, name_least=k == layers, **kwargs)
 
     if mode == "always":
         return plan_k(layers)
@@ -493,7 +496,7 @@ def _plan_recompute(graph: Graph, arg_specs, groups, mode: str, kwargs) -> Progr
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", ProgramWarning)  # warned above already
-            bound = plan_graph(graph, arg_specs, **relaxed).lower_bound
+            bound = _plan_graph(graph, arg_specs, name_least=False, **relaxed).lower_bound
     except StrategyError:
         bound = best.lower_bound
     bound = min(bound, best.lower_bound, best.cost.total)
