@@ -67,6 +67,18 @@ CASES = {
         "names": ("dp", "sp", "tp"),
         "batch": (16, 4096),
     },
+    "70b4d": {
+        "config": dict(
+            hidden_size=8192,
+            intermediate_size=28672,
+            num_attention_heads=64,
+            num_key_value_heads=8,
+            num_hidden_layers=80,
+        ),
+        "mesh": (2, 8, 8, 8),
+        "names": ("dp", "fsdp", "sp", "tp"),
+        "batch": (16, 4096),
+    },
 }
 
 
@@ -85,7 +97,10 @@ def _step(m, ids):
 
 
 def _batch(mesh: Mesh, shape) -> Spec:
-    placements = [Shard(0)] + ([Shard(1)] if mesh.ndim == 3 else []) + [Replicate()]
+    """The batch on the data-parallel dims (every dim but the last two), the sequence on
+    the next to last of 3+ dims, replicated on the last."""
+    lead = [Shard(0)] * max(1, mesh.ndim - 2)
+    placements = lead + ([Shard(1)] if mesh.ndim >= 3 else []) + [Replicate()]
     return Spec(mesh, placements, shape, "int64")
 
 

@@ -105,15 +105,16 @@ class Prices:
     def frozen(self):
         """:meth:`price` as it answers now: exact prices learned later do not change it
         (a pure function for a solver :class:`~.solver.Problem` of one round)."""
-        exact = dict(self.exact)
+        # the exact prices over the bounds known now: one lookup per call (the solver asks
+        # millions of times)
+        seen = dict(self.bounds)
+        seen.update(self.exact)
+        get = seen.get
 
         def price(a: int, b: int) -> float:
-            c = exact.get((a, b))
-            if c is not None:
-                return c
-            c = self.bounds.get((a, b))
+            c = get((a, b))
             if c is None:
-                c = self.bounds[(a, b)] = (
+                c = seen[(a, b)] = self.bounds[(a, b)] = (
                     0.0
                     if a == b
                     else input_bound(self.table[a], self.table[b].placements, self.model)
