@@ -15,9 +15,9 @@ the first mesh dim, Megatron column/row splits on the last) priced by the same m
 
 Each case prints the plan time (wall and CPU), the host's peak resident memory
 (``resource.getrusage``), the modeled step time, the peak per rank with its parts, what
-is recomputed, the proven gap, and the hand-written plan's step time and peak. Recompute
-is not a choice of the planner yet: nothing is recomputed, and the hand-written plan is
-priced without activation checkpointing. ``--profile`` writes a cProfile of each plan to
+is recomputed (the planner chooses how many layers, ``recompute="auto"``), the proven
+gap, and the hand-written plan's step time and peak with every layer recomputed
+(``recompute="always"``: full activation checkpointing). ``--profile`` writes a cProfile of each plan to
 ``benchmarks/results/scale_speed_<case>.prof``. Last line:
 ``scale_speed: 8B (8,8) X s, 70B 1024 ranks Y s, worst gap G, peak within budget yes|no``.
 Writes ``benchmarks/results/scale_speed.json``.
@@ -149,7 +149,7 @@ def case(name: str, profile: bool) -> dict:
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e6  # GB (Linux: kB)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", ProgramWarning)
-        hand = plan_module(model, ids, specs=_hand(mesh), **args).program
+        hand = plan_module(model, ids, specs=_hand(mesh), recompute="always", **args).program
     p = chosen.program
     return {
         "case": name,
@@ -163,11 +163,19 @@ def case(name: str, profile: bool) -> dict:
         "gap": p.cost.total and max(0.0, (p.cost.total - p.lower_bound) / p.cost.total),
         "method": p.method,
         "memory": _parts(p.memory),
-        "recomputed": "nothing (recompute is not a planner choice yet)",
+        "recomputed": _recomputed(p),
+        "hand_recomputed": _recomputed(hand),
         "hand_step_s": hand.cost.total,
         "hand_memory": _parts(hand.memory),
         "fits": p.memory.peak <= BUDGET,
     }
+
+
+def _recomputed(program) -> str:
+    """What the backward recomputes, and what it costs."""
+    if not program.recomputed:
+        return "nothing"
+    return f"{len(program.recomputed)} forward calls ({program.cost.recompute:.3g} s of the step)"
 
 
 def _gb(x: float) -> str:
@@ -198,7 +206,8 @@ def main() -> None:
         )
         print(
             f"   hand FSDP x TP: step {r['hand_step_s']:.3g} s, peak {_gb(h['peak'])} GB "
-            f"(activations {_gb(h['activations'])}, no recompute); chosen/hand step "
+            f"(activations {_gb(h['activations'])}, recomputed: {r['hand_recomputed']}); "
+            "chosen/hand step "
             f"{r['step_s'] / r['hand_step_s']:.3f}"
         )
     out = os.path.join(HERE, "results")
