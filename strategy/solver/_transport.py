@@ -49,13 +49,15 @@ def has_lp() -> bool:
 @attrs.frozen(eq=False)
 class LPRelaxation:
     """The LP's ``bound`` (a true lower bound: the Lagrangian dual at the simplex's
-    duals), each variable's fractional ``x``, the simplex iterations it took and the
-    rounds of column generation."""
+    duals), each variable's fractional ``x``, the simplex iterations it took, the
+    rounds of column generation and, given links, per link the multipliers (by option)
+    its rows' duals put on the copy (and take off its own call)."""
 
     bound: float
     x: list
     iterations: int
     rounds: int = 0
+    links: list = attrs.field(factory=list)
 
     def fractional(self, tol: float = 1e-6) -> list[int]:
         """The variables the LP leaves fractional."""
@@ -73,7 +75,7 @@ class _Model:
     entry paying ``cost[u]`` itself, or (``shared[u]``) the entries of every reader of
     one value wanting one move, paying ``cost[u]`` once through their ``y``."""
 
-    def __init__(self, problem: Problem) -> None:
+    def __init__(self, problem: Problem, links: Sequence[tuple[int, int]] = ()) -> None:
         import numpy as np
 
         sizes = problem.sizes
@@ -132,6 +134,17 @@ class _Model:
             key.append(np.asarray(keys, dtype=np.int64).reshape(-1))
             self.edges.append((base, nb, sv, None if sf else si, dv, None if df else di))
 
+        # links: rows x[c, k] - x[o, k] = 0 (a copy takes its own call's option)
+        self.link_rows = []
+        for c, o in links:
+            k = sizes[c]
+            first = rows
+            rows += k
+            rhs.append(np.zeros(k))
+            xr.extend([first + np.arange(k)] * 2)
+            xc.extend([self.off[c] + np.arange(k), self.off[o] + np.arange(k)])
+            xv.extend([np.ones(k), -np.ones(k)])
+            self.link_rows.append(first + np.arange(k))
         zero = np.zeros(1, dtype=np.int64)
         for (a, b), m in problem.pairs.items():
             ka, kb = m.shape
@@ -394,18 +407,21 @@ def transport_lp(
     max_rounds: int = 100,
     target: float | None = None,
     warm=None,
+    links: Sequence[tuple[int, int]] = (),
 ) -> LPRelaxation | None:
     """The LP relaxation of ``problem`` (see the module docstring) by column generation
     from the entries ``starts`` (choices) use, for at most ``max_rounds`` rounds or
     until the bound meets ``target`` (a known cost); None when highspy is missing or the
     LP does not solve to optimality. ``warm``: a :class:`~._solution.Warm` whose ``lp``
     (the restricted LP an earlier solve over the same terms left, at other prices) the
-    LP starts from, with its columns and basis, and which it leaves its own in."""
+    LP starts from, with its columns and basis, and which it leaves its own in.
+    ``links``: ``(copy, own)`` variable pairs whose options must agree (rows
+    ``x[copy, k] = x[own, k]``; see :func:`._periodic.run_bound`)."""
     if not has_lp():
         return None
     import numpy as np
 
-    model = _Model(problem)
+    model = _Model(problem, links)
     lp = None if warm is None else warm.lp
     if lp is not None and lp.m.same_terms(model):
         lp.reprice(model)
@@ -437,7 +453,8 @@ def transport_lp(
     col = np.asarray(lp.h.getSolution().col_value)[: model.nx]
     x = [np.clip(col[model.off[v] : model.off[v + 1]], 0.0, 1.0) for v in range(model.n)]
     iterations = int(lp.h.getInfo().simplex_iteration_count)
-    return LPRelaxation(float(best), x, iterations, rounds)
+    lam = [-dual[r] * model.scale for r in model.link_rows]
+    return LPRelaxation(float(best), x, iterations, rounds, lam)
 
 
 def solve_lp(
