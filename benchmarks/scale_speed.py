@@ -12,6 +12,8 @@ the first mesh dim, Megatron column/row splits on the last) priced by the same m
   batch 64 x seq 4096 on (dp 8, tp 8), the batch on dp.
 * ``70b``: hidden 8192, intermediate 28672, 64 heads, 8 KV heads, 80 layers, vocab 128256;
   batch 16 x seq 4096 on (dp 16, sp 8, tp 8): the batch on dp, the sequence on sp.
+* ``70b4d`` (only with ``--cases``): the 70B shapes on a 4-D mesh of 1,024 ranks, (dp 2,
+  fsdp 8, sp 8, tp 8): the batch on dp and fsdp, the sequence on sp.
 
 Each case prints the plan time (wall and CPU), the host's peak resident memory
 (``resource.getrusage``), the modeled step time, the peak per rank with its parts, what
@@ -184,7 +186,7 @@ def _gb(x: float) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--cases", default="8b,70b", help="comma-separated: 8b, 70b")
+    parser.add_argument("--cases", default="8b,70b", help="comma-separated: 8b, 70b, 70b4d")
     parser.add_argument("--profile", action="store_true", help="write a cProfile per plan")
     opts = parser.parse_args()
     rows = []
