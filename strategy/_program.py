@@ -54,7 +54,7 @@ from ._progress import Progress, check_progress, report
 from ._recompute import check_recompute, layer_groups, with_recompute
 from ._repeats import exact_untied, find_repeats
 from ._ruleset import RuleSet
-from .solver import Method, Solution, min_memory_choice
+from .solver import Method, Solution, min_memory_choice, proven
 
 __all__ = [
     "ComputeModel",
@@ -128,7 +128,9 @@ def plan_program(
     time of a few. That restricts the choice; ``program.lower_bound`` still bounds the
     untied minimum (each layer bounded alone, its links to its neighbours priced:
     :mod:`._program_parts`), more loosely than an untied plan does
-    (``tie_layers=False``: every call chosen on its own, in time growing with depth).
+    (``tie_layers=False``: every call chosen on its own, in time growing with depth); where
+    the tied gap exceeds 2% at up to 8 layers, the untied problem is solved too and the
+    tighter bound (and the cheaper plan) kept, so tying never reports a looser bound there.
     Under a ``memory_budget`` tied layers also take one layout per parameter of a
     layer, so a budget that only a mix fits (some layers sharded, some whole) is met
     by the lighter layout everywhere: ``tie_layers=False`` finds the mix.
@@ -366,7 +368,7 @@ def _plan_graph(
             repeats = None  # no layers to bound alone, or the untied plan is proven anyway
     var, nodes = variables(graph, free, _ties(graph, repeats))
     at = {n: k for k, n in enumerate((*graph.calls, *(graph.args[i] for i in free)))}
-    options = [options[at[n]] for n in nodes]
+    every_option, options = options, [options[at[n]] for n in nodes]
 
     prices = Prices(model, planner)
     memory = (arg_specs, per_param, budget, peak_budget is not None)
@@ -384,6 +386,8 @@ def _plan_graph(
     seeds = (given,) if given and budget is not None else ()
     solve_args = dict(planning=planning, max_factor=max_factor, max_rounds=max_rounds, seeds=seeds)
 
+    bound_by = None  # the untied solve's method, where its bound is the tighter one
+
     def program_of(sol: Solution, fixed=fixed) -> Program:
         chosen, fixed = chosen_specs(graph, arg_specs, free, options, obj.var, sol, fixed)
         # a written argument's new value goes back in the layout chosen for the argument
@@ -394,7 +398,8 @@ def _plan_graph(
             planner,
         )  # fmt: skip
         if repeats is not None and sol.method is Method.TIED:
-            method = f"{repeats.layers} layers planned as one, bound by parts"
+            how = "parts" if bound_by is None else f"the untied problem's {bound_by}"
+            method = f"{repeats.layers} layers planned as one, bound by {how}"
             program = attrs.evolve(program, method=method)
         cut = {(prices.table[a], prices.table[b]) for a, b in prices.cut}
         if prices.owner().cut_plans:  # (no plan of this planner was ever cut: none here)
@@ -412,6 +417,23 @@ def _plan_graph(
         args = (graph, obj, repeats, options, env, prices, max_factor, sol.choice, priced)
         bound = tied_bound(*args)
         sol = attrs.evolve(sol, bound=min(bound, sol.cost), method=Method.TIED)
+        if repeats.layers <= UNTIE_LAYERS and not proven(sol.cost, sol.bound, UNTIE_GAP):
+            # the parts' bound is loose: the untied problem's own solve bounds the same
+            # minimum (the larger of the two holds), and its plan may cost less
+            var_u, nodes_u = variables(graph, free, _ties(graph, None))
+            untied = [every_option[at[n]] for n in nodes_u]
+            obj_u = objective(graph, untied, free, fixed, (outs, grads), prices, memory, var_u)
+            prices.price_all(obj_u.problem, max_priced, progress)
+            args_u = dict(solve_args, seeds=())
+            sol_u = solve_lazily(graph, obj_u, prices, budget=budget, progress=progress, **args_u)
+            if sol_u.bound > sol.bound:
+                bound_by = str(sol_u.method)
+            bound = max(sol.bound, sol_u.bound)
+            if sol_u.cost < sol.cost:  # the untied plan, with the better of the bounds
+                obj, options, repeats, sol = obj_u, untied, None, sol_u
+            bound = min(bound, sol.cost)
+            method = Method.EXACT if proven(sol.cost, bound) else sol.method
+            sol = attrs.evolve(sol, bound=bound, method=method)
     report(progress, "moves", 0, len(calls))
     program = program_of(sol)
     if peak_budget is not None:
@@ -504,6 +526,13 @@ def _plan_recompute(graph: Graph, arg_specs, groups, mode: str, kwargs) -> Progr
     if best.cost.total - bound > 1e-9 * abs(best.cost.total) and method == "exact":
         method = f"exact for its recompute ({len(tried)} of {layers + 1} layer counts tried)"
     return attrs.evolve(best, lower_bound=bound, method=method)
+
+
+#: a tied plan's gap past which the untied problem is solved too, at depths up to
+#: ``UNTIE_LAYERS`` (there the untied solve takes about as long as the tied one; its bound
+#: is often tighter than the parts' one, and its plan may cost less)
+UNTIE_GAP = 0.02
+UNTIE_LAYERS = 8
 
 
 def _cut_moves(program: Program, model, planner) -> set:
