@@ -3,8 +3,7 @@ a HiGHS MILP (binary ``x[v, k]``; per value, source layout and wanted layout a m
 indicator ``w >= s[a] + want[b] - 1``, with ``want[b] >= t_r[b]`` for every reader; pair
 tables linearized the same way; the memory budget a row). Its minimum is the problem's;
 the solver's bound must lie below it and its cost above it (and equal
-:meth:`Problem.evaluate` of its choice), within and without budgets, on random problems
-and on the problems real programs hand the solver."""
+:meth:`Problem.evaluate` of its choice), within and without budgets, on random problems."""
 
 from __future__ import annotations
 
@@ -197,3 +196,4 @@ def test_the_lp_alone_bounds_below_the_milp_minimum(problem):
     sol = solve_lp(problem)
     assert sol.bound <= best + 1e-7 * max(1.0, abs(best))
     assert sol.cost >= best - 1e-7 * max(1.0, abs(best))
+
