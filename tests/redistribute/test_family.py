@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 from meshplan.layout import Mesh
 from meshplan.placement import Shard, Spec, StridedShard, parse_placements
 from meshplan.redistribute import CostModel, HardwareProfile, MergeWarning, clear_plan_cache, plan
+from meshplan.redistribute import _budgeted as B
 from meshplan.redistribute import _planner as P
 from meshplan.redistribute._engine import _encoding as E
 from meshplan.redistribute._engine import _family as F
@@ -102,7 +103,10 @@ def test_a_plan_shared_across_sizes_is_the_search_plan(pair, model, base, scales
 def _searches(monkeypatch) -> list:
     calls: list = []
     search, walk = P.search, P.walk
-    monkeypatch.setattr(P, "search", lambda *a, **k: calls.append("search") or search(*a, **k))
+    counted = lambda *a, **k: calls.append("search") or search(*a, **k)  # noqa: E731
+    # the planner searches through _budgeted.bounded_search (and directly for a second order)
+    monkeypatch.setattr(B, "search", counted)
+    monkeypatch.setattr(P, "search", counted)
     monkeypatch.setattr(P, "walk", lambda *a: calls.append("walk") or walk(*a))
     return calls
 
