@@ -150,7 +150,11 @@ def test_a_four_layer_family_plans_its_layers_as_one_and_matches_one_process(nam
     model = make(name, layers=4)
     ids, _ = batch()
     b = Spec(mesh, [Shard(0), Replicate()], ids.shape, "int64")
-    mp = plan_module(model, b, b, specs=param_specs(model, 2), strict=True)
+    from meshplan.strategy import _program
+
+    with pytest.MonkeyPatch.context() as patch:  # the tied plan alone (see _tied_only)
+        patch.setattr(_program, "UNTIE_LAYERS", 0)
+        mp = plan_module(model, b, b, specs=param_specs(model, 2), strict=True)
     assert "4 layers planned as one" in mp.program.method
     assert mp.program.lower_bound <= mp.program.cost.total
     r = find_repeats(mp.program.graph, {**_fixed(mp.program.graph, mp.program.arg_specs)})
