@@ -26,6 +26,9 @@ The choice: each variable's heaviest option, improved by local search.
 
 from __future__ import annotations
 
+import functools
+import os
+import sys
 from collections.abc import Sequence
 
 import attrs
@@ -273,6 +276,25 @@ class _Model:
         return float((self.rhs @ dual + np.minimum(xrc, 0.0).sum() + units.sum()) * self.scale)
 
 
+@functools.cache
+def _quiet_banner() -> None:
+    """HiGHS prints its banner to the process's standard output (file descriptor 1, below
+    Python's ``sys.stdout``) when its first instance in the process is made: make that
+    one here, once, with the descriptor pointed at the null device, so a plan's output
+    is the caller's own."""
+    import highspy
+
+    sys.stdout.flush()
+    saved = os.dup(1)
+    try:
+        with open(os.devnull, "wb") as null:
+            os.dup2(null.fileno(), 1)
+            highspy.Highs()
+    finally:
+        os.dup2(saved, 1)
+        os.close(saved)
+
+
 class _Restricted:
     """The LP over the ``x`` and the units added so far, in one HiGHS model (each round
     warm-starts from the last)."""
@@ -283,6 +305,7 @@ class _Restricted:
 
         self.m = model
         self.inf = highspy.kHighsInf
+        _quiet_banner()
         h = highspy.Highs()
         h.setOptionValue("output_flag", False)
         lp = highspy.HighsLp()

@@ -61,3 +61,21 @@ def test_a_shared_move_the_pairwise_bounds_split_is_paid_once_in_the_lp():
     )
     assert _brute(problem) == 4.0
     assert transport_lp(problem).bound == pytest.approx(4.0, abs=1e-6)
+
+
+def test_a_solve_prints_nothing_of_highs_to_the_process_output():
+    # HiGHS writes a banner to file descriptor 1 on its first instance in a process; a
+    # plan's output must stay the caller's (a fresh process: the banner is once per process)
+    import subprocess
+    import sys
+
+    code = (
+        "from meshplan.strategy.solver import Problem\n"
+        "from meshplan.strategy.solver._transport import solve_lp\n"
+        "sol = solve_lp(Problem([[1.0, 0.0], [0.0, 3.0]], {(0, 1): [[0, 5], [5, 0]]}))\n"
+        "print(sol.cost)\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True
+    )
+    assert out.stdout == "1.0\n"
