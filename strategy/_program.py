@@ -52,7 +52,7 @@ from ._program_solve import Planning, objective, solve_lazily, tied_bound, varia
 from ._program_value import Program, ProgramCost, ProgramOp, ProgramWarning
 from ._progress import Progress, check_progress, report
 from ._recompute import check_recompute, layer_groups, with_recompute
-from ._repeats import exact_untied, find_repeats
+from ._repeats import MIN_LAYERS, exact_untied, find_repeats
 from ._ruleset import RuleSet
 from .solver import Method, Solution, min_memory_choice, proven
 
@@ -337,6 +337,12 @@ def _plan_graph(
     fixed.update(zip(graph.cotangents, cots, strict=True))
     ruleset = _check_ruleset(ruleset)
     mode = check_recompute(recompute)
+    if mode == "always" and planning is not Planning.WHOLE:
+        raise StrategyError(
+            f"recompute='always' is planned with the whole program, not solver={solver!r}; "
+            "drop one of the two",
+            value=solver,
+        )
     if (
         mode != "never"
         and not graph.recomputes
@@ -345,6 +351,13 @@ def _plan_graph(
     ):
         found = find_repeats(graph, fixed, [graph.args[i] for i in free])
         groups = () if found is None else layer_groups(graph, found.blocks)
+        if not groups and mode == "always":
+            raise StrategyError(
+                "recompute='always' recomputes repeated layers, and this program has none "
+                f"(a layer is a block of forward calls repeated at least {MIN_LAYERS} times "
+                "alike); plan with recompute='never' (or 'auto')",
+                value=mode,
+            )
         if groups:
             again = dict(out_specs=out_specs, cost_model=model, compute=compute, strict=strict)
             again.update(limits, solver=solver, ruleset=ruleset, choose=choose)

@@ -23,7 +23,7 @@ from meshplan.errors import StrategyError
 from meshplan.layout import Mesh
 from meshplan.placement import Replicate, Shard, Spec, shard, unshard
 from meshplan.runtime import run_unsharded, simulate_program
-from meshplan.strategy import plan_program
+from meshplan.strategy import plan_graph, plan_program
 from meshplan.strategy._recompute import check_recompute, layer_groups, with_recompute
 from meshplan.strategy._repeats import find_repeats
 from meshplan.strategy._trace import trace
@@ -130,6 +130,16 @@ def test_recompute_takes_auto_never_always_and_names_the_choices_otherwise():
     assert check_recompute(None) == "auto"
     with pytest.raises(StrategyError, match="'auto', 'never', 'always'"):
         plan_program(residual, *specs(), recompute="sometimes")
+
+
+def test_always_on_a_program_without_repeated_layers_is_refused_not_ignored():
+    # two layers repeat too few times to be recomputed: "always" must not plan as "never"
+    s = specs()[:5]
+    with pytest.raises(StrategyError, match="recompute='always'.*has none"):
+        plan_program(residual, *s, recompute="always")
+    graph = trace(residual, specs(), [False] + [True] * (2 * LAYERS))
+    with pytest.raises(StrategyError, match="solver='op_by_op'"):
+        plan_graph(graph, specs(), recompute="always", solver="op_by_op")
 
 
 @functools.cache
