@@ -483,9 +483,10 @@ BISECTIONS = 3
 
 def _plan_recompute(graph: Graph, arg_specs, groups, mode: str, kwargs) -> Program:
     """The plan of ``graph`` with its first ``k`` layers (``groups``) recomputed: every
-    layer (``mode`` ``"always"``), or under a ``memory_budget`` the cheapest of the plans
-    recomputing every layer, none, and (when none does not fit) the fewest that fit as
-    far as :data:`BISECTIONS` halvings of the count find it.
+    layer (``mode`` ``"always"``), or under a ``memory_budget`` the plan recomputing none
+    if it fits within :data:`RECOMPUTE_GAP` of the bound below, else the cheapest of the
+    plans recomputing every layer, none, and (when none does not fit) the fewest that fit
+    as far as :data:`BISECTIONS` halvings of the count find it.
 
     The bound: a plan recomputing any layers costs at least the plan of the same layouts
     without recompute (the copies add compute and moves; a value's readers split between
@@ -513,26 +514,39 @@ def _plan_recompute(graph: Graph, arg_specs, groups, mode: str, kwargs) -> Progr
                 tried[k] = e
         return tried[k]
 
-    if isinstance(attempt(layers), StrategyError):
-        raise attempt(layers)  # names the smallest budget, every layer recomputed
-    if isinstance(attempt(0), StrategyError):
-        lo, hi = 0, layers  # lo does not fit, hi does
-        for _ in range(BISECTIONS):
-            if hi - lo <= 1:
-                break
-            mid = (lo + hi) // 2
-            if isinstance(attempt(mid), StrategyError):
-                lo = mid
-            else:
-                hi = mid
+    relaxed = dict(kwargs, state_budget=kwargs["memory_budget"], memory_budget=None)
+
+    def bound_of_all() -> float | None:
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", ProgramWarning)  # warned above already
+                return _plan_graph(graph, arg_specs, name_least=False, **relaxed).lower_bound
+        except StrategyError:
+            return None
+
+    # the plan without recompute first: where it fits and costs within RECOMPUTE_GAP of
+    # the bound over every choice of recompute, no recomputing plan is worth more solves
+    none = attempt(0)
+    bound = bound_of_all() if isinstance(none, Program) else None
+    close = bound is not None and none.cost.total - bound <= RECOMPUTE_GAP * abs(none.cost.total)
+    if not close:
+        if isinstance(attempt(layers), StrategyError):
+            raise attempt(layers)  # names the smallest budget, every layer recomputed
+        if isinstance(none, StrategyError):
+            lo, hi = 0, layers  # lo does not fit, hi does
+            for _ in range(BISECTIONS):
+                if hi - lo <= 1:
+                    break
+                mid = (lo + hi) // 2
+                if isinstance(attempt(mid), StrategyError):
+                    lo = mid
+                else:
+                    hi = mid
     fits = [p for p in tried.values() if isinstance(p, Program)]
     best = min(fits, key=lambda p: p.cost.total)
-    relaxed = dict(kwargs, state_budget=kwargs["memory_budget"], memory_budget=None)
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", ProgramWarning)  # warned above already
-            bound = _plan_graph(graph, arg_specs, name_least=False, **relaxed).lower_bound
-    except StrategyError:
+    if bound is None:
+        bound = bound_of_all()
+    if bound is None:
         bound = best.lower_bound
     bound = min(bound, best.lower_bound, best.cost.total)
     method = best.method
@@ -540,6 +554,11 @@ def _plan_recompute(graph: Graph, arg_specs, groups, mode: str, kwargs) -> Progr
         method = f"exact for its recompute ({len(tried)} of {layers + 1} layer counts tried)"
     return attrs.evolve(best, lower_bound=bound, method=method)
 
+
+#: ``recompute="auto"`` under a budget: a plan without recompute that fits and costs
+#: within this fraction of the bound over every choice of recompute is kept without
+#: planning any recomputing plan (none could be cheaper by more)
+RECOMPUTE_GAP = 0.01
 
 #: a tied plan's gap past which the untied problem is solved too, at depths up to
 #: ``UNTIE_LAYERS`` (there the untied solve takes about as long as the tied one; its bound

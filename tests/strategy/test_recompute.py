@@ -169,3 +169,20 @@ def test_any_set_of_recomputed_layers_gives_the_single_process_results(chosen, s
     for g, w in zip(grads, want_grads, strict=True):
         if g is not None:
             assert torch.allclose(g, w, rtol=1e-12, atol=1e-14)
+
+
+def test_auto_under_a_budget_the_plan_without_recompute_meets_plans_no_recompute(monkeypatch):
+    # a budget the plan without recompute fits within 1% of the bound over every choice:
+    # that plan is kept, and no recomputing graph is planned at all
+    import meshplan.strategy._program as program_module
+
+    roomy = 4 * planned("never").memory.peak
+    rewrites = []
+    real = program_module.with_recompute
+    monkeypatch.setattr(program_module, "with_recompute", lambda *a: rewrites.append(a) or real(*a))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        auto = plan_program(residual, *specs(), recompute="auto", memory_budget=roomy)
+    assert rewrites == [] and not auto.recomputed
+    assert auto.memory.peak <= roomy
+    assert auto.lower_bound <= auto.cost.total <= 1.01 * auto.lower_bound + 1e-15
