@@ -161,7 +161,7 @@ def case(model: str, layers: int, shape: tuple[int, ...]) -> dict:
 
 
 def _candidates(spec):
-    from meshplan.strategy._auto import candidates
+    from meshplan.strategy.programs._auto import candidates
 
     return candidates(spec)
 

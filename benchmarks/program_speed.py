@@ -315,7 +315,7 @@ def program(family: str, layers: int, mesh):
 def case(family: str, layers: int, shape: tuple[int, ...]) -> dict:
     from meshplan.layout import Mesh
     from meshplan.strategy import plan_program
-    from meshplan.strategy._program import plan_graph
+    from meshplan.strategy.programs._program import plan_graph
 
     mesh = Mesh.create(shape)
     fn, specs, rg = program(family, layers, mesh)

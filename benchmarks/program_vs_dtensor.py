@@ -38,7 +38,7 @@ from _program_cases import transformer, transformer_args  # noqa: E402
 
 from meshplan.layout import Mesh  # noqa: E402
 from meshplan.strategy import plan_program  # noqa: E402
-from meshplan.strategy._program import plan_graph  # noqa: E402
+from meshplan.strategy.programs._program import plan_graph  # noqa: E402
 
 SIZES = {"B": 8, "T": 16, "D": 32, "V": 64}
 

@@ -154,7 +154,7 @@ def main(argv: list[str] | None = None) -> int:
     from meshplan.placement import Spec, from_torch, to_torch
     from meshplan.redistribute import clear_plan_cache
     from meshplan.strategy import clear_strategy_cache, select
-    from meshplan.strategy._price import default_model, redistribute_cost
+    from meshplan.strategy.selection._price import default_model, redistribute_cost
 
     t_meshes, dspec, schema, prop, expands = torch_side()
     model = default_model()

@@ -43,7 +43,7 @@ from meshplan.layout import Mesh
 from meshplan.placement import Replicate, Shard, Sharded, Spec
 from meshplan.runtime import ProcessGroups, WorkerPool, parallelize
 from meshplan.strategy import ComputeModel, plan_module, state_bytes
-from meshplan.strategy._module import match_specs
+from meshplan.strategy.programs._module import match_specs
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from support import GPT, HFLM, MODEL, EncoderLM, Progress, Stream, check_resume, chosen_layouts  # noqa: E402

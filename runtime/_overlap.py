@@ -318,6 +318,6 @@ def _releases(program: Any, phase: str):
 
 
 def _value(node: int, index: int):
-    from meshplan.strategy._graph import Value
+    from meshplan.strategy.programs._graph import Value
 
     return Value(node, index)

@@ -24,13 +24,13 @@ import torch
 from meshplan.errors import RuntimeShellError
 from meshplan.placement import Spec, global_offset, local_shape, shard
 from meshplan.placement._tensor import shard_one
-from meshplan.strategy._aten import SIZE_ARGS, TensorArg
-from meshplan.strategy._aten_pieces import local_range
-from meshplan.strategy._graph import TorchConst, Value
-from meshplan.strategy._memory import move_readers
-from meshplan.strategy._program import Program, ProgramOp
-from meshplan.strategy._random import draw_kind, draw_seed
-from meshplan.strategy._trace import to_torch_const
+from meshplan.strategy.programs._graph import TorchConst, Value
+from meshplan.strategy.programs._memory import move_readers
+from meshplan.strategy.programs._program import Program, ProgramOp
+from meshplan.strategy.programs._trace import to_torch_const
+from meshplan.strategy.rules._aten import SIZE_ARGS, TensorArg
+from meshplan.strategy.rules._aten_pieces import local_range
+from meshplan.strategy.rules._random import draw_kind, draw_seed
 
 from ._agree import _fingerprint, check_same_call, program_fingerprint
 from ._failstop import fails_world
@@ -114,7 +114,7 @@ def _local_call(
 
 def _draw(call, output_specs, tensors, rank: int, device: Any, seed: int) -> Any:
     """A random op's result on rank ``rank``: its shard of the one global draw from a
-    generator seeded ``seed`` (see :mod:`meshplan.strategy._random`). Every rank draws
+    generator seeded ``seed`` (see :mod:`meshplan.strategy.rules._random`). Every rank draws
     the whole global tensor and keeps its chunks: exact, at O(global numel) per op."""
     kind = draw_kind(call.target, call.names)
     gen = torch.Generator(device=device if device is not None else "cpu")
@@ -160,7 +160,7 @@ def _target_of(call):
 
 
 def _draw_seeds(program: Program, seed: int | None, step: int) -> dict[int, int]:
-    """Each random op's generator seed, by node (see :mod:`meshplan.strategy._random`)."""
+    """Each random op's generator seed, by node (see :mod:`meshplan.strategy.rules._random`)."""
     draws = program.draws
     if not draws:
         return {}
@@ -478,7 +478,7 @@ def run_program(
     step as ``step`` so each step draws anew, and a resumed run continues the stream by
     passing the step it resumes at. Each rank draws each random op's whole global tensor
     and keeps its chunks (exact on CPU; O(global numel) per random op, see
-    :mod:`meshplan.strategy._random`). Their backward runs the program's backward calls and
+    :mod:`meshplan.strategy.rules._random`). Their backward runs the program's backward calls and
     leaves each argument's gradient in the argument's own spec (``program.grad_specs``);
     the gradient arriving for an output must be in ``program.cot_specs`` (a replicated
     loss's ``loss.backward()`` is). Like torch's autograd, ``backward(retain_graph=True)``

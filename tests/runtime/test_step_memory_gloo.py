@@ -5,7 +5,7 @@ heap bytes (glibc's ``mallinfo2``: bytes in use, mmapped chunks included) after 
 aten call, collectives' buffers included; the peak above the bytes in use before the step,
 plus the parameters' own bytes, is the measured peak. The tensors are megabytes, so the
 interpreter's own allocations are noise. The model (``program.memory.peak``, see
-``meshplan.strategy._memory``) must be within 10% of it, and its separable lower estimate
+``meshplan.strategy.programs._memory``) must be within 10% of it, and its separable lower estimate
 (state and saved activations) must not exceed it.
 """
 

@@ -25,11 +25,11 @@ from meshplan.layout import Mesh
 from meshplan.placement import Partial, Replicate, Spec, local_shape, shard, unshard
 from meshplan.runtime._program import _local_call
 from meshplan.strategy import ComputeModel
-from meshplan.strategy._aten import aten_strategies
-from meshplan.strategy._candidates import realize
-from meshplan.strategy._program import ProgramOp
-from meshplan.strategy._random import is_draw
-from meshplan.strategy._trace import trace
+from meshplan.strategy.programs._candidates import realize
+from meshplan.strategy.programs._program import ProgramOp
+from meshplan.strategy.programs._trace import trace
+from meshplan.strategy.rules._aten import aten_strategies
+from meshplan.strategy.rules._random import is_draw
 
 pytestmark = pytest.mark.slow  # exhaustive: every strategy of every traced aten rule
 
@@ -255,9 +255,9 @@ def test_each_strategy_of_each_aten_rule_computes_the_op(call, k):
 
 
 def test_the_sweep_covers_every_rule_of_the_ops_real_models_trace_to():
-    from meshplan.strategy._aten_nets import RULES as NETS
-    from meshplan.strategy._aten_pieces import RULES
-    from meshplan.strategy._aten_writes import RULES as WRITES
+    from meshplan.strategy.rules._aten_nets import RULES as NETS
+    from meshplan.strategy.rules._aten_pieces import RULES
+    from meshplan.strategy.rules._aten_writes import RULES as WRITES
 
     traced = {call.op for call in _calls()}
     # the batch norm variants share one rule (a traced batch norm in training decomposes

@@ -25,8 +25,8 @@ from meshplan.layout import Mesh
 from meshplan.placement import Replicate, Shard, Spec
 from meshplan.redistribute import CostModel, HardwareProfile
 from meshplan.strategy import plan_graph, plan_program
-from meshplan.strategy._auto import candidates, resolve_choose
-from meshplan.strategy._memory import state_bytes
+from meshplan.strategy.programs._auto import candidates, resolve_choose
+from meshplan.strategy.programs._memory import state_bytes
 from meshplan.strategy.solver import (
     InfeasibleBudget,
     MemoryRow,

@@ -14,7 +14,7 @@ from meshplan.errors import StrategyError
 from meshplan.layout import Mesh
 from meshplan.placement import DTYPES, Replicate, Shard, Spec, shard, unshard
 from meshplan.strategy import OPS, Meta, RuleSet, check_rule, propagate_simulated, select
-from meshplan.strategy._dtypes import ALL_DTYPES, promote_types, result_type
+from meshplan.strategy.rules._dtypes import ALL_DTYPES, promote_types, result_type
 
 MESH = Mesh.create(2)
 EINSUM_DTYPES = ("float64", "float32", "float16", "bfloat16", "complex64", "complex128")

@@ -1,4 +1,4 @@
-"""The incremental memory walk (``strategy._memory.step_memory``) against the walk it
+"""The incremental memory walk (``strategy.programs._memory.step_memory``) against the walk it
 replaced, which rebuilt the live set at every op: equal results on random programs.
 
 The reference below is that walk (with the gathers' flat buffers it has counted since)."""
@@ -13,8 +13,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from meshplan.strategy import ComputeModel, plan_program
-from meshplan.strategy._graph import Value
-from meshplan.strategy._memory import (
+from meshplan.strategy.programs._graph import Value
+from meshplan.strategy.programs._memory import (
     _KEEPS_STRIDES,
     _STRIDE_FREE,
     _STRIDED,

@@ -35,7 +35,7 @@ from meshplan.strategy import (
     plan_program,
     select,
 )
-from meshplan.strategy._module import match_specs
+from meshplan.strategy.programs._module import match_specs
 
 
 @functools.cache

@@ -28,7 +28,7 @@ from meshplan.placement import Replicate, Shard, Spec, shard, unshard
 from meshplan.redistribute import Planner
 from meshplan.runtime import simulate_program
 from meshplan.strategy import ComputeModel, plan_program
-from meshplan.strategy._program import grad_spec
+from meshplan.strategy.programs._program import grad_spec
 
 warnings.filterwarnings("ignore", category=UserWarning, module="meshplan")
 
@@ -110,8 +110,8 @@ def test_a_row_parallel_partial_sum_is_reduced_exactly_once():
 
 def _brute_force(prog_fn, specs, compute):
     """Every combination of every op's candidate strategies, priced exactly."""
-    from meshplan.strategy._program import plan_graph
-    from meshplan.strategy._trace import trace
+    from meshplan.strategy.programs._program import plan_graph
+    from meshplan.strategy.programs._trace import trace
 
     graph = trace(prog_fn, specs, [True] * len(specs))
     prog = plan_graph(graph, specs, compute=compute, max_factor=1 << 40)
@@ -123,7 +123,7 @@ def _brute_force(prog_fn, specs, compute):
 def test_plan_program_matches_exhaustive_search_on_small_graphs(data):
     """The solver's minimum (a value moved to a layout once for all its readers) equals
     the minimum over all strategy combinations, and its bound lies below it."""
-    from meshplan.strategy import _program_solve
+    from meshplan.strategy.programs import _program_solve
 
     mesh = Mesh.create((2,))
     prog_desc = data.draw(programs(max_ops=2, n_weights=1), label="program")
@@ -164,7 +164,7 @@ def test_the_forest_bound_is_below_and_local_search_above_the_exact_minimum():
     tensors, specs = transformer_args(mesh, layers=1)
     fn = functools.partial(transformer, layers=1)
     exact = plan_program(fn, *specs, compute=ComputeModel.cpu())
-    from meshplan.strategy._program import plan_graph
+    from meshplan.strategy.programs._program import plan_graph
 
     approx = plan_graph(exact.graph, specs, compute=ComputeModel.cpu(), max_factor=1)
     assert approx.method != "exact"
@@ -246,8 +246,8 @@ def test_non_spec_arguments_and_bad_out_specs_are_named():
 def test_lazy_pricing_finds_the_same_minimum_as_pricing_every_pair(data):
     """Lower bounds where no price is known, exact prices where the answer goes: the
     answer's cost equals the one found with every pair planned up front."""
-    from meshplan.strategy._program import plan_graph
-    from meshplan.strategy._trace import trace
+    from meshplan.strategy.programs._program import plan_graph
+    from meshplan.strategy.programs._trace import trace
 
     mesh = data.draw(meshes(), label="mesh")
     desc = data.draw(programs(max_ops=4), label="program")
@@ -267,8 +267,8 @@ def test_lazy_pricing_finds_the_same_minimum_as_pricing_every_pair(data):
 @settings(max_examples=min(settings.default.max_examples, 10), deadline=None)
 @given(data=st.data())
 def test_the_whole_program_choice_costs_no_more_than_the_op_by_op_choice(data):
-    from meshplan.strategy._program import plan_graph
-    from meshplan.strategy._trace import trace
+    from meshplan.strategy.programs._program import plan_graph
+    from meshplan.strategy.programs._trace import trace
 
     mesh = data.draw(meshes(), label="mesh")
     desc = data.draw(programs(max_ops=5), label="program")
@@ -286,12 +286,12 @@ def test_the_whole_program_choice_costs_no_more_than_the_op_by_op_choice(data):
 
 @pytest.mark.slow
 def test_on_a_3d_mesh_the_bounded_search_never_loses_to_op_by_op():
-    from meshplan.strategy._program import plan_graph
+    from meshplan.strategy.programs._program import plan_graph
 
     mesh = Mesh.create((2, 2, 2))
     tensors, specs = transformer_args(mesh, layers=1)
     fn = functools.partial(transformer, layers=1)
-    from meshplan.strategy._trace import trace
+    from meshplan.strategy.programs._trace import trace
 
     graph = trace(fn, specs, [s.dtype != "int64" for s in specs])
     cm = ComputeModel.cpu()
@@ -339,7 +339,7 @@ def test_a_weight_read_forward_and_backward_is_gathered_once():
     """An FSDP weight (Shard(0) on dp) read by the forward mm and by the backward's
     transpose in the same layout is all-gathered once; the plan and the run agree."""
     from meshplan.redistribute import cost as plan_cost
-    from meshplan.strategy._price import check_model
+    from meshplan.strategy.selection._price import check_model
 
     mesh = Mesh.create((2,))
     x = Spec(mesh, [Shard(0)], (8, 4), "float64")
@@ -365,7 +365,7 @@ def test_each_value_is_moved_once_per_layout_and_priced_once(data):
     """simulate_program runs one move per (value, target layout), shared by every
     reader; the program's modeled communication counts each once; gradients match."""
     from meshplan.redistribute import cost as plan_cost
-    from meshplan.strategy._price import check_model
+    from meshplan.strategy.selection._price import check_model
 
     mesh = data.draw(meshes(), label="mesh")
     prog_desc = data.draw(programs(max_ops=4, n_weights=2), label="program")

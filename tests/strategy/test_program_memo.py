@@ -16,7 +16,7 @@ from meshplan.strategy import ComputeModel
 
 
 def _plan(graph, specs, planner, **kwargs):
-    from meshplan.strategy._program import plan_graph
+    from meshplan.strategy.programs._program import plan_graph
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -34,7 +34,7 @@ def _answer(prog):
 
 
 def _trace_random(data):
-    from meshplan.strategy._trace import trace
+    from meshplan.strategy.programs._trace import trace
 
     mesh = data.draw(meshes(), label="mesh")
     desc = data.draw(programs(max_ops=4), label="program")
@@ -71,7 +71,7 @@ def test_other_settings_or_specs_are_other_entries(data):
 
 def test_a_kept_answer_that_does_not_check_out_is_solved_again():
     """An entry whose cost disagrees with its choice at the exact prices is not taken."""
-    from meshplan.strategy._trace import trace
+    from meshplan.strategy.programs._trace import trace
 
     mesh = Mesh.create((2, 2))
     _, specs = transformer_args(mesh, layers=1)
@@ -88,7 +88,7 @@ def test_a_kept_answer_that_does_not_check_out_is_solved_again():
 
 def test_pricing_every_pair_up_front_or_lazily_are_other_entries():
     """What is priced before the solve changes its path, so it is part of the key."""
-    from meshplan.strategy._trace import trace
+    from meshplan.strategy.programs._trace import trace
 
     mesh = Mesh.create((2,))
     _, specs = transformer_args(mesh, layers=1)

@@ -31,7 +31,7 @@ SCRIPT = textwrap.dedent(
     from _program_cases import transformer, transformer_args
     from meshplan.layout import Mesh
     from meshplan.strategy import plan_program
-    from meshplan.strategy._program import plan_graph
+    from meshplan.strategy.programs._program import plan_graph
     mesh = Mesh.create({shape!r})
     tensors, specs = transformer_args(mesh, layers=1, B=8, T=8, D=16, V=32)
     fn = functools.partial(transformer, layers=1, fused=False)

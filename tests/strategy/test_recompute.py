@@ -1,5 +1,5 @@
 """Recompute (activation checkpointing) chosen by the planner: ``recompute=`` of
-``plan_program`` and the graph rewrite behind it (``strategy._recompute``).
+``plan_program`` and the graph rewrite behind it (``strategy.programs._recompute``).
 
 The laws: a recomputing plan gives the same loss and gradients as one process (float64,
 dropout redrawn identically); its saved activations shrink and its walked peak drops;
@@ -24,9 +24,9 @@ from meshplan.layout import Mesh
 from meshplan.placement import Replicate, Shard, Spec, shard, unshard
 from meshplan.runtime import run_unsharded, simulate_program
 from meshplan.strategy import plan_graph, plan_program
-from meshplan.strategy._recompute import check_recompute, layer_groups, with_recompute
-from meshplan.strategy._repeats import find_repeats
-from meshplan.strategy._trace import trace
+from meshplan.strategy.programs._recompute import check_recompute, layer_groups, with_recompute
+from meshplan.strategy.programs._repeats import find_repeats
+from meshplan.strategy.programs._trace import trace
 
 MESH = Mesh.create((2, 2), ("dp", "tp"))
 N, D, LAYERS = 16, 8, 4
@@ -153,7 +153,7 @@ def _graph_and_groups():
 @settings(max_examples=min(settings.default.max_examples, 6), deadline=None)
 @given(chosen=st.sets(st.integers(0, LAYERS - 1), min_size=1), seed=st.integers(0, 3))
 def test_any_set_of_recomputed_layers_gives_the_single_process_results(chosen, seed):
-    from meshplan.strategy._program import plan_graph
+    from meshplan.strategy.programs._program import plan_graph
 
     graph, groups = _graph_and_groups()
     assert len(groups) == LAYERS
@@ -174,7 +174,7 @@ def test_any_set_of_recomputed_layers_gives_the_single_process_results(chosen, s
 def test_auto_under_a_budget_the_plan_without_recompute_meets_plans_no_recompute(monkeypatch):
     # a budget the plan without recompute fits within 1% of the bound over every choice:
     # that plan is kept, and no recomputing graph is planned at all
-    import meshplan.strategy._program as program_module
+    import meshplan.strategy.programs._program as program_module
 
     roomy = 4 * planned("never").memory.peak
     rewrites = []

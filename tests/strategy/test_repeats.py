@@ -15,8 +15,8 @@ from meshplan.errors import StrategyError
 from meshplan.layout import Mesh
 from meshplan.placement import Replicate, Shard, Spec
 from meshplan.strategy import plan_module, plan_program
-from meshplan.strategy._repeats import find_repeats
-from meshplan.strategy._trace import trace
+from meshplan.strategy.programs._repeats import find_repeats
+from meshplan.strategy.programs._trace import trace
 
 
 def _stack(layers: int):
@@ -82,7 +82,7 @@ _PLACEMENTS = [Replicate(), Shard(0), Shard(1)]
 
 def _tied_only(fn, *specs, **kw):
     """The tied plan alone (no untied solve past UNTIE_GAP): the tied path's own laws."""
-    from meshplan.strategy import _program
+    from meshplan.strategy.programs import _program
 
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(_program, "UNTIE_LAYERS", 0)
@@ -123,7 +123,7 @@ def test_a_tied_plan_is_bound_no_looser_than_the_untied_plan_past_the_untie_gap(
     # tying restricts the choice and the parts' bound may be far looser than the untied
     # solve's (a stack on (2, 2): 18% against an exact untied plan); past UNTIE_GAP the
     # untied problem is solved too and the tighter bound (and the cheaper plan) is kept
-    from meshplan.strategy._program import UNTIE_GAP
+    from meshplan.strategy.programs._program import UNTIE_GAP
 
     mesh = Mesh.create((2, 2))
     pick = st.lists(st.sampled_from(_PLACEMENTS), min_size=2, max_size=2)
@@ -150,7 +150,7 @@ def test_a_four_layer_family_plans_its_layers_as_one_and_matches_one_process(nam
     model = make(name, layers=4)
     ids, _ = batch()
     b = Spec(mesh, [Shard(0), Replicate()], ids.shape, "int64")
-    from meshplan.strategy import _program
+    from meshplan.strategy.programs import _program
 
     with pytest.MonkeyPatch.context() as patch:  # the tied plan alone (see _tied_only)
         patch.setattr(_program, "UNTIE_LAYERS", 0)

@@ -21,7 +21,7 @@ from meshplan.strategy import (
     select,
     shard_kinds,
 )
-from meshplan.strategy._rules_shape import view_blocks
+from meshplan.strategy.rules._rules_shape import view_blocks
 
 R = Replicate
 

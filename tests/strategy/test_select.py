@@ -12,14 +12,14 @@ from meshplan.layout import Mesh
 from meshplan.placement import Partial, Replicate, Shard, Spec, StridedShard, unshard
 from meshplan.redistribute import CostModel, HardwareProfile
 from meshplan.strategy import OPS, expand, propagate_simulated, random_locals, select
-from meshplan.strategy._price import (
+from meshplan.strategy.rules._rule import meta_of
+from meshplan.strategy.selection._price import (
     default_model,
     input_bound,
     redistribute_cost,
     transition_bound,
 )
-from meshplan.strategy._reference import random_inputs
-from meshplan.strategy._rule import meta_of
+from meshplan.strategy.selection._reference import random_inputs
 from meshplan.testing import op_calls, specs
 
 MODEL = default_model()
@@ -132,7 +132,7 @@ def test_expand_lists_distinct_strategies_and_the_minimum_is_among_them():
     b = Spec(mesh, (Replicate(), Shard(1)), (5, 4))
     strategies = expand("mm", (a, b))
     assert len(set(strategies)) == len(strategies)
-    from meshplan.strategy._select import reduction_cost
+    from meshplan.strategy.selection._select import reduction_cost
 
     for accept in (True, False):
         c = select("mm", (a, b), accept_partial=accept)
@@ -169,7 +169,7 @@ def test_pricing_a_redistribution_does_not_warn_about_merges_and_matches_plan():
     # selection prices many candidate plans that never run: no "flatten to merge" warning,
     # and the price is that of the plan plan() returns
     from meshplan.redistribute import MergeWarning, cost, plan, reset_merge_warnings
-    from meshplan.strategy._price import default_model, redistribute_cost
+    from meshplan.strategy.selection._price import default_model, redistribute_cost
 
     mesh = Mesh.create((2, 2), ("a", "b"))
     src = Spec(mesh, [Partial(), Partial()], (8, 8))
@@ -200,7 +200,7 @@ def test_a_partial_output_carries_the_price_of_its_reduction():
     priced = select("cat", (a, b), dim=0)
     assert eager.output_spec.is_partial
     assert priced.output_spec.placements == (Shard(1), Shard(1), Shard(1))
-    from meshplan.strategy._select import reduction_cost
+    from meshplan.strategy.selection._select import reduction_cost
 
     later = eager.cost + reduction_cost(eager.output_spec, MODEL)
     assert priced.cost < later

@@ -20,8 +20,8 @@ from meshplan.errors import StrategyError
 from meshplan.layout import Mesh
 from meshplan.placement import Replicate, Shard, Spec
 from meshplan.strategy import ProgramMemory, plan_program
-from meshplan.strategy._auto import candidates
-from meshplan.strategy._memory import _counted, local_bytes, saved_values
+from meshplan.strategy.programs._auto import candidates
+from meshplan.strategy.programs._memory import _counted, local_bytes, saved_values
 
 MESH = Mesh.create((2, 2), ("dp", "tp"))
 N, D, LAYERS = 64, 16, 3

@@ -1,4 +1,4 @@
-"""Tracing a function of global tensors into a :class:`~meshplan.strategy._graph.Graph`.
+"""Tracing a function of global tensors into a :class:`~meshplan.strategy.programs._graph.Graph`.
 
 torch's own tracer (``make_fx`` on fake tensors: no values, no memory, no process
 groups) records the function and ``torch.autograd.grad`` of its outputs into aten
@@ -30,10 +30,10 @@ from torch.fx.experimental.proxy_tensor import make_fx
 from meshplan.errors import StrategyError
 from meshplan.placement import Spec
 
-from ._aten import Call, TensorArg
+from ..rules._aten import Call, TensorArg
+from ..rules._random import check_draw
+from ..rules._rule import Meta
 from ._graph import Graph, Node, TorchConst, Value, freeze_arg
-from ._random import check_draw
-from ._rule import Meta
 
 __all__ = ["trace", "to_torch_const", "DECOMPOSE"]
 

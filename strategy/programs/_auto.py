@@ -44,9 +44,9 @@ from collections.abc import Collection, Sequence
 from meshplan.errors import PlacementError, StrategyError
 from meshplan.placement import Replicate, Shard, Spec
 
+from ..solver import min_memory_choice
 from ._candidates import Option
 from ._memory import state_bytes
-from .solver import min_memory_choice
 
 __all__ = [
     "candidates",

@@ -1,6 +1,6 @@
 """A program op's candidate strategies: every mesh dim's rule, combined and priced (no torch).
 
-Each aten call's single-mesh-dim strategies (:mod:`._aten`) are combined over the mesh
+Each aten call's single-mesh-dim strategies (:mod:`..rules._aten`) are combined over the mesh
 into N-D candidates with plain ``Shard`` for intermediate values, their specs built and
 their placeholder constraints checked; each candidate carries its local compute under a
 :class:`ComputeModel`. On meshes of three or more dims an op keeps the most sharded
@@ -20,9 +20,9 @@ import attrs
 from meshplan.errors import PlacementError, StrategyError
 from meshplan.placement import Partial, Replicate, Shard, Spec, StridedShard
 
-from ._aten import Call, _sums_only, aten_strategies
-from ._constraints import check_constraint
-from ._rule import DimStrategy, Placeholder
+from ..rules._aten import Call, _sums_only, aten_strategies
+from ..rules._constraints import check_constraint
+from ..rules._rule import DimStrategy, Placeholder
 
 __all__ = ["ComputeModel", "Option", "options", "local_numel", "is_float", "realize"]
 

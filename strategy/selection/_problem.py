@@ -18,8 +18,8 @@ import attrs
 from meshplan.errors import StrategyError
 from meshplan.placement import Spec, is_shard_like
 
-from ._rule import DimStrategy, Meta, call_rule, check_strategies, fill, meta_of, shard_kinds
-from ._ruleset import OpRule, RuleSet, freeze_args
+from ..rules._rule import DimStrategy, Meta, call_rule, check_strategies, fill, meta_of, shard_kinds
+from ..rules._ruleset import OpRule, RuleSet, freeze_args
 
 __all__ = ["Problem", "build_problem", "check_inputs", "check_op", "prepare"]
 

@@ -173,7 +173,7 @@ class RuleSet:
     ) -> RuleSet:
         """A copy where ``op`` uses ``rule`` (and ``outputs``, kept from the old rule if None).
 
-        ``aten``, a function of a traced :class:`~meshplan.strategy._aten.Call`, reads
+        ``aten``, a function of a traced :class:`~meshplan.strategy.rules._aten.Call`, reads
         the op's aten calls in programs where its arguments differ from ``rule``'s;
         without it a program calls ``rule`` with the call's arguments by schema name.
         """

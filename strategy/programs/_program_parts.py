@@ -23,8 +23,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from ..solver import Problem, Reader, SharedValue
 from ._graph import Graph, Value
-from .solver import Problem, Reader, SharedValue
 
 __all__ = ["parts_bound"]
 

@@ -12,10 +12,10 @@ from collections.abc import Sequence
 
 from meshplan.placement import Spec
 
+from ..selection._price import _plan
+from ..solver import Solution
 from ._graph import Graph, Value
-from ._price import _plan
 from ._program_value import Program, ProgramCost, ProgramOp
-from .solver import Solution
 
 __all__ = ["assemble", "chosen_specs"]
 

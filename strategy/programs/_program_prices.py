@@ -4,7 +4,7 @@ Every distinct spec a program's candidates read or write gets a number once
 (:meth:`Prices.sid`); the solver problem's moves price pairs of numbers. A pair's exact price
 plans the redistribution with the planner's cost model; where it is not known yet the
 solver sees the strategy search's cheap lower bound of it
-(:func:`~meshplan.strategy._price.input_bound`). :meth:`Prices.learn_used` prices
+(:func:`~meshplan.strategy.selection._price.input_bound`). :meth:`Prices.learn_used` prices
 exactly the pairs a solution uses (and their neighbours): the step of lazy pricing.
 
 A pair whose plan search the planner's budget cut has a price that is not proven the
@@ -19,10 +19,10 @@ from typing import Any
 
 from meshplan.placement import Spec
 
-from ._price import input_bound, redistribute_bound
+from ..selection._price import input_bound, redistribute_bound
+from ..solver import Problem
 from ._program_terms import all_pairs, pair_count, reads
 from ._progress import Progress, report
-from .solver import Problem
 
 __all__ = ["Prices"]
 

@@ -17,9 +17,9 @@ from meshplan.errors import StrategyError
 from meshplan.layout._ints import brief
 from meshplan.placement import Spec, local_shape, same_layout
 
+from ..rules._ruleset import RuleSet
 from ._problem import check_inputs, check_op
 from ._reference import run_local
-from ._ruleset import RuleSet
 from ._select import Choice, select
 
 __all__ = ["propagate", "propagate_simulated"]

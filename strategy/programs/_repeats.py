@@ -239,7 +239,7 @@ def exact_untied(graph: Graph, sizes: Mapping[int, int], max_factor: int) -> boo
     number of options (the other nodes are fixed). Then tying would only lose the proof."""
     import math
 
-    from .solver._eliminate import _order, work
+    from ..solver._eliminate import _order, work
 
     index = {n: k for k, n in enumerate(sizes)}
     scopes: dict = {}

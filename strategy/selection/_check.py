@@ -24,12 +24,12 @@ from meshplan.layout import Mesh
 from meshplan.placement import Partial, Placement, Replicate, Shard, Spec, StridedShard
 from meshplan.placement._tensor import shard_one, unshard
 
-from ._args import ALL, as_int, is_real
+from ..rules._args import ALL, as_int, is_real
+from ..rules._rule import DimStrategy, Meta
+from ..rules._ruleset import OpRule, RuleSet, freeze_args
 from ._expand import Strategy, assemble
 from ._problem import Problem, build_problem, check_op
 from ._reference import random_inputs, run_local, run_op
-from ._rule import DimStrategy, Meta
-from ._ruleset import OpRule, RuleSet, freeze_args
 
 __all__ = ["check_rule", "RuleReport", "Failure", "Gap", "random_locals"]
 

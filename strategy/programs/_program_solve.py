@@ -25,14 +25,7 @@ import attrs
 from meshplan.errors import StrategyError
 from meshplan.placement import Spec
 
-from ._auto import memory_weights
-from ._graph import Graph, Value
-from ._memory import activation_bytes, local_bytes
-from ._program_parts import parts_bound
-from ._program_prices import Prices
-from ._program_terms import greedy, order_too_wide
-from ._progress import Progress, report
-from .solver import (
+from ..solver import (
     InfeasibleBudget,
     MemoryRow,
     Method,
@@ -48,6 +41,13 @@ from .solver import (
     solve,
     solve_shared,
 )
+from ._auto import memory_weights
+from ._graph import Graph, Value
+from ._memory import activation_bytes, local_bytes
+from ._program_parts import parts_bound
+from ._program_prices import Prices
+from ._program_terms import greedy, order_too_wide
+from ._progress import Progress, report
 
 __all__ = [
     "Objective",

@@ -14,7 +14,7 @@ by the sharing dual and local search, the gap to a true bound reported).
 Pricing every pair of candidate layouts with the planner is most of the work (on a 3-D
 mesh a transformer has tens of thousands of distinct pairs), so big programs are priced
 lazily: the solver first sees the strategy search's cheap lower bounds
-(:func:`~meshplan.strategy._price.input_bound`) where no exact price is known; the pairs
+(:func:`~meshplan.strategy.selection._price.input_bound`) where no exact price is known; the pairs
 its answer uses (and their neighbours) are then planned, and it solves again, until the
 answer uses exact prices only. Every other answer is then priced at most at its true
 cost, so the result is the same exact minimum as with every pair planned.
@@ -40,12 +40,14 @@ from meshplan.layout._ints import brief
 from meshplan.placement import Replicate, Spec
 from meshplan.redistribute._steps import grad_spec
 
+from ..rules._ruleset import RuleSet
+from ..selection._price import check_model, check_planner, redistribute_bound
+from ..solver import Method, Solution, min_memory_choice, proven
 from ._auto import free_options, resolve_choose
 from ._candidates import ComputeModel, Option, is_float
 from ._candidates import options as candidate_options
 from ._graph import Graph
 from ._memory import as_float, check_state_bytes_per_param, step_memory
-from ._price import check_model, check_planner, redistribute_bound
 from ._program_assemble import assemble, chosen_specs
 from ._program_prices import Prices
 from ._program_solve import Planning, objective, solve_lazily, tied_bound, variables
@@ -53,8 +55,6 @@ from ._program_value import Program, ProgramCost, ProgramOp, ProgramWarning
 from ._progress import Progress, check_progress, report
 from ._recompute import check_recompute, layer_groups, with_recompute
 from ._repeats import MIN_LAYERS, exact_untied, find_repeats
-from ._ruleset import RuleSet
-from .solver import Method, Solution, min_memory_choice, proven
 
 __all__ = [
     "ComputeModel",

@@ -14,7 +14,7 @@ from collections.abc import Iterator, Sequence
 
 import attrs
 
-from .solver import Method, Problem, Reader, SharedValue, Solution, elimination_order
+from ..solver import Method, Problem, Reader, SharedValue, Solution, elimination_order
 
 __all__ = ["Read", "greedy", "order_too_wide", "pair_count", "all_pairs", "reads"]
 

@@ -9,7 +9,7 @@ import attrs
 from meshplan.errors import ProgramWarning
 from meshplan.placement import Spec
 
-from ._aten import Call
+from ..rules._aten import Call
 from ._graph import Graph, Value
 
 __all__ = ["Program", "ProgramCost", "ProgramOp", "ProgramWarning"]
@@ -86,7 +86,7 @@ class Program:
     @property
     def draws(self) -> tuple[int, ...]:
         """The nodes of the random ops, in program order (the ``k``-th draws from the
-        stream's ``k``-th generator, see :mod:`meshplan.strategy._random`)."""
+        stream's ``k``-th generator, see :mod:`meshplan.strategy.rules._random`)."""
         return self.graph.draws
 
     @property

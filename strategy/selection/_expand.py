@@ -28,10 +28,10 @@ import attrs
 from meshplan.errors import PlacementError, StrategyError
 from meshplan.placement import Partial, Placement, Spec, format_placements, is_shard_like
 
-from ._constraints import chain_ok
+from ..rules._constraints import chain_ok
+from ..rules._rule import DimStrategy
+from ..rules._ruleset import RuleSet
 from ._problem import Problem, prepare
-from ._rule import DimStrategy
-from ._ruleset import RuleSet
 
 __all__ = ["Candidate", "Strategy", "assemble", "candidates", "expand", "realize"]
 

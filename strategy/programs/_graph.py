@@ -1,6 +1,6 @@
 """A traced program as a pure value: :class:`Graph` of :class:`Node` s (no torch).
 
-The tracer (:mod:`meshplan.strategy._trace`) turns a function of global tensors into
+The tracer (:mod:`meshplan.strategy.programs._trace`) turns a function of global tensors into
 this value: one node per argument, per incoming gradient (cotangent) and per aten call
 of the joint forward-and-backward computation. Non-tensor constants that name torch
 objects (dtypes, devices, layouts, memory formats) are kept as :class:`TorchConst`, so
@@ -16,9 +16,9 @@ import attrs
 
 from meshplan.errors import StrategyError
 
-from ._aten import Call, TensorArg
-from ._random import is_draw
-from ._rule import Meta
+from ..rules._aten import Call, TensorArg
+from ..rules._random import is_draw
+from ..rules._rule import Meta
 
 __all__ = ["Value", "Node", "Graph", "TorchConst", "TensorArg"]
 

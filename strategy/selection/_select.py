@@ -26,6 +26,7 @@ import attrs
 from meshplan.errors import PlacementError, StrategyError
 from meshplan.placement import Partial, Replicate, Shard, Spec, dtype_itemsize
 
+from ..rules._ruleset import RuleSet
 from ._expand import Candidate, Strategy, candidates, realize
 from ._price import (
     _dim_steps,
@@ -37,7 +38,6 @@ from ._price import (
     transition_bound,
 )
 from ._problem import Problem, prepare
-from ._ruleset import RuleSet
 
 __all__ = ["Choice", "select", "METHODS", "clear_strategy_cache"]
 

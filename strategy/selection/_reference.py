@@ -16,9 +16,9 @@ import torch.nn.functional as F
 from meshplan.errors import StrategyError
 from meshplan.placement import Spec, local_shape
 
-from ._args import as_int
+from ..rules._args import as_int
+from ..rules._rule import Meta
 from ._problem import check_op
-from ._rule import Meta
 
 __all__ = ["OPS", "run_op", "run_local", "random_inputs"]
 
