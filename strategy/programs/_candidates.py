@@ -23,6 +23,7 @@ from meshplan.placement import Partial, Replicate, Shard, Spec, StridedShard
 from ..rules._aten import Call, _sums_only, aten_strategies
 from ..rules._constraints import check_constraint
 from ..rules._rule import DimStrategy, Placeholder
+from ..rules._ruleset import RuleSet
 
 __all__ = ["ComputeModel", "Option", "options", "local_numel", "is_float", "realize"]
 
@@ -92,7 +93,7 @@ def options(
 ) -> tuple[list[Option], bool]:
     """The call's N-D candidates (full replication first) and whether it had no rule in
     ``ruleset`` (default: the built-in :class:`~meshplan.strategy.RuleSet`)."""
-    rules = aten_strategies(call, ruleset)
+    rules = aten_strategies(call, RuleSet.default() if ruleset is None else ruleset)
     fallback = rules is None
     if fallback:
         if strict:

@@ -19,6 +19,7 @@ back to full replication for them.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -45,7 +46,8 @@ class Call:
 
     >>> c = Call("aten.mm.default", (Meta((4, 3)), Meta((3, 2))), (Meta((4, 2)),),
     ...          (TensorArg(0), TensorArg(1)), {}, frozenset())
-    >>> [str(s) for s in aten_strategies(c)][:3]
+    >>> from meshplan.strategy import RuleSet
+    >>> [str(s) for s in aten_strategies(c, RuleSet.default())][:3]
     ['S?(0), R -> S?(0)', 'S?(1), S?(0) -> P(sum)', 'R, S?(1) -> S?(1)']
     """
 
@@ -125,10 +127,18 @@ SIZE_ARGS: dict[str, tuple[int, int | None]] = {
 }
 
 
-def _named(op: str, call: Call, **args: Any) -> list[DimStrategy]:
-    from ._ruleset import RuleSet
+@functools.cache
+def _op_rules() -> dict[str, Any]:
+    """The built-in op-name rules: the tables the default :class:`RuleSet` is built from
+    (read here, not through a rule set, which is built from this module's rules)."""
+    from . import _rules_matrix, _rules_pointwise, _rules_shape
 
-    return list(RuleSet.default()[op].strategies(call.inputs, **args))
+    return _rules_matrix.RULES | _rules_pointwise.RULES | _rules_shape.RULES
+
+
+def _named(op: str, call: Call, **args: Any) -> list[DimStrategy]:
+    """The built-in op-name rule of ``op`` on the call's inputs."""
+    return list(_op_rules()[op].strategies(call.inputs, **args))
 
 
 def _sums_only(strategies: Sequence[DimStrategy]) -> list[DimStrategy]:
@@ -500,24 +510,20 @@ POINTWISE = _pointwise
 
 
 def _entry(call: Call, ruleset: Any) -> Any:
-    if ruleset is None:
-        from ._ruleset import RuleSet
-
-        ruleset = RuleSet.default()
     return ruleset.rules.get(call.op)
 
 
-def has_rule(call: Call, ruleset: Any = None) -> bool:
-    """Whether ``call`` has a rule in ``ruleset`` (default: the built-in one), its own or
-    the generic one of pointwise ops."""
+def has_rule(call: Call, ruleset: Any) -> bool:
+    """Whether ``call`` has a rule in ``ruleset`` (a :class:`RuleSet`), its own or the
+    generic one of pointwise ops."""
     return _entry(call, ruleset) is not None or "pointwise" in call.tags
 
 
-def aten_strategies(call: Call, ruleset: Any = None) -> list[DimStrategy] | None:
+def aten_strategies(call: Call, ruleset: Any) -> list[DimStrategy] | None:
     """The call's strategies on one mesh dim (full replication not included); None: no rule.
 
-    The rule is ``ruleset``'s entry for the call's op name (default: the built-in
-    :class:`RuleSet`): its ``aten`` reading of the call where it has one, else its
+    The rule is ``ruleset``'s entry for the call's op name (a :class:`RuleSet`, e.g.
+    ``RuleSet.default()``): its ``aten`` reading of the call where it has one, else its
     op-name rule called with the call's tensor metadata and its other arguments by
     schema name; an op without an entry that torch tags pointwise gets the pointwise rule.
     """

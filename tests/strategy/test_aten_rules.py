@@ -24,7 +24,7 @@ from _program_cases import transformer, transformer_args
 from meshplan.layout import Mesh
 from meshplan.placement import Partial, Replicate, Spec, local_shape, shard, unshard
 from meshplan.runtime._program import _local_call
-from meshplan.strategy import ComputeModel
+from meshplan.strategy import ComputeModel, RuleSet
 from meshplan.strategy.programs._candidates import realize
 from meshplan.strategy.programs._program import ProgramOp
 from meshplan.strategy.programs._trace import trace
@@ -165,7 +165,7 @@ def _calls():
             warnings.simplefilter("ignore")
             graph = trace(fn, specs, [s.dtype.startswith(("float", "complex")) for s in specs])
         for node in graph.nodes:
-            if node.kind == "call" and aten_strategies(node.call):
+            if node.kind == "call" and aten_strategies(node.call, RuleSet.default()):
                 seen.setdefault(node.call, None)
     return tuple(seen)
 
@@ -195,14 +195,14 @@ def _pieces(local, spec, gen):
 def _cases():
     out = []
     for call in _calls():
-        for k in range(len(aten_strategies(call))):
+        for k in range(len(aten_strategies(call, RuleSet.default()))):
             out.append(pytest.param(call, k, id=f"{call.target}-{k}"))
     return out
 
 
 @pytest.mark.parametrize("call,k", _cases())
 def test_each_strategy_of_each_aten_rule_computes_the_op(call, k):
-    strategy = aten_strategies(call)[k]
+    strategy = aten_strategies(call, RuleSet.default())[k]
     gen = torch.Generator().manual_seed(k)
     inputs = [_value(m, gen) for m in call.inputs]
     if call.op == "div":  # no integer zero divisors: inf - inf is no test of a layout
