@@ -112,9 +112,7 @@ def trace(
     n_args = len(arg_specs)
     state: dict[str, Any] = {}
 
-    def joint(*flat: torch.Tensor):
-        args = list(flat[:n_args])
-        cots = list(flat[n_args:])
+    def joint(*args: torch.Tensor):
         outs = fn(*args)
         single = isinstance(outs, torch.Tensor)
         outs_t = (outs,) if single else tuple(outs)
@@ -125,7 +123,10 @@ def trace(
                     "tensor or a tuple of tensors",
                     value=o,
                 )
-        state["n_out"] = len(outs_t)
+        # the cotangents are arguments too, made once the outputs' metadata is known:
+        # one trace, with no first pass of the function to find it
+        cots = _cotangent_arguments(outs_t, n_args)
+        state["cots"] = cots
         diff = [a for a, g in zip(args, requires_grad, strict=True) if g]
         pairs = [(o, c) for o, c in zip(outs_t, cots, strict=False) if o.requires_grad]
         grads: list[Any] = [None] * len(diff)
@@ -147,15 +148,14 @@ def trace(
             for spec, g in zip(arg_specs, requires_grad, strict=True):
                 t = torch.empty(spec.shape, dtype=_dtype(spec.dtype))
                 fakes.append(t.requires_grad_(True) if g else t)
-            # a first pass finds the outputs' metadata, to build their cotangents
-            with torch.enable_grad():
-                probe = fn(*fakes)
-            probe_t = (probe,) if isinstance(probe, torch.Tensor) else tuple(probe)
-            cots = [torch.empty(tuple(o.shape), dtype=o.dtype) for o in probe_t]
         with torch.enable_grad():
-            gm = make_fx(joint, decomposition_table=_decompositions(), tracing_mode="fake")(
-                *fakes, *cots
-            )
+            gm = make_fx(
+                joint,
+                decomposition_table=_decompositions(),
+                tracing_mode="fake",
+                _disable_torch_fn_metadata_mode=True,  # its per-call records are not read
+            )(*fakes)
+        cots = state["cots"]
         if _writes_in_place(gm):
             gm = _functionalized(gm, [t.detach() for t in fakes], cots)
     except StrategyError:
@@ -191,7 +191,34 @@ def trace(
             "shapes and dtypes are what the function expects",
             value=fn,
         ) from exc
-    return _to_graph(gm, arg_specs, requires_grad, len(probe_t), fn)
+    return _to_graph(gm, arg_specs, requires_grad, len(cots), fn)
+
+
+def _cotangent_arguments(outs: Sequence[Any], n_args: int) -> list[Any]:
+    """One new argument of the trace per output, of its shape and dtype: the gradient
+    arriving for it (placeholders ``arg{n_args}_1``... after the function's own)."""
+    from torch.fx.experimental.proxy_tensor import (
+        disable_proxy_modes_tracing,
+        get_proxy_mode,
+        track_tensor_tree,
+    )
+
+    tracer = get_proxy_mode().tracer
+    placeholders = [n for n in tracer.graph.nodes if n.op == "placeholder"]
+    last = placeholders[-1] if placeholders else None
+    cots = []
+    for k, o in enumerate(outs):
+        with disable_proxy_modes_tracing():
+            c = torch.empty(tuple(o.shape), dtype=o.dtype)
+            proxy = tracer.create_proxy("placeholder", f"arg{n_args + k}_1", (), {})
+            track_tensor_tree(c, proxy, constant=None, tracer=tracer)
+        if last is None:
+            next(iter(tracer.graph.nodes)).prepend(proxy.node)
+        elif last.next is not proxy.node:
+            last.append(proxy.node)  # the placeholders first, in order
+        last = proxy.node
+        cots.append(c)
+    return cots
 
 
 def _user_line(exc: BaseException) -> str:
