@@ -8,12 +8,10 @@ the forward costs seconds).
 
 from __future__ import annotations
 
-import torch
-
 from meshplan.layout import Mesh
 from meshplan.placement import Replicate, Shard, Spec
-from meshplan.strategy.rules._rule import Meta
 from meshplan.strategy.programs._trace import trace
+from meshplan.strategy.rules._rule import Meta
 
 MESH = Mesh.create((2,), ("dp",))
 
