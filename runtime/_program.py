@@ -24,13 +24,11 @@ import torch
 from meshplan.errors import RuntimeShellError
 from meshplan.placement import Spec, global_offset, local_shape, shard
 from meshplan.placement._tensor import shard_one
+from meshplan.strategy import Program, ProgramOp, TensorArg
 from meshplan.strategy.programs._graph import TorchConst, Value
+from meshplan.strategy.programs._local_call import Draw, LocalCall, draw_seeds
 from meshplan.strategy.programs._memory import move_readers
-from meshplan.strategy.programs._program import Program, ProgramOp
 from meshplan.strategy.programs._trace import to_torch_const
-from meshplan.strategy.rules._aten import SIZE_ARGS, TensorArg
-from meshplan.strategy.rules._aten_pieces import local_range
-from meshplan.strategy.rules._random import draw_kind, draw_seed
 
 from ._agree import _fingerprint, check_same_call, program_fingerprint
 from ._failstop import fails_world
@@ -46,13 +44,6 @@ from ._overlap import (
 
 __all__ = ["run_program", "run_unsharded", "simulate_program"]
 
-_VIEWS = {"view", "_unsafe_view"}
-
-
-def _target(op: ProgramOp):
-    return _target_of(op.call)
-
-
 def _decode(value: Any, tensors: Sequence[Any], device: Any) -> Any:
     if isinstance(value, TensorArg):
         return tensors[value.index]
@@ -63,98 +54,74 @@ def _decode(value: Any, tensors: Sequence[Any], device: Any) -> Any:
     return value
 
 
-_STRIDE_FREE = {
-    "t",
-    "transpose",
-    "permute",
-    "view",
-    "_unsafe_view",
-    "reshape",
-    "detach",
-    "alias",
-    "unsqueeze",
-    "squeeze",
-    "expand",
-    "clone",
-}
-
-
 def _local_call(
     op: ProgramOp, tensors: Sequence[torch.Tensor], rank: int, device: Any, seed: int | None = None
 ):
     """Rank ``rank``'s part of ``op`` from its local tensors (``seed``: the generator's of a
-    random op)."""
-    call = op.call
+    random op), as its :class:`LocalCall` says."""
+    call = op.local
+    spec = op.output_specs[0] if op.output_specs else None
     if seed is not None:
-        return _draw(call, op.output_specs, tensors, rank, device, seed)
-    if call.op not in _STRIDE_FREE:
-        # a local piece may be a strided view of a bigger buffer; some CPU kernels
-        # (embedding_dense_backward) read such a gradient wrong
+        return _draw(call, spec, tensors, rank, device, seed)
+    if call.contiguous:
         tensors = [t.contiguous() for t in tensors]
     args = [_decode(a, tensors, device) for a in call.args]
     kwargs = {k: _decode(v, tensors, device) for k, v in call.kwargs}
-    size = SIZE_ARGS.get(call.op)
-    if size is not None and op.output_specs and op.output_specs[0] is not None:
-        pos, dim = size
-        shape = list(local_shape(op.output_specs[0], rank))
-        local = shape if dim is None else shape[dim]
-        if pos < len(args):
-            args[pos] = local
-    if call.op in _VIEWS:
+    if call.size is not None and spec is not None:
+        shape = list(local_shape(spec, rank))
+        local = shape if call.size.dim is None else shape[call.size.dim]
+        if call.size.position < len(args):
+            args[call.size.position] = local
+    if call.view:
         return tensors[0].reshape(args[1])
-    if call.op == "arange" and op.output_specs and op.output_specs[0] is not None:
+    if call.range is not None and spec is not None:
         # a shard of a range is the range of its own indices
-        spec = op.output_specs[0]
-        start, end, step = local_range(
-            call.target, call.args, global_offset(spec, rank)[0], local_shape(spec, rank)[0]
-        )
+        start, end, step = call.range.of(global_offset(spec, rank)[0], local_shape(spec, rank)[0])
         return torch.ops.aten.arange.start_step(start, end, step, **kwargs)
-    return _target(op)(*args, **kwargs)
+    return _target_of(call)(*args, **kwargs)
 
 
-def _draw(call, output_specs, tensors, rank: int, device: Any, seed: int) -> Any:
+def _draw(call: LocalCall, spec: Spec | None, tensors, rank: int, device: Any, seed: int) -> Any:
     """A random op's result on rank ``rank``: its shard of the one global draw from a
     generator seeded ``seed`` (see :mod:`meshplan.strategy.rules._random`). Every rank draws
     the whole global tensor and keeps its chunks: exact, at O(global numel) per op."""
-    kind = draw_kind(call.target, call.names)
+    draw = call.draw
     gen = torch.Generator(device=device if device is not None else "cpu")
     gen.manual_seed(seed)
-    spec = output_specs[0] if output_specs else None
-    meta = call.outputs[0]
-    dtype = getattr(torch, meta.dtype)
+    dtype = getattr(torch, draw.dtype)
     args = [_decode(a, tensors, device) for a in call.args]
     kwargs = {k: _decode(v, tensors, device) for k, v in call.kwargs if k != "generator"}
 
     def mine(whole: torch.Tensor) -> torch.Tensor:
         return whole if spec is None else shard_one(whole, spec, rank)
 
-    if kind == "generator":  # no rule: it runs replicated, on whole tensors
+    kind = draw.kind
+    if kind is Draw.GENERATOR:  # no rule: it runs replicated, on whole tensors
         return _target_of(call)(*args, **kwargs, generator=gen)
-    whole = torch.empty(meta.shape, dtype=dtype, device=device)
-    if kind == "shaped":  # the input gives only shape and dtype
+    whole = torch.empty(draw.shape, dtype=dtype, device=device)
+    if kind is Draw.SHAPED:  # the input gives only shape and dtype
         return mine(_target_of(call)(whole, *args[1:], **kwargs, generator=gen))
-    if kind == "factory":
-        name, named = call.op, call.named_args()
-        if name in ("rand", "rand_like"):
-            return mine(whole.uniform_(0, 1, generator=gen))
-        if name in ("randn", "randn_like"):
-            return mine(whole.normal_(0, 1, generator=gen))
-        return mine(whole.random_(named.get("low", 0), named["high"], generator=gen))
+    if kind is Draw.UNIFORM:
+        return mine(whole.uniform_(0, 1, generator=gen))
+    if kind is Draw.NORMAL:
+        return mine(whole.normal_(0, 1, generator=gen))
+    if kind is Draw.INTEGERS:
+        return mine(whole.random_(draw.low, draw.high, generator=gen))
     # elementwise: one uniform draw per element, compared with the local input there
     x = tensors[0]
-    u = mine(torch.empty(meta.shape, dtype=x.dtype, device=device).uniform_(0, 1, generator=gen))
-    if call.op == "bernoulli":
+    u = mine(torch.empty(draw.shape, dtype=x.dtype, device=device).uniform_(0, 1, generator=gen))
+    if kind is Draw.BERNOULLI:
         p = x if len(tensors) == 1 else tensors[1]
         return (u < p).to(x.dtype)
-    p = float(call.named_args().get("p", 0.5))  # native_dropout(input, p, train)
-    if call.named_args().get("train") is False:
+    if not draw.train:  # native_dropout(input, p, train)
         return x.clone(), torch.ones_like(x, dtype=torch.bool)
+    p = draw.p
     keep = u < 1 - p
     out = x * keep * (1.0 / (1 - p)) if p < 1 else torch.zeros_like(x)
     return out, keep
 
 
-def _target_of(call):
+def _target_of(call: LocalCall):
     _, name, overload = call.target.split(".")
     return getattr(getattr(torch.ops.aten, name), overload)
 
@@ -174,10 +141,7 @@ def _draw_seeds(program: Program, seed: int | None, step: int) -> dict[int, int]
         )
     if isinstance(step, bool) or not isinstance(step, int) or step < 0:
         raise RuntimeShellError(f"step= must be an int >= 0, got {step!r}", value=step)
-    seeds = {n: draw_seed(seed, step, k) for k, n in enumerate(draws)}
-    # a recomputed random op redraws its original's values
-    seeds.update((c, seeds[o]) for c, o in program.graph.recomputes if o in seeds)
-    return seeds
+    return draw_seeds(program.graph, seed, step)  # a recomputed op redraws its original's
 
 
 def _outputs(result: Any, op: ProgramOp) -> tuple[Any, ...]:

@@ -11,6 +11,7 @@ from meshplan.placement import Spec
 
 from ..rules._aten import Call
 from ._graph import Graph, Value
+from ._local_call import LocalCall, local_call
 
 __all__ = ["Program", "ProgramCost", "ProgramOp", "ProgramWarning"]
 
@@ -38,7 +39,9 @@ class ProgramOp:
     """One aten call of a program with its chosen strategy and the moves feeding it.
 
     ``moves[i]`` is the plan taking input ``i`` from its producer's spec to
-    ``input_specs[i]`` (None when they are equal).
+    ``input_specs[i]`` (None when they are equal). ``local`` is what every rank runs
+    (:class:`LocalCall`: the call with its local sizes, range or draw), read from the
+    call's rules when the op is built.
     """
 
     node: int
@@ -49,6 +52,9 @@ class ProgramOp:
     moves: tuple[Any, ...]
     phase: str
     replicated_fallback: bool = False
+    local: LocalCall = attrs.field(
+        default=attrs.Factory(lambda self: local_call(self.call), takes_self=True)
+    )
 
 
 @attrs.frozen(eq=False)

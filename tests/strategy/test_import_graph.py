@@ -146,3 +146,28 @@ def test_the_guard_resolves_absolute_and_package_imports(tmp_path):
     graph = import_graph(tmp_path, "pkg")
     assert graph == {"pkg.low": {"pkg.low._a"}, "pkg.low._a": {"pkg.low"}}
     assert circle(graph) == ["pkg.low", "pkg.low._a", "pkg.low"]
+
+
+def _absolute_imports(path: pathlib.Path) -> set[str]:
+    out = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            out |= {node.module, *(f"{node.module}.{a.name}" for a in node.names)}
+        elif isinstance(node, ast.Import):
+            out |= {a.name for a in node.names}
+    return out
+
+
+def test_the_runtime_reads_nothing_of_the_rule_files():
+    # a program's ops carry what each rank runs (ProgramOp.local, a LocalCall)
+    reads = {
+        p.name: sorted(m for m in _absolute_imports(p) if m.startswith("meshplan.strategy.rules"))
+        for p in sorted((ROOT / "runtime").glob("*.py"))
+    }
+    assert {name: mods for name, mods in reads.items() if mods} == {}
+
+
+def test_the_rule_file_guard_sees_a_rule_import_inside_a_function(tmp_path):
+    bad = tmp_path / "bad.py"
+    bad.write_text("def f():\n    from meshplan.strategy.rules._aten import SIZE_ARGS\n")
+    assert "meshplan.strategy.rules._aten" in _absolute_imports(bad)
