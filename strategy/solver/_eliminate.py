@@ -42,12 +42,15 @@ def solve_pairwise(
     max_factor: int = 1 << 21,
     starts: Sequence[Sequence[int]] = (),
     prove: bool = True,
+    memo: dict | None = None,
 ) -> Solution:
     """The minimum of ``sum unary[v][x_v] + sum pairs[a, b][x_a][x_b]`` over choices ``x``.
 
     Exact by elimination where :func:`elimination_order` finds it cheap enough; else the
     best choice found, with a true lower bound (see :func:`_bounded`; ``prove=False`` when only
-    the choice matters: the bound is then the cheaper, looser one).
+    the choice matters: the bound is then the cheaper, looser one). ``memo``: working
+    memory kept between solves of problems over the same terms (the messages of the last
+    one's bound: message passing starts from them, as any messages give a true bound).
 
     >>> solve_pairwise([[1, 0], [0, 3]], {(0, 1): [[0, 5], [5, 0]]})
     Solution(choice=(0, 0), cost=1.0, bound=1.0, method=<Method.EXACT: 'exact'>)
@@ -61,10 +64,10 @@ def solve_pairwise(
         choice = _eliminate(un, pw, order)
         c = total(choice, unary, pairs)
         return Solution(choice, c, c, Method.EXACT)
-    return _bounded(un, pw, unary, pairs, starts, prove)
+    return _bounded(un, pw, unary, pairs, starts, prove, memo)
 
 
-def _bounded(un, pw, unary, pairs, starts, prove: bool = True) -> Solution:
+def _bounded(un, pw, unary, pairs, starts, prove: bool = True, memo=None) -> Solution:
     """A problem too wide to eliminate: the best of local searches from the choices the
     bounds read off (and ``starts``), with the better of two true lower bounds: the
     linear-programming relaxation's dual (:mod:`._messages`) and a spanning forest with
@@ -92,7 +95,13 @@ def _bounded(un, pw, unary, pairs, starts, prove: bool = True) -> Solution:
         cost = total(c, unary, pairs)
         if best is None or cost < best[0]:
             best = (cost, tuple(c))
-    relaxed = lp_bound(un, pw, target=best[0], max_passes=400 if prove else 0)
+    start = None if memo is None else memo.get("messages")
+    # from an earlier solve's messages, a few batched passes stand in for the
+    # sequential ones that start a fresh bound
+    passes = 400 if prove else (0 if start is None else 10)
+    relaxed = lp_bound(un, pw, target=best[0], max_passes=passes, start=start)
+    if memo is not None:
+        memo["messages"] = relaxed.messages
     c = _local_search(list(relaxed.choice), un, pw)
     cost = total(c, unary, pairs)
     if cost < best[0]:

@@ -70,7 +70,14 @@ def lp_bound(
     un = [u / scale for u in un]
     terms = {k: m / scale for k, m in terms.items()}
     edges = list(terms)
-    if start is not None and all(k in start for k in terms):
+    if start is not None and all(
+        k in start
+        and (a, b) in start
+        and len(start[k]) == len(un[b])
+        and len(start[(a, b)]) == len(un[a])
+        for a, b in terms
+        for k in [(b, a)]
+    ):
         msg = {}
         for a, b in edges:
             msg[(a, b)] = np.asarray(start[(a, b)], dtype=float) / scale

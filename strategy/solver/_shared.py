@@ -171,11 +171,21 @@ def solve_shared(
         return exact
     moves = split(problem) if moves is None else moves
     above, below = moves.above(problem.unary), moves.below(problem.unary)
+    memo = None if warm is None else warm.messages
     up = solve_pairwise(
-        above.unary, above.pairs, max_factor=options.max_factor, starts=starts, prove=False
+        above.unary,
+        above.pairs,
+        max_factor=options.max_factor,
+        starts=starts,
+        prove=False,
+        memo=None if memo is None else memo.setdefault("above", {}),
     )
     lo = solve_pairwise(
-        below.unary, below.pairs, max_factor=options.max_factor, prove=not options.draft
+        below.unary,
+        below.pairs,
+        max_factor=options.max_factor,
+        prove=not options.draft,
+        memo=None if memo is None else memo.setdefault("below", {}),
     )
     best = None
     search = Searcher(problem)  # the price tables, built once

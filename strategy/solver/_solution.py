@@ -109,10 +109,12 @@ class Options:
 class Warm:
     """What one solve leaves the next over the same terms (prices may rise between them):
     the readers' shares of the sharing dual, a budget's search tree and the two sides of
-    its root dual, the transportation LP (its columns and basis). Working memory, not a
-    value."""
+    its root dual, the transportation LP (its columns and basis), the pairwise problems'
+    messages (``messages["above"]``, ``messages["below"]``: see
+    :func:`._eliminate.solve_pairwise`'s ``memo``). Working memory, not a value."""
 
     weights: list | None = None
     lp: Any = None
     search: dict | None = None
     lines: dict = attrs.field(factory=dict)
+    messages: dict = attrs.field(factory=dict)

@@ -64,3 +64,21 @@ def test_the_bounded_solver_keeps_a_true_bound(problem):
     assert abs(sol.cost - total(sol.choice, unary, pairs)) <= 1e-9
     if sol.method == "exact":
         assert abs(sol.cost - best) <= 1e-9
+
+
+@settings(max_examples=min(settings.default.max_examples, 100), deadline=None)
+@given(pairwise(), pairwise(), st.booleans(), st.integers(0, 3))
+def test_a_solve_from_an_earlier_solves_messages_keeps_a_true_bound(first, other, prove, bump):
+    """``memo``: the messages one solve leaves (of the same terms at other costs, or of
+    another problem altogether, whose messages do not fit and are not used) start the
+    next one's bound, which stays below the minimum."""
+    unary, pairs = first
+    memo: dict = {}
+    solve(unary, pairs, max_factor=0, prove=prove, memo=memo)
+    assert "messages" in memo
+    raised = [[c + bump * (k % 2) / 4 for k, c in enumerate(u)] for u in unary]
+    for un, pw in [(raised, pairs), other]:
+        best = _minimum(un, pw)
+        sol = solve(un, pw, max_factor=0, prove=prove, memo=memo)
+        assert sol.lower_bound <= best + 1e-9 <= sol.cost + 2e-9
+        assert abs(sol.cost - total(sol.choice, un, pw)) <= 1e-9
