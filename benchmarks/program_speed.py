@@ -410,12 +410,14 @@ def main(argv=None) -> None:
     big = time_of(fam, 32, (2, 4))
     one, eight = time_of(fam, 1, (2, 4)), time_of(fam, 8, (2, 4))
     big_s = f"{big:.1f} s" if big is not None else "not run"
+    one_s = f"{one:.1f} s" if one is not None else "not run"
     ratio = f"{eight / one:.2f}" if one and eight else "not run"
     ratio32 = f"{big / one:.2f}" if one and big else "not run"
     print(f"load average {os.getloadavg()[0]:.1f} at end")
     print(
-        f"program_speed: worst gap {worst:.1%}, ops replicated {repl}, 32-layer (2,4) cold "
-        f"{big_s} CPU ({fam}), 8/1-layer time ratio {ratio}, 32/1 {ratio32}"
+        f"program_speed: worst gap {worst:.1%}, ops replicated {repl}, 1-layer (2,4) cold "
+        f"{one_s} CPU, 32-layer {big_s} CPU ({fam}), 8/1-layer time ratio {ratio}, "
+        f"32/1 {ratio32}"
     )
 
 
