@@ -21,6 +21,7 @@ every rank is refused (see :mod:`._random`).
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -33,7 +34,7 @@ from meshplan.placement import Spec
 from ..rules._aten import Call, TensorArg
 from ..rules._random import check_draw
 from ..rules._rule import Meta
-from ._graph import Graph, Node, TorchConst, Value, freeze_arg
+from ._graph import Graph, Node, TorchConst, Value
 
 __all__ = ["trace", "to_torch_const", "DECOMPOSE"]
 
@@ -108,6 +109,7 @@ def trace(
 ) -> Graph:
     """The joint forward/backward graph of ``fn`` on global tensors of ``arg_specs``."""
     from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.fx._lazy_graph_module import _use_lazy_graph_module
 
     n_args = len(arg_specs)
     state: dict[str, Any] = {}
@@ -148,7 +150,9 @@ def trace(
             for spec, g in zip(arg_specs, requires_grad, strict=True):
                 t = torch.empty(spec.shape, dtype=_dtype(spec.dtype))
                 fakes.append(t.requires_grad_(True) if g else t)
-        with torch.enable_grad():
+        # the graph module's Python code is generated only if it is called (the
+        # functionalized trace calls it); its graph is all that is read
+        with torch.enable_grad(), _use_lazy_graph_module(True):
             gm = make_fx(
                 joint,
                 decomposition_table=_decompositions(),
@@ -259,14 +263,41 @@ def _functionalized(gm, fakes: Sequence[Any], cots: Sequence[Any]):
     return out
 
 
-def _argument_write(fx, n_args: int, placeholders) -> int | None:
+def _argument_write(fx, target: str, n_args: int, position: dict) -> int | None:
     """The argument position a functionalized graph's final ``copy_`` writes, or None."""
-    if str(fx.target) != "aten.copy_.default":
+    if target != "aten.copy_.default":
         return None
-    dst = fx.args[0]
-    if dst in placeholders and placeholders.index(dst) < n_args:
-        return placeholders.index(dst)
-    return None
+    k = position.get(fx.args[0])
+    return k if k is not None and k < n_args else None
+
+
+class _Targets(dict):
+    """Per op overload, what every call of it shares: its name, tags, schema argument
+    names and whether it writes in place (read once per op, not once per call)."""
+
+    def __missing__(self, target: Any) -> tuple[str, frozenset, tuple[str, ...], bool]:
+        schema = getattr(target, "_schema", None)
+        info = (
+            str(target),
+            frozenset(t.name for t in getattr(target, "tags", ())),
+            tuple(a.name for a in schema.arguments) if schema is not None else (),
+            schema is not None and schema.is_mutable,
+        )
+        self[target] = info
+        return info
+
+
+class _Metas(dict):
+    """One :class:`Meta` per distinct (shape, dtype) of the trace's tensors, shared."""
+
+    def of(self, t: Any) -> Meta | None:
+        if not isinstance(t, torch.Tensor):
+            return None
+        key = (t.shape, t.dtype)
+        m = self.get(key)
+        if m is None:
+            m = self[key] = _meta(t)
+        return m
 
 
 def _to_graph(gm, arg_specs, requires_grad, n_out: int, fn: Any = None) -> Graph:
@@ -275,17 +306,21 @@ def _to_graph(gm, arg_specs, requires_grad, n_out: int, fn: Any = None) -> Graph
     backward: set[int] = set()
     n_args = len(arg_specs)
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    metas_of, targets = _Metas(), _Targets()
     for k, ph in enumerate(placeholders):
-        m = _meta(ph.meta.get("val"))
+        m = metas_of.of(ph.meta.get("val"))
         if k < n_args:
             nodes.append(Node("arg", ph.name, (m,)))
         else:
             nodes.append(Node("cotangent", ph.name, (m,), phase="backward"))
             backward.add(len(nodes) - 1)
         where[ph] = len(nodes) - 1
+    position = {ph: k for k, ph in enumerate(placeholders)}
     values: dict[Any, Value] = {ph: Value(where[ph]) for ph in placeholders}
     written: dict[int, Any] = {}  # argument position -> the fx node of its new value
     out_node = None
+    getitem = operator.getitem
+    fx_node = torch.fx.Node
     for fx in gm.graph.nodes:
         if fx.op == "placeholder":
             continue
@@ -305,7 +340,13 @@ def _to_graph(gm, arg_specs, requires_grad, n_out: int, fn: Any = None) -> Graph
             continue
         if fx.op != "call_function":
             raise StrategyError(f"unexpected node {fx.op} {fx.target} in the trace", value=fx)
-        k = _argument_write(fx, n_args, placeholders)
+        if fx.target is getitem:
+            src, i = fx.args
+            if src in where:
+                values[fx] = Value(where[src], i)
+            continue
+        target, tags, names, mutable = targets[fx.target]
+        k = _argument_write(fx, target, n_args, position)
         if k is not None:
             if requires_grad[k]:
                 raise StrategyError(
@@ -316,37 +357,34 @@ def _to_graph(gm, arg_specs, requires_grad, n_out: int, fn: Any = None) -> Graph
                 )
             written[k] = fx.args[1]
             continue
-        _check_pure(fx)
-        if fx.target is __import__("operator").getitem:
-            src, i = fx.args
-            if src in where:
-                values[fx] = Value(where[src], i)
-            continue
+        if mutable:
+            _refuse_write(target)
+        _check_aten(target, fx.target)
         tensors: list[Value] = []
 
         def enc(a: Any, tensors: list[Value] = tensors) -> Any:
-            if isinstance(a, torch.fx.Node):
-                if a not in values:
+            if isinstance(a, fx_node):
+                v = values.get(a)
+                if v is None:
                     return None  # a non-tensor value (e.g. a size): not traced statically
-                tensors.append(values[a])
+                tensors.append(v)
                 return TensorArg(len(tensors) - 1)
             if isinstance(a, list | tuple):
                 return tuple(enc(x) for x in a)
             return _const(a)
 
-        args = tuple(enc(a) for a in fx.args)
+        args = tuple(enc(a) for a in fx.args)  # lists made tuples: frozen
         kwargs = {k: enc(v) for k, v in fx.kwargs.items()}
         val = fx.meta.get("val")
-        metas = tuple(_meta(v) for v in val) if isinstance(val, list | tuple) else (_meta(val),)
-        target = _target_name(fx.target)
-        tags = frozenset(t.name for t in getattr(fx.target, "tags", ()))
-        schema = getattr(fx.target, "_schema", None)
-        names = tuple(a.name for a in schema.arguments) if schema is not None else ()
+        if isinstance(val, list | tuple):
+            metas = tuple(metas_of.of(v) for v in val)
+        else:
+            metas = (metas_of.of(val),)
         call = Call(
             target,
             tuple(nodes[v.node].metas[v.index] for v in tensors),
             metas,
-            freeze_arg(args),
+            args,
             kwargs,
             tags,
             names,
@@ -370,17 +408,14 @@ def _to_graph(gm, arg_specs, requires_grad, n_out: int, fn: Any = None) -> Graph
     )
 
 
-def _check_pure(fx) -> None:
+def _refuse_write(name: str) -> None:
     """Refuse a call that would still write in place."""
-    schema = getattr(fx.target, "_schema", None)
-    name = str(fx.target)
-    if schema is not None and schema.is_mutable:
-        raise StrategyError(
-            f"the trace still writes in place with {name} after functionalization; such a "
-            "write would be lost on a moved value: write into a new tensor instead "
-            "(torch.where, index_put, slice_scatter)",
-            value=name,
-        )
+    raise StrategyError(
+        f"the trace still writes in place with {name} after functionalization; such a "
+        "write would be lost on a moved value: write into a new tensor instead "
+        "(torch.where, index_put, slice_scatter)",
+        value=name,
+    )
 
 
 def _grads_per_arg(grads, requires_grad) -> list[Any]:
@@ -388,14 +423,12 @@ def _grads_per_arg(grads, requires_grad) -> list[Any]:
     return [next(it) if g else None for g in requires_grad]
 
 
-def _target_name(target: Any) -> str:
-    name = str(target)  # "aten.mm.default"
+def _check_aten(name: str, target: Any) -> None:
     if not name.startswith("aten."):
         raise StrategyError(
             f"the trace holds {name!r}, not an aten op; programs are traced to aten ops",
             value=target,
         )
-    return name
 
 
 def _constant_node(name: str, t: Any) -> Node | None:
