@@ -451,7 +451,7 @@ def _plan_graph(
     program = program_of(sol)
     if peak_budget is not None:
         program = _fit_peak(program, obj, prices, peak_budget, program_of, solve_args)
-    if not free or planning is not Planning.WHOLE or program.method == "exact":
+    if not free or planning is not Planning.WHOLE or program.exact:
         return program
     again = dict(out_specs=out_specs, cost_model=model, compute=compute, ruleset=ruleset)
     again.update(limits, memory_budget=memory_budget, planner=planner, tie_layers=tie_layers)
@@ -549,10 +549,10 @@ def _plan_recompute(graph: Graph, arg_specs, groups, mode: str, kwargs) -> Progr
     if bound is None:
         bound = best.lower_bound
     bound = min(bound, best.lower_bound, best.cost.total)
-    method = best.method
-    if best.cost.total - bound > 1e-9 * abs(best.cost.total) and method == "exact":
+    if best.cost.total - bound > 1e-9 * abs(best.cost.total) and best.exact:
         method = f"exact for its recompute ({len(tried)} of {layers + 1} layer counts tried)"
-    return attrs.evolve(best, lower_bound=bound, method=method)
+        best = attrs.evolve(best, method=method, exact=False)
+    return attrs.evolve(best, lower_bound=bound)
 
 
 #: ``recompute="auto"`` under a budget: a plan without recompute that fits and costs
@@ -594,7 +594,7 @@ def _with_cut_pairs(program: Program, bound: float, method: str, cut: int) -> Pr
         f"{method} at proven prices; {cut} redistribution plan(s) cut by the planner's "
         "budget (raise Planner(max_states=...))"
     )
-    return attrs.evolve(program, lower_bound=bound, method=method)
+    return attrs.evolve(program, lower_bound=bound, method=method, exact=False)
 
 
 def _never_worse_than_given(program: Program, graph, arg_specs, per_param, options) -> Program:
@@ -611,7 +611,9 @@ def _never_worse_than_given(program: Program, graph, arg_specs, per_param, optio
         return program
     if given_plan.cost.total >= program.cost.total:
         return program
-    return attrs.evolve(given_plan, lower_bound=program.lower_bound, method=program.method)
+    return attrs.evolve(
+        given_plan, lower_bound=program.lower_bound, method=program.method, exact=program.exact
+    )
 
 
 def _check_peak_feasible(obj, budget: float, program_of) -> None:
@@ -668,8 +670,8 @@ def _fit_peak(program, obj, prices, budget: float, program_of, solve_args) -> Pr
     cost = program.cost.total
     if cost - bound <= 1e-12 * max(abs(cost), 1e-300):
         return program
-    method = program.method if program.method != "exact" else "peak fitted, estimate's bound"
-    return attrs.evolve(program, lower_bound=min(bound, cost), method=method)
+    method = "peak fitted, estimate's bound" if program.exact else program.method
+    return attrs.evolve(program, lower_bound=min(bound, cost), method=method, exact=False)
 
 
 def _check_graph_arguments(graph, arg_specs, solver, limits: dict[str, Any]) -> tuple[Spec, ...]:

@@ -115,4 +115,5 @@ def assemble(
         min(bound, cost.total),
         sol.describe(),
         tuple(sorted(set(fallbacks))),
+        exact=sol.exact,
     )

@@ -65,7 +65,7 @@ def explain_program(program: Any) -> str:
     lines.append(
         f"total {c.total:.4g} s = comm {c.comm:.4g} s + compute {c.compute:.4g} s; "
         f"{c.collectives} collectives, {c.bytes:.4g} bytes per rank; method {program.method}"
-        + (f" (lower bound {program.lower_bound:.4g} s)" if program.method != "exact" else "")
+        + (f" (lower bound {program.lower_bound:.4g} s)" if not program.exact else "")
     )
     if program.graph.recomputes:
         lines.append(

@@ -66,6 +66,8 @@ class Program:
     writes into (:attr:`writes`), each in its argument's spec.
     ``cot_specs`` are the layouts the gradient arriving for each output must have.
     ``memory`` is the training state's bytes per rank (:class:`ProgramMemory`).
+    ``method`` says in words how the plan was found and bounded; ``exact`` is whether it is
+    proven the least-cost plan of its problem (``method`` then reads ``"exact"``).
     """
 
     graph: Graph
@@ -82,6 +84,7 @@ class Program:
     method: str
     fallbacks: tuple[str, ...]
     memory: Any = None  # a ProgramMemory (set by plan_graph)
+    exact: bool = False
 
     @property
     def writes(self) -> tuple[int, ...]:

@@ -15,6 +15,7 @@ same strategy.
 
 from __future__ import annotations
 
+import enum
 import heapq
 import itertools
 import math
@@ -42,6 +43,13 @@ from ._problem import Problem, prepare
 __all__ = ["Choice", "select", "METHODS", "clear_strategy_cache"]
 
 METHODS = ("search", "enumerate")
+
+
+class _Way(enum.Enum):
+    """How :func:`select` searches (``method=``, one of :data:`METHODS`)."""
+
+    SEARCH = "search"
+    ENUMERATE = "enumerate"
 
 
 @attrs.frozen(repr=False)
@@ -187,7 +195,7 @@ def select(
     model = check_model(cost_model)
     problem = prepare(op, input_specs, ruleset, args)
     pricer = _Pricer(problem, model, accept_partial, check_planner(planner))
-    if method == "enumerate":
+    if _Way(method) is _Way.ENUMERATE:
         return _enumerate(problem, pricer)
     return _search(problem, pricer)
 

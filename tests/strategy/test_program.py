@@ -146,7 +146,8 @@ def test_plan_program_matches_exhaustive_search_on_small_graphs(data):
         return
     best = min(problem.evaluate(c) for c in itertools.product(*map(range, problem.sizes)))
     assert prog.lower_bound <= best + 1e-12 + 1e-9 * best
-    if prog.method == "exact":
+    assert prog.exact == (prog.method == "exact")  # the typed field and the display agree
+    if prog.exact:
         assert abs(prog.cost.total - best) <= 1e-12 + 1e-9 * best, prog.explain()
     else:
         assert prog.cost.total >= best - 1e-12 - 1e-9 * best
@@ -167,7 +168,7 @@ def test_the_forest_bound_is_below_and_local_search_above_the_exact_minimum():
     from meshplan.strategy.programs._program import plan_graph
 
     approx = plan_graph(exact.graph, specs, compute=ComputeModel.cpu(), max_factor=1)
-    assert approx.method != "exact"
+    assert approx.method != "exact" and not approx.exact
     assert approx.lower_bound <= exact.cost.total + 1e-15
     assert approx.cost.total >= exact.cost.total - 1e-15
     _check(approx, fn, tensors, specs)
