@@ -15,7 +15,7 @@ the first mesh dim, Megatron column/row splits on the last) priced by the same m
 * ``70b4d`` (only with ``--cases``): the 70B shapes on a 4-D mesh of 1,024 ranks, (dp 2,
   fsdp 8, sp 8, tp 8): the batch on dp and fsdp, the sequence on sp.
 
-Each case prints the plan time (wall and CPU), the host's peak resident memory
+Each case prints the plan time (wall and CPU; the trace's share beside it), the host's peak resident memory
 (``resource.getrusage``), the modeled step time, the peak per rank with its parts, what
 is recomputed (the planner chooses how many layers, ``recompute="auto"``), the proven
 gap, and the hand-written plan's step time and peak with every layer recomputed
@@ -137,12 +137,15 @@ def case(name: str, profile: bool) -> dict:
     ids = _batch(mesh, c["batch"])
     args = dict(forward=_step, compute=ComputeModel(), max_factor=1 << 12)
     prof = cProfile.Profile() if profile else None
+    traced = _Traced()
     t0, c0 = time.perf_counter(), time.process_time()
     if prof:
         prof.enable()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", ProgramWarning)
-        chosen = plan_module(model, ids, choose=["*"], memory_budget=BUDGET, **args)
+        chosen = plan_module(
+            model, ids, choose=["*"], memory_budget=BUDGET, progress=traced, **args
+        )
     if prof:
         prof.disable()
         os.makedirs(os.path.join(HERE, "results"), exist_ok=True)
@@ -158,6 +161,8 @@ def case(name: str, profile: bool) -> dict:
         "mesh": list(c["mesh"]),
         "plan_s": wall,
         "plan_cpu_s": cpu,
+        "trace_s": traced.wall - t0,
+        "trace_cpu_s": traced.cpu - c0,
         "host_peak_gb": rss,
         "step_s": p.cost.total,
         "comm_s": p.cost.comm,
@@ -171,6 +176,17 @@ def case(name: str, profile: bool) -> dict:
         "hand_memory": _parts(hand.memory),
         "fits": p.memory.peak <= BUDGET,
     }
+
+
+class _Traced:
+    """A progress callback noting when the trace ends (wall and CPU clocks)."""
+
+    def __init__(self) -> None:
+        self.wall = self.cpu = float("nan")
+
+    def __call__(self, stage: str, done: int, total: int) -> None:
+        if stage == "trace" and done == total and self.cpu != self.cpu:  # the first trace
+            self.wall, self.cpu = time.perf_counter(), time.process_time()
 
 
 def _recomputed(program) -> str:
@@ -195,7 +211,8 @@ def main() -> None:
         rows.append(r)
         m, h = r["memory"], r["hand_memory"]
         print(
-            f"{name}: mesh {tuple(r['mesh'])} plan {r['plan_s']:.1f} s ({r['plan_cpu_s']:.1f} s CPU), "
+            f"{name}: mesh {tuple(r['mesh'])} plan {r['plan_s']:.1f} s ({r['plan_cpu_s']:.1f} s CPU; "
+            f"trace {r['trace_s']:.1f} s, {r['trace_cpu_s']:.1f} s CPU), "
             f"host peak {r['host_peak_gb']:.2f} GB; step {r['step_s']:.3g} s (comm {r['comm_s']:.3g}, "
             f"compute {r['compute_s']:.3g}), gap {r['gap']:.2%} ({r['method']})"
         )
