@@ -9,8 +9,9 @@ the graph hashes, compares and pickles without torch.
 
 from __future__ import annotations
 
+import enum
 from functools import cached_property
-from typing import Any, Literal
+from typing import Any
 
 import attrs
 
@@ -20,10 +21,41 @@ from ..rules._aten import Call, TensorArg
 from ..rules._random import is_draw
 from ..rules._rule import Meta
 
-__all__ = ["Value", "Node", "Graph", "TorchConst", "TensorArg"]
+__all__ = ["Value", "Node", "Graph", "TorchConst", "TensorArg", "Kind", "Phase", "ConstKind"]
 
-Kind = Literal["arg", "cotangent", "call"]
-Phase = Literal["forward", "backward"]
+
+class Kind(enum.StrEnum):
+    """What a :class:`Node` is: an argument, a cotangent or an aten call."""
+
+    ARG = "arg"
+    COTANGENT = "cotangent"
+    CALL = "call"
+
+
+class Phase(enum.StrEnum):
+    """Where a :class:`Node` runs: in the forward or in the backward."""
+
+    FORWARD = "forward"
+    BACKWARD = "backward"
+
+
+class ConstKind(enum.StrEnum):
+    """What a :class:`TorchConst` names."""
+
+    DTYPE = "dtype"
+    DEVICE = "device"
+    LAYOUT = "layout"
+    MEMORY_FORMAT = "memory_format"
+
+
+def _as(enum_type):
+    """A converter to ``enum_type`` that passes its members through at no cost (tracing
+    builds a node per call)."""
+
+    def convert(value):
+        return value if type(value) is enum_type else enum_type(value)
+
+    return convert
 
 
 @attrs.frozen
@@ -39,9 +71,13 @@ class Value:
 
 @attrs.frozen
 class TorchConst:
-    """A torch constant by name: ``TorchConst("dtype", "float32")``, ``("device", "cpu")``."""
+    """A torch constant by name: ``TorchConst("dtype", "float32")``, ``("device", "cpu")``.
 
-    kind: str
+    >>> TorchConst("dtype", "float32").kind is ConstKind.DTYPE
+    True
+    """
+
+    kind: ConstKind = attrs.field(converter=_as(ConstKind))
     name: str
 
 
@@ -50,15 +86,19 @@ class Node:
     """An argument, a cotangent (the gradient arriving for an output) or an aten call.
 
     ``inputs`` are the values feeding the call's tensor inputs, in order; ``metas`` the
-    node's outputs (one for arguments and cotangents).
+    node's outputs (one for arguments and cotangents). ``kind`` and ``phase`` take their
+    enum's members or its strings (``"call"``, ``"backward"``).
+
+    >>> Node("arg", "x", ()).kind is Kind.ARG
+    True
     """
 
-    kind: Kind
+    kind: Kind = attrs.field(converter=_as(Kind))
     name: str
     metas: tuple[Meta | None, ...] = attrs.field(converter=tuple)
     inputs: tuple[Value, ...] = attrs.field(default=(), converter=tuple)
     call: Call | None = None
-    phase: Phase = "forward"
+    phase: Phase = attrs.field(default=Phase.FORWARD, converter=_as(Phase))
 
 
 @attrs.frozen
@@ -88,15 +128,15 @@ class Graph:
 
     @cached_property
     def args(self) -> tuple[int, ...]:
-        return tuple(i for i, n in enumerate(self.nodes) if n.kind == "arg")
+        return tuple(i for i, n in enumerate(self.nodes) if n.kind is Kind.ARG)
 
     @cached_property
     def cotangents(self) -> tuple[int, ...]:
-        return tuple(i for i, n in enumerate(self.nodes) if n.kind == "cotangent")
+        return tuple(i for i, n in enumerate(self.nodes) if n.kind is Kind.COTANGENT)
 
     @cached_property
     def calls(self) -> tuple[int, ...]:
-        return tuple(i for i, n in enumerate(self.nodes) if n.kind == "call")
+        return tuple(i for i, n in enumerate(self.nodes) if n.kind is Kind.CALL)
 
     @property
     def draws(self) -> tuple[int, ...]:
@@ -106,7 +146,7 @@ class Graph:
         return tuple(
             i
             for i, n in enumerate(self.nodes)
-            if n.kind == "call" and i not in copies and is_draw(n.call)
+            if n.kind is Kind.CALL and i not in copies and is_draw(n.call)
         )
 
     def meta(self, v: Value) -> Meta:

@@ -18,7 +18,7 @@ import attrs
 
 from ..rules._aten import SIZE_ARGS, Call
 from ..rules._aten_pieces import local_range
-from ..rules._random import draw_kind, draw_seed
+from ..rules._random import DrawKind, draw_kind, draw_seed
 from ._graph import Graph
 
 __all__ = ["Draw", "LocalCall", "LocalDraw", "LocalRange", "LocalSize", "draw_seeds", "local_call"]
@@ -151,12 +151,12 @@ def _draw_of(call: Call) -> LocalDraw | None:
         return None
     meta = call.outputs[0]
     whole = (tuple(meta.shape), meta.dtype)
-    if kind == "generator":
+    if kind is DrawKind.GENERATOR:
         return LocalDraw(Draw.GENERATOR, *whole)
-    if kind == "shaped":
+    if kind is DrawKind.SHAPED:
         return LocalDraw(Draw.SHAPED, *whole)
     named = call.named_args()
-    if kind == "factory":
+    if kind is DrawKind.FACTORY:
         if call.op in ("rand", "rand_like"):
             return LocalDraw(Draw.UNIFORM, *whole)
         if call.op in ("randn", "randn_like"):

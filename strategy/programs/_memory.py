@@ -40,6 +40,7 @@ from meshplan.layout._ints import brief
 from meshplan.placement import Spec, dtype_itemsize
 
 from ._candidates import local_numel
+from ._graph import Phase, Value
 
 __all__ = [
     "ProgramMemory",
@@ -211,9 +212,12 @@ def local_bytes(spec: Spec | None) -> float:
 def saved_values(graph) -> frozenset:
     """The values of the forward's calls that the backward reads (its calls' inputs and
     the arguments' gradients): what the forward keeps for the backward."""
-    forward = {i for i in graph.calls if graph.nodes[i].phase == "forward"}
+    forward = {i for i in graph.calls if graph.nodes[i].phase is Phase.FORWARD}
     reads = {
-        v for i in graph.calls if graph.nodes[i].phase == "backward" for v in graph.nodes[i].inputs
+        v
+        for i in graph.calls
+        if graph.nodes[i].phase is Phase.BACKWARD
+        for v in graph.nodes[i].inputs
     }
     reads.update(v for v in graph.grads if v is not None)
     return frozenset(v for v in reads if v.node in forward)
@@ -265,8 +269,6 @@ def activation_bytes(graph, options_of) -> dict[int, list[float]]:
 def _last_reads(ops, keep) -> list[list]:
     """Entry ``i``: the values no later op of ``ops`` reads (nor ``keep`` holds): the
     runner drops them once op ``i`` has run."""
-    from ._graph import Value
-
     last: dict = {}
     for i, op in enumerate(ops):
         for j in range(len(op.output_specs)):
@@ -397,8 +399,6 @@ class _Walk:
         return self.total + sum(self.size[b] for b in more)
 
     def run(self, ops, released) -> None:
-        from ._graph import Value
-
         for op, drop in zip(ops, released, strict=True):
             transient: list[int] = []
             ins = [self.read(v, p, transient) for v, p in zip(op.inputs, op.moves, strict=True)]
@@ -427,8 +427,6 @@ class _Walk:
 def step_memory(program, state_bytes_per_param: float | None) -> ProgramMemory:
     """The :class:`ProgramMemory` of one training step of ``program`` as
     :func:`~meshplan.runtime.run_program` runs it (see the module docstring)."""
-    from ._graph import Value
-
     graph = program.graph
     differentiated = tuple(s is not None for s in program.grad_specs)
     state = program_memory(program.arg_specs, differentiated, state_bytes_per_param)

@@ -24,7 +24,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from ..solver import Problem, Reader, SharedValue
-from ._graph import Graph, Value
+from ._graph import Graph, Kind, Value
 
 __all__ = ["parts_bound"]
 
@@ -51,7 +51,7 @@ class _Part:
         (a source in another part becomes a copy)."""
         graph, (fixed, sid, sinks, free_grads) = self.graph, self.env
         for n in self.own:
-            if graph.nodes[n].kind != "call":
+            if graph.nodes[n].kind is not Kind.CALL:
                 continue
             for i, v in enumerate(graph.nodes[n].inputs):
                 self.readers.setdefault(v, []).append(Reader(self.local[n], i))

@@ -10,7 +10,7 @@ from meshplan.errors import ProgramWarning
 from meshplan.placement import Spec
 
 from ..rules._aten import Call
-from ._graph import Graph, Value
+from ._graph import Graph, Phase, Value
 from ._local_call import LocalCall, local_call
 
 __all__ = ["Program", "ProgramCost", "ProgramOp", "ProgramWarning"]
@@ -114,11 +114,11 @@ class Program:
 
     @property
     def forward_ops(self) -> tuple[ProgramOp, ...]:
-        return tuple(op for op in self.ops if op.phase == "forward")
+        return tuple(op for op in self.ops if op.phase is Phase.FORWARD)
 
     @property
     def backward_ops(self) -> tuple[ProgramOp, ...]:
-        return tuple(op for op in self.ops if op.phase == "backward")
+        return tuple(op for op in self.ops if op.phase is Phase.BACKWARD)
 
     def explain(self) -> str:
         """A table: each op's strategy and, where communication goes, what it costs."""

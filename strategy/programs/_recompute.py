@@ -34,7 +34,7 @@ from collections.abc import Sequence
 
 from meshplan.errors import StrategyError
 
-from ._graph import Graph, Node, Value
+from ._graph import Graph, Kind, Node, Phase, Value
 from ._memory import saved_values
 
 __all__ = ["RECOMPUTE", "check_recompute", "layer_groups", "with_recompute"]
@@ -63,7 +63,7 @@ def layer_groups(graph: Graph, blocks: Sequence[Sequence[int]]) -> tuple[tuple[i
     """Each layer's forward calls (``blocks``: :attr:`._repeats.Repeats.blocks`), in order."""
     out = []
     for block in blocks:
-        calls = tuple(sorted(n for n in block if graph.nodes[n].phase == "forward"))
+        calls = tuple(sorted(n for n in block if graph.nodes[n].phase is Phase.FORWARD))
         if calls:
             out.append(calls)
     return tuple(sorted(out))
@@ -86,8 +86,8 @@ def _plan_group(graph: Graph, group: frozenset, saved, kept_reads) -> tuple:
     first = None
     for i, node in enumerate(graph.nodes):
         if (
-            node.kind == "call"
-            and node.phase == "backward"
+            node.kind is Kind.CALL
+            and node.phase is Phase.BACKWARD
             and any(v in dropped for v in node.inputs)
         ):
             first = i
@@ -114,7 +114,7 @@ def with_recompute(graph: Graph, groups: Sequence[Sequence[int]]) -> Graph:
         outside = {
             v
             for i, node in enumerate(graph.nodes)
-            if node.kind == "call" and node.phase == "forward" and i not in group
+            if node.kind is Kind.CALL and node.phase is Phase.FORWARD and i not in group
             for v in node.inputs
         }
         outside.update(graph.outputs)
@@ -137,8 +137,12 @@ def with_recompute(graph: Graph, groups: Sequence[Sequence[int]]) -> Graph:
 
     # the forward phase first (the runner runs it whole before the backward), then the
     # backward with the copies in place: a copy reads forward values only
-    order = [i for i, n in enumerate(graph.nodes) if n.phase == "forward" or n.kind != "call"]
-    order += [i for i, n in enumerate(graph.nodes) if n.phase == "backward" and n.kind == "call"]
+    order = [
+        i for i, n in enumerate(graph.nodes) if n.phase is Phase.FORWARD or n.kind is not Kind.CALL
+    ]
+    order += [
+        i for i, n in enumerate(graph.nodes) if n.phase is Phase.BACKWARD and n.kind is Kind.CALL
+    ]
     for i in order:
         node = graph.nodes[i]
         for calls, dropped, _ in before.get(i, ()):
@@ -151,10 +155,10 @@ def with_recompute(graph: Graph, groups: Sequence[Sequence[int]]) -> Graph:
                 )
                 local[n] = len(nodes)
                 pairs.append((len(nodes), new[n]))
-                nodes.append(Node("call", orig.name, orig.metas, ins, orig.call, "backward"))
+                nodes.append(Node(Kind.CALL, orig.name, orig.metas, ins, orig.call, Phase.BACKWARD))
             reroute.update({v: Value(local[v.node], v.index) for v in dropped})
         new[i] = len(nodes)
-        if node.phase == "backward" and node.kind == "call":
+        if node.phase is Phase.BACKWARD and node.kind is Kind.CALL:
             ins = tuple(reroute[v] if v in reroute else where(v) for v in node.inputs)
         else:
             ins = tuple(where(v) for v in node.inputs)

@@ -24,7 +24,7 @@ from collections.abc import Mapping, Sequence
 
 import attrs
 
-from ._graph import Graph, Value
+from ._graph import Graph, Kind, Phase, Value
 
 __all__ = ["Repeats", "exact_untied", "find_repeats"]
 
@@ -91,8 +91,8 @@ def find_repeats(
     """The repeated layers of ``graph`` (None: none found). ``fixed`` gives the fixed
     nodes' specs (arguments and cotangents), ``free_args`` the free argument nodes."""
     runs: list[tuple[tuple[int, ...], ...]] = []  # per run, its repeats' calls
-    for phase in ("forward", "backward"):
-        calls = [c for c in graph.calls if graph.nodes[c].phase == phase]
+    for phase in Phase:
+        calls = [c for c in graph.calls if graph.nodes[c].phase is phase]
         found: list = []
         _runs(_label_calls(graph, calls), 0, len(calls), found)
         for start, m, reps in found:
@@ -162,7 +162,7 @@ def _same_sources(graph, pair, tie, fixed, sets, args) -> bool:
                 return False
             continue
         args_alike = x.node in fixed and u.node in fixed and fixed[x.node] == fixed[u.node]
-        if args_alike and graph.nodes[x.node].kind == graph.nodes[u.node].kind == "arg":
+        if args_alike and graph.nodes[x.node].kind is graph.nodes[u.node].kind is Kind.ARG:
             continue
         return False
     return True

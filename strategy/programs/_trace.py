@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import operator
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, assert_never
 
 import torch
 from torch.fx.experimental.proxy_tensor import make_fx
@@ -34,7 +34,7 @@ from meshplan.placement import Spec
 from ..rules._aten import Call, TensorArg
 from ..rules._random import check_draw
 from ..rules._rule import Meta
-from ._graph import Graph, Node, TorchConst, Value
+from ._graph import ConstKind, Graph, Kind, Node, Phase, TorchConst, Value
 
 __all__ = ["trace", "to_torch_const", "DECOMPOSE"]
 
@@ -73,26 +73,26 @@ def _dtype(name: str) -> torch.dtype:
 
 def to_torch_const(c: TorchConst, device: Any = None) -> Any:
     """The torch object a :class:`TorchConst` names (``device`` overrides devices)."""
-    if c.kind == "dtype":
-        return _dtype(c.name)
-    if c.kind == "device":
-        return torch.device(device) if device is not None else torch.device(c.name)
-    if c.kind == "layout":
-        return getattr(torch, c.name)
-    if c.kind == "memory_format":
-        return getattr(torch, c.name)
-    raise StrategyError(f"unknown torch constant {c!r}", value=c)
+    match c.kind:
+        case ConstKind.DTYPE:
+            return _dtype(c.name)
+        case ConstKind.DEVICE:
+            return torch.device(device) if device is not None else torch.device(c.name)
+        case ConstKind.LAYOUT | ConstKind.MEMORY_FORMAT:
+            return getattr(torch, c.name)
+        case _:
+            assert_never(c.kind)
 
 
 def _const(value: Any) -> Any:
     if isinstance(value, torch.dtype):
-        return TorchConst("dtype", str(value).removeprefix("torch."))
+        return TorchConst(ConstKind.DTYPE, str(value).removeprefix("torch."))
     if isinstance(value, torch.device):
-        return TorchConst("device", str(value))
+        return TorchConst(ConstKind.DEVICE, str(value))
     if isinstance(value, torch.layout):
-        return TorchConst("layout", str(value).removeprefix("torch."))
+        return TorchConst(ConstKind.LAYOUT, str(value).removeprefix("torch."))
     if isinstance(value, torch.memory_format):
-        return TorchConst("memory_format", str(value).removeprefix("torch."))
+        return TorchConst(ConstKind.MEMORY_FORMAT, str(value).removeprefix("torch."))
     if isinstance(value, list | tuple):
         return tuple(_const(v) for v in value)
     return value
@@ -310,9 +310,9 @@ def _to_graph(gm, arg_specs, requires_grad, n_out: int, fn: Any = None) -> Graph
     for k, ph in enumerate(placeholders):
         m = metas_of.of(ph.meta.get("val"))
         if k < n_args:
-            nodes.append(Node("arg", ph.name, (m,)))
+            nodes.append(Node(Kind.ARG, ph.name, (m,)))
         else:
-            nodes.append(Node("cotangent", ph.name, (m,), phase="backward"))
+            nodes.append(Node(Kind.COTANGENT, ph.name, (m,), phase=Phase.BACKWARD))
             backward.add(len(nodes) - 1)
         where[ph] = len(nodes) - 1
     position = {ph: k for k, ph in enumerate(placeholders)}
@@ -390,10 +390,10 @@ def _to_graph(gm, arg_specs, requires_grad, n_out: int, fn: Any = None) -> Graph
             names,
         )
         check_draw(call)
-        phase = "backward" if any(v.node in backward for v in tensors) else "forward"
-        nodes.append(Node("call", fx.name, metas, tuple(tensors), call, phase))
+        phase = Phase.BACKWARD if any(v.node in backward for v in tensors) else Phase.FORWARD
+        nodes.append(Node(Kind.CALL, fx.name, metas, tuple(tensors), call, phase))
         idx = len(nodes) - 1
-        if phase == "backward":
+        if phase is Phase.BACKWARD:
             backward.add(idx)
         where[fx] = idx
         if not isinstance(val, list | tuple):
@@ -449,7 +449,7 @@ def _constant_node(name: str, t: Any) -> Node | None:
         frozenset(),
         ("size", "fill_value"),
     )
-    return Node("call", name, (meta,), (), call, "forward")
+    return Node(Kind.CALL, name, (meta,), (), call, Phase.FORWARD)
 
 
 def _holders(fn: Any) -> dict[str, Any]:

@@ -160,11 +160,12 @@ def _norm(d: int, nd: int) -> int:
 
 _LINEAR_UNARY = {"neg", "clone", "detach", "alias", "lift_fresh_copy", "_to_copy", "to"}
 _KEEPS_SUM_BINARY = {
-    # op: positions that may be Partial(sum) while the others are Replicate (or both)
-    "add": "both",
-    "sub": "both",
-    "mul": "either",
-    "div": "first",
+    # op: the inputs' placements that give a Partial(sum) result (each input Partial(sum)
+    # or Replicate)
+    "add": ((PSUM, PSUM),),
+    "sub": ((PSUM, PSUM),),
+    "mul": ((PSUM, R), (R, PSUM)),
+    "div": ((PSUM, R),),
 }
 
 
@@ -189,14 +190,7 @@ def _pointwise(call: Call) -> list[DimStrategy]:
     if op in _LINEAR_UNARY and n == 1:
         outs.append(DimStrategy([PSUM], [PSUM]))
     elif op in _KEEPS_SUM_BINARY and n == 2:
-        how = _KEEPS_SUM_BINARY[op]
-        if how == "both":
-            outs.append(DimStrategy([PSUM], [PSUM, PSUM]))
-        elif how == "either":
-            outs.append(DimStrategy([PSUM], [PSUM, R]))
-            outs.append(DimStrategy([PSUM], [R, PSUM]))
-        else:
-            outs.append(DimStrategy([PSUM], [PSUM, R]))
+        outs.extend(DimStrategy([PSUM], list(ins)) for ins in _KEEPS_SUM_BINARY[op])
     elif op in ("mul", "div") and n == 1 and _scalar_other(call) or op == "sum" and n == 1:
         outs.append(DimStrategy([PSUM], [PSUM]))
     return outs

@@ -22,26 +22,27 @@ resumes at (saved with the checkpoint).
 
 Kinds (:func:`draw_kind`), each with a rule that shards it:
 
-* ``"shaped"`` — the input gives only shape and dtype (``bernoulli.p``,
+* ``SHAPED`` — the input gives only shape and dtype (``bernoulli.p``,
   ``normal_functional``, ``uniform``, ``random``, ``exponential`` ..., what
   functionalization makes of ``bernoulli_``, ``normal_``, ``uniform_``);
-* ``"factory"`` — ``rand``, ``randn``, ``randint``, ``rand_like`` and kin;
-* ``"elementwise"`` — a draw per element that reads the input's value there
+* ``FACTORY`` — ``rand``, ``randn``, ``randint``, ``rand_like`` and kin;
+* ``ELEMENTWISE`` — a draw per element that reads the input's value there
   (``bernoulli(probabilities)``, ``native_dropout``): the input is sharded like the result;
-* ``"generator"`` — any other op taking a ``generator``: no rule, it runs replicated,
+* ``GENERATOR`` — any other op taking a ``generator``: no rule, it runs replicated,
   every rank drawing the same global draw;
 * None — no generator argument: refused at plan time.
 
 >>> draw_kind("aten.bernoulli.p", ("self", "p", "generator"))
-'shaped'
+<DrawKind.SHAPED: 'shaped'>
 >>> draw_kind("aten.randperm.default", ("n", "dtype", "layout", "device", "pin_memory")) is None
 True
 """
 
 from __future__ import annotations
 
+import enum
 import hashlib
-from typing import Any, Literal
+from typing import Any
 
 from meshplan.errors import StrategyError
 
@@ -56,7 +57,15 @@ __all__ = [
     "ELEMENTWISE",
 ]
 
-DrawKind = Literal["shaped", "factory", "elementwise", "generator"]
+
+class DrawKind(enum.Enum):
+    """How a random op draws (see the module docstring)."""
+
+    SHAPED = "shaped"
+    FACTORY = "factory"
+    ELEMENTWISE = "elementwise"
+    GENERATOR = "generator"
+
 
 SHAPED = frozenset(
     {
@@ -91,13 +100,13 @@ def draw_kind(target: str, names: tuple[str, ...] = ()) -> DrawKind | None:
     """How a random aten op (``"aten.bernoulli.p"``) is drawn; None: it cannot be."""
     op = target.removeprefix("aten.")
     if op in SHAPED:
-        return "shaped"
+        return DrawKind.SHAPED
     if op in FACTORIES:
-        return "factory"
+        return DrawKind.FACTORY
     if op in ELEMENTWISE:
-        return "elementwise"
+        return DrawKind.ELEMENTWISE
     if "generator" in names:
-        return "generator"
+        return DrawKind.GENERATOR
     return None
 
 

@@ -35,6 +35,22 @@ def test_no_method_is_compared_with_its_display_text():
     assert found == []
 
 
+def test_no_tag_is_compared_with_a_string():
+    # nodes' kinds and phases, torch constants' kinds and draws' kinds are enums
+    tags = {"kind", "phase", "how"}
+    found = [f for p in sorted(STRATEGY.rglob("*.py")) for f in string_comparisons(p, tags)]
+    assert found == []
+
+
+def test_tags_given_as_strings_become_their_enums():
+    from meshplan.strategy.programs._graph import ConstKind, Kind, Node, Phase, TorchConst
+
+    node = Node("call", "mm", (), phase="backward")
+    assert node.kind is Kind.CALL and node.phase is Phase.BACKWARD
+    assert node == Node(Kind.CALL, "mm", (), phase=Phase.BACKWARD)
+    assert TorchConst("device", "cpu").kind is ConstKind.DEVICE
+
+
 def test_the_guard_sees_a_display_text_comparison(tmp_path):
     bad = tmp_path / "bad.py"
     bad.write_text('def f(p, method):\n    return p.method == "exact" or "op by op" != method\n')
