@@ -161,9 +161,9 @@ def case(model: str, layers: int, shape: tuple[int, ...]) -> dict:
 
 
 def _candidates(spec):
-    from meshplan.strategy.programs._auto import candidates
+    from meshplan.strategy.programs._auto import layout_candidates
 
-    return candidates(spec)
+    return layout_candidates(spec)
 
 
 def _gap(row: dict) -> float:

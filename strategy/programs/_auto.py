@@ -2,7 +2,7 @@
 
 :func:`~meshplan.strategy.plan_program` with ``choose=`` lets the planner pick the layouts
 of some arguments (the parameters, typically): each free argument becomes one more
-variable of the whole-program problem, its options the layouts of :func:`candidates`
+variable of the whole-program problem, its options the layouts of :func:`layout_candidates`
 (Replicate or Shard of any tensor dim on every mesh dim, and where several mesh dims
 shard one tensor dim, each order of them: the ``StridedShard`` layouts FSDP over a
 tensor-parallel split uses). An option is priced like an op that reads the argument's
@@ -49,7 +49,7 @@ from ._candidates import Option
 from ._memory import state_bytes
 
 __all__ = [
-    "candidates",
+    "layout_candidates",
     "free_options",
     "memory_weights",
     "resolve_choose",
@@ -101,7 +101,7 @@ def resolve_choose(choose, n_args: int, names: Sequence[str] | None = None) -> t
     return tuple(sorted(out))
 
 
-def candidates(spec: Spec) -> tuple[Spec, ...]:
+def layout_candidates(spec: Spec) -> tuple[Spec, ...]:
     """Every layout the planner may give a free argument shaped like ``spec``.
 
     Per mesh dim Replicate or Shard of any tensor dim; where several mesh dims shard one
@@ -110,7 +110,7 @@ def candidates(spec: Spec) -> tuple[Spec, ...]:
 
     >>> from meshplan.layout import Mesh
     >>> mesh = Mesh.create((2,))
-    >>> [str(s) for s in candidates(Spec(mesh, [Replicate()], (4, 6)))]
+    >>> [str(s) for s in layout_candidates(Spec(mesh, [Replicate()], (4, 6)))]
     ['f32[4,6](R)', 'f32[4,6](S(0))', 'f32[4,6](S(1))']
     """
     mesh = spec.mesh
@@ -138,7 +138,7 @@ def candidates(spec: Spec) -> tuple[Spec, ...]:
 
 def free_options(spec: Spec) -> tuple[Option, ...]:
     """A free argument's options: read its gradient in a candidate, hand out the candidate."""
-    return tuple(Option((c,), (c,), 0.0) for c in candidates(spec))
+    return tuple(Option((c,), (c,), 0.0) for c in layout_candidates(spec))
 
 
 def memory_weights(arg_specs, differentiated, free, free_opts, call_sizes, per_param, budget):

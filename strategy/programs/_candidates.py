@@ -25,7 +25,7 @@ from ..rules._constraints import check_constraint
 from ..rules._rule import DimStrategy, Placeholder
 from ..rules._ruleset import RuleSet
 
-__all__ = ["ComputeModel", "Option", "options", "local_numel", "is_float", "realize"]
+__all__ = ["ComputeModel", "Option", "options", "local_numel", "is_float", "realize_option"]
 
 
 @attrs.frozen
@@ -112,7 +112,7 @@ def options(
         per_dim.append([rep] + (list(rules) if size > 1 else []))
     seen: dict[tuple, Option] = {}
     for combo in itertools.product(*per_dim):
-        opt = realize(call, mesh, combo, compute)
+        opt = realize_option(call, mesh, combo, compute)
         if opt is None:
             continue
         key = (opt.input_specs, opt.output_specs)
@@ -134,7 +134,7 @@ def _keep(options: list[Option], limit: int) -> list[Option]:
     return [options[0]] + [options[i] for i in sorted(ranked[: limit - 1])]
 
 
-def realize(call: Call, mesh, combo: Sequence[DimStrategy], compute: ComputeModel):
+def realize_option(call: Call, mesh, combo: Sequence[DimStrategy], compute: ComputeModel):
     specs_in, specs_out = [], []
     try:
         for i, meta in enumerate(call.inputs):

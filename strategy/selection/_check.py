@@ -28,7 +28,7 @@ from ..rules._args import ALL, as_int, is_real
 from ..rules._rule import DimStrategy, Meta
 from ..rules._ruleset import OpRule, RuleSet, freeze_args
 from ._expand import Strategy, assemble
-from ._problem import Problem, build_problem, check_op
+from ._problem import OpProblem, build_problem, check_op
 from ._reference import random_inputs, run_local, run_op
 
 __all__ = ["check_rule", "RuleReport", "Failure", "Gap", "random_locals"]
@@ -221,7 +221,7 @@ def _check_strategy(
     return _matches(got, want, rtol, atol)
 
 
-def _sources(problem: Problem, combo: tuple[int, ...], rng: random.Random) -> tuple[Spec, ...]:
+def _sources(problem: OpProblem, combo: tuple[int, ...], rng: random.Random) -> tuple[Spec, ...]:
     # specs laid out like the combination, with random shard orders: seeds order choices
     mesh = problem.mesh
     out = []
@@ -318,7 +318,7 @@ def check_rule(
     failures: list[Failure] = []
     checked = 0
 
-    def problem_on(mesh: Mesh) -> Problem:
+    def problem_on(mesh: Mesh) -> OpProblem:
         specs = tuple(Spec(mesh, [Replicate()] * mesh.ndim, m.shape, m.dtype) for m in metas)
         return build_problem(op, entry, specs, frozen, kinds)
 

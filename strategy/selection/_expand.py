@@ -31,7 +31,7 @@ from meshplan.placement import Partial, Placement, Spec, format_placements, is_s
 from ..rules._constraints import chain_ok
 from ..rules._rule import DimStrategy
 from ..rules._ruleset import RuleSet
-from ._problem import Problem, prepare
+from ._problem import OpProblem, prepare
 
 __all__ = ["Candidate", "Strategy", "assemble", "candidates", "expand", "realize"]
 
@@ -118,7 +118,7 @@ class Candidate:
     rules: tuple[DimStrategy, ...]
 
 
-def realize(problem: Problem, cand: Candidate) -> Strategy:
+def realize(problem: OpProblem, cand: Candidate) -> Strategy:
     """The :class:`Strategy` of a candidate (builds its output specs)."""
     mesh = problem.mesh
     try:
@@ -137,7 +137,7 @@ def realize(problem: Problem, cand: Candidate) -> Strategy:
     return Strategy(cand.input_specs, outs, cand.rules)
 
 
-def assemble(problem: Problem, combo: Sequence[int]) -> tuple[Strategy, ...]:
+def assemble(problem: OpProblem, combo: Sequence[int]) -> tuple[Strategy, ...]:
     """The N-D strategies (one per shard-order choice) of picking ``combo[m]`` on mesh dim m.
 
     Empty when the combination breaks a constraint or mixes Partial ops.
@@ -146,7 +146,7 @@ def assemble(problem: Problem, combo: Sequence[int]) -> tuple[Strategy, ...]:
 
 
 @functools.lru_cache(maxsize=65536)
-def candidates(problem: Problem, combo: tuple[int, ...]) -> tuple[Candidate, ...]:
+def candidates(problem: OpProblem, combo: tuple[int, ...]) -> tuple[Candidate, ...]:
     """The shard-order variants of a combination that meet every constraint."""
     rules = tuple(problem.dim_rules[m][j] for m, j in enumerate(combo))
     srcs = problem.sources

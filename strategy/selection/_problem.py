@@ -2,7 +2,7 @@
 
 :func:`prepare` checks the op name and the input specs, runs the op's rule on the
 inputs' metadata (refusing keyword arguments the rule does not take) and fills the
-rule's placeholders per mesh dim: a :class:`Problem`, cached per op, inputs, rule set
+rule's placeholders per mesh dim: a :class:`OpProblem`, cached per op, inputs, rule set
 and arguments.
 """
 
@@ -21,11 +21,11 @@ from meshplan.placement import Spec, is_shard_like
 from ..rules._rule import DimStrategy, Meta, call_rule, check_strategies, fill, meta_of, shard_kinds
 from ..rules._ruleset import OpRule, RuleSet, freeze_args
 
-__all__ = ["Problem", "build_problem", "check_inputs", "check_op", "prepare"]
+__all__ = ["OpProblem", "build_problem", "check_inputs", "check_op", "prepare"]
 
 
 @attrs.frozen(repr=False, cache_hash=True)
-class Problem:
+class OpProblem:
     """One op call, ready to combine: its inputs, outputs and each mesh dim's candidates."""
 
     op: str
@@ -87,7 +87,7 @@ def prepare(
     input_specs: Sequence[Spec],
     ruleset: RuleSet | None = None,
     args: Mapping[str, Any] | None = None,
-) -> Problem:
+) -> OpProblem:
     """Run the op's rule on the inputs' metadata and fill its placeholders."""
     op = check_op(op)
     specs = check_inputs(op, input_specs)
@@ -114,7 +114,7 @@ def _types(value: Any) -> Any:
 @functools.lru_cache(maxsize=4096)
 def _prepare(
     op: str, specs: tuple[Spec, ...], ruleset: RuleSet, args: tuple, types: tuple
-) -> Problem:
+) -> OpProblem:
     # ``types`` is only part of the cache key (see ``_types``)
     return build_problem(op, ruleset[op], specs, args, shard_kinds(specs))
 
@@ -153,8 +153,8 @@ def _keyword_problem(fn, names: tuple) -> str | None:
 
 def build_problem(
     op: str, rule: OpRule, specs: tuple[Spec, ...], args: tuple, kinds: Sequence[int]
-) -> Problem:
-    """A :class:`Problem` from an explicit rule and shard kinds (what ``prepare`` runs)."""
+) -> OpProblem:
+    """A :class:`OpProblem` from an explicit rule and shard kinds (what ``prepare`` runs)."""
     metas = tuple(meta_of(s) for s in specs)
     kwargs = dict(args)
     if rule.strategies is None or rule.outputs is None:
@@ -189,7 +189,7 @@ def build_problem(
                 )
     mesh = specs[0].mesh
     dim_rules = tuple(filled if size > 1 else filled[:1] for size in mesh.shape)
-    return Problem(op, args, specs, outputs, dim_rules)
+    return OpProblem(op, args, specs, outputs, dim_rules)
 
 
 def _sequence(op: str, what: str, value: object) -> tuple:

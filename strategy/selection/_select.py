@@ -38,7 +38,7 @@ from ._price import (
     redistribute_cost,
     transition_bound,
 )
-from ._problem import Problem, prepare
+from ._problem import OpProblem, prepare
 
 __all__ = ["Choice", "select", "METHODS", "clear_strategy_cache"]
 
@@ -107,7 +107,7 @@ class _Pricer:
     """Exact input prices (memoized per target within one selection) and their bounds."""
 
     def __init__(
-        self, problem: Problem, model: Any, accept_partial: bool = False, planner: Any = None
+        self, problem: OpProblem, model: Any, accept_partial: bool = False, planner: Any = None
     ) -> None:
         self.problem = problem
         self.model = model
@@ -201,7 +201,7 @@ def select(
 
 
 def _choice(
-    problem: Problem, pricer: _Pricer, cand: Candidate, visited: int, method: str
+    problem: OpProblem, pricer: _Pricer, cand: Candidate, visited: int, method: str
 ) -> Choice:
     costs = tuple(pricer.price(i, s) for i, s in enumerate(cand.input_specs))
     strategy = realize(problem, cand)
@@ -218,7 +218,7 @@ def _choice(
     )
 
 
-def _enumerate(problem: Problem, pricer: _Pricer) -> Choice:
+def _enumerate(problem: OpProblem, pricer: _Pricer) -> Choice:
     best: tuple[float, Candidate] | None = None
     visited = 0
     for combo in itertools.product(*(range(len(r)) for r in problem.dim_rules)):
@@ -236,7 +236,7 @@ def _enumerate(problem: Problem, pricer: _Pricer) -> Choice:
 _BOUND, _REFINED, _PARTIAL, _EXACT = 0, 1, 2, 3
 
 
-def _search(problem: Problem, pricer: _Pricer) -> Choice:
+def _search(problem: OpProblem, pricer: _Pricer) -> Choice:
     model = pricer.model
     srcs = problem.sources
     k_in = len(srcs)
@@ -314,7 +314,7 @@ def _search(problem: Problem, pricer: _Pricer) -> Choice:
     raise StrategyError(f"{problem.op}: no valid strategy at all", value=problem)
 
 
-def _future_bound(problem: Problem, m: int, rule: Any, model: Any) -> float:
+def _future_bound(problem: OpProblem, m: int, rule: Any, model: Any) -> float:
     """A lower bound of reducing the outputs a rule leaves Partial on mesh dim ``m``."""
     total = 0.0
     for out, p in zip(problem.outputs, rule.outputs, strict=False):

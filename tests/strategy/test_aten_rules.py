@@ -25,7 +25,7 @@ from meshplan.layout import Mesh
 from meshplan.placement import Partial, Replicate, Spec, local_shape, shard, unshard
 from meshplan.runtime._program import _local_call
 from meshplan.strategy import ComputeModel, RuleSet
-from meshplan.strategy.programs._candidates import realize
+from meshplan.strategy.programs._candidates import realize_option
 from meshplan.strategy.programs._program import ProgramOp
 from meshplan.strategy.programs._trace import trace
 from meshplan.strategy.rules._aten import aten_strategies
@@ -213,7 +213,7 @@ def test_each_strategy_of_each_aten_rule_computes_the_op(call, k):
     checked = 0
     for n in (2, 3):
         mesh = Mesh.create((n,))
-        opt = realize(call, mesh, (strategy,), ComputeModel())
+        opt = realize_option(call, mesh, (strategy,), ComputeModel())
         if opt is None:
             continue  # the strategy's constraints do not hold at these sizes
         rep = ProgramOp(

@@ -25,7 +25,7 @@ from meshplan.layout import Mesh
 from meshplan.placement import Replicate, Shard, Spec
 from meshplan.redistribute import CostModel, HardwareProfile
 from meshplan.strategy import plan_graph, plan_program
-from meshplan.strategy.programs._auto import candidates, resolve_choose
+from meshplan.strategy.programs._auto import layout_candidates, resolve_choose
 from meshplan.strategy.programs._memory import state_bytes
 from meshplan.strategy.solver import (
     InfeasibleBudget,
@@ -93,7 +93,7 @@ def _brute_force(graph, specs, free, cost_model=None, exact=True):
     ``exact=False`` admits plans the solver did not prove (a shared elimination too wide
     for ``max_factor``): their costs are then upper bounds of each combination's minimum."""
     out = []
-    for combo in itertools.product(*(candidates(specs[i]) for i in free)):
+    for combo in itertools.product(*(layout_candidates(specs[i]) for i in free)):
         given_ = list(specs)
         for i, s in zip(free, combo, strict=True):
             given_[i] = s
@@ -262,7 +262,7 @@ def test_fixed_arguments_count_against_the_budget():
 def test_candidates_are_distinct_layouts_replicated_first(shape, ndim):
     mesh = Mesh.create(shape)
     spec = Spec(mesh, [R] * mesh.ndim, (6,) * ndim, "float32")
-    cands = candidates(spec)
+    cands = layout_candidates(spec)
     assert cands[0].placements == (R,) * mesh.ndim
     assert len(set(cands)) == len(cands)
     plain = (ndim + 1) ** sum(1 for k in shape if k > 1)
@@ -329,7 +329,7 @@ def test_an_unproven_choice_never_costs_more_than_the_given_layouts(program, dat
         return
     given_ = list(specs)
     for i in free:
-        given_[i] = data.draw(st.sampled_from(candidates(specs[i])), label=f"given {i}")
+        given_[i] = data.draw(st.sampled_from(layout_candidates(specs[i])), label=f"given {i}")
     hand = plan_graph(graph, given_, max_factor=2)
     chosen = plan_graph(graph, given_, choose=free, max_factor=2)
     assert chosen.cost.total <= hand.cost.total * (1 + 1e-12), (chosen.method, hand.method)

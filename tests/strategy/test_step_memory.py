@@ -20,7 +20,7 @@ from meshplan.errors import StrategyError
 from meshplan.layout import Mesh
 from meshplan.placement import Replicate, Shard, Spec
 from meshplan.strategy import ProgramMemory, plan_program
-from meshplan.strategy.programs._auto import candidates
+from meshplan.strategy.programs._auto import layout_candidates
 from meshplan.strategy.programs._memory import _counted, local_bytes, saved_values
 
 MESH = Mesh.create((2, 2), ("dp", "tp"))
@@ -51,7 +51,7 @@ def _estimate(program) -> float:
 @settings(max_examples=min(settings.default.max_examples, 12), deadline=None)
 @given(picks=st.lists(st.integers(0, 1 << 16), min_size=LAYERS, max_size=LAYERS))
 def test_the_separable_estimate_never_exceeds_the_walked_peak(picks):
-    cands = candidates(_specs()[1])
+    cands = layout_candidates(_specs()[1])
     layouts = [cands[k % len(cands)] for k in picks]
     program = plan_program(_mlp, *_specs(layouts), requires_grad=GRAD)
     m = program.memory
