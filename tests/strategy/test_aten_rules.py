@@ -23,7 +23,7 @@ from _program_cases import transformer, transformer_args
 
 from meshplan.layout import Mesh
 from meshplan.placement import Partial, Replicate, Spec, local_shape, shard, unshard
-from meshplan.runtime._program import _local_call
+from meshplan.runtime._local import run_local
 from meshplan.strategy import ComputeModel, RuleSet
 from meshplan.strategy.programs._candidates import realize_option
 from meshplan.strategy.programs._program import ProgramOp
@@ -229,7 +229,7 @@ def test_each_strategy_of_each_aten_rule_computes_the_op(call, k):
             "forward",
         )
         seed = 3 if is_draw(call) else None  # a draw: every rank its part of one
-        want = _local_call(rep, inputs, 0, "cpu", seed)
+        want = run_local(rep, inputs, 0, "cpu", seed)
         want = want if isinstance(want, tuple | list) else (want,)
         op = ProgramOp(0, call, (), opt.input_specs, opt.output_specs, (), "forward")
         locals_ = [
@@ -237,7 +237,7 @@ def test_each_strategy_of_each_aten_rule_computes_the_op(call, k):
         ]
         per_rank = {}
         for r in range(n):
-            got = _local_call(op, [loc[r] for loc in locals_], r, "cpu", seed)
+            got = run_local(op, [loc[r] for loc in locals_], r, "cpu", seed)
             per_rank[r] = got if isinstance(got, tuple | list) else (got,)
         for j, spec in enumerate(opt.output_specs):
             if spec is None or want[j] is None:
