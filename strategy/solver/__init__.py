@@ -12,7 +12,9 @@ exact elimination (:func:`solve_pairwise`, :func:`solve_exact`), message passing
 relaxation with branch and bound under a memory budget (:func:`solve_within`), and the
 transportation LP (:func:`transport_lp`, :func:`solve_lp`: per reader a transport plan
 between its producer's and its own layout weights, a wanted layout paid once per value;
-through HiGHS when the ``meshplan[solver]`` extra, highspy, is installed, else skipped).
+under a budget with its memory row, :func:`solve_lp_within`, and a MIP over its columns,
+:func:`mip_choice`, :func:`mix_within`; through HiGHS when the ``meshplan[solver]``
+extra, highspy, is installed, else skipped).
 Options and budgets are typed values (:class:`Options`).
 
 Knows nothing of torch, meshes, specs or ops: layouts and options are numbers, prices
@@ -34,7 +36,15 @@ from ._problem import MemoryRow, Problem, Reader, SharedValue
 from ._shared import Split, reader_weights, solve_exact, solve_shared, split
 from ._solution import Effort, Method, Options, Solution, Warm, proven
 from ._solve import solve
-from ._transport import LPRelaxation, has_lp, solve_lp, transport_lp
+from ._transport import (
+    LPRelaxation,
+    has_lp,
+    mip_choice,
+    mix_within,
+    solve_lp,
+    solve_lp_within,
+    transport_lp,
+)
 
 __all__ = [
     "Effort",
@@ -56,6 +66,8 @@ __all__ = [
     "has_lp",
     "local_search",
     "lp_bound",
+    "mip_choice",
+    "mix_within",
     "min_memory_choice",
     "proven",
     "reader_weights",
@@ -63,6 +75,7 @@ __all__ = [
     "solve",
     "solve_exact",
     "solve_lp",
+    "solve_lp_within",
     "solve_pairwise",
     "solve_shared",
     "solve_within",

@@ -27,9 +27,16 @@ import attrs
 from ._problem import Problem
 from ._solution import Method, Options, Solution, Warm
 
-__all__ = ["InfeasibleBudget", "budget_binds", "min_memory_choice", "solve_within"]
+__all__ = [
+    "InfeasibleBudget",
+    "budget_binds",
+    "check_room",
+    "min_memory_choice",
+    "solve_within",
+]
 
 _PENALTY = 1e30  # added to the options a branch excludes
+_MIX = 24  # the last choices the search saw that a mix combines
 
 
 class InfeasibleBudget(ValueError):
@@ -52,6 +59,19 @@ def budget_binds(weights: Sequence[Sequence[float]], budget: float | None) -> bo
     return float(sum(max(w, default=0.0) for w in weights)) > budget * (1 + 1e-12)
 
 
+def check_room(problem: Problem) -> None:
+    """Raise :class:`InfeasibleBudget` when no choice fits ``problem.budget``."""
+    budget = problem.budget
+    least = min_memory_choice(problem.weights())
+    if budget is not None and least > budget * (1 + 1e-12):
+        raise InfeasibleBudget(
+            f"no choice fits the memory budget: the least the choice can take is "
+            f"{least:.0f} bytes per rank, the budget leaves {budget:.0f}",
+            budget,
+            least,
+        )
+
+
 @attrs.frozen
 class _Point:
     choice: tuple[int, ...]
@@ -68,6 +88,7 @@ def solve_within(
     final: Options | None = None,
     warm: Warm | None = None,
     above: Problem | None = None,
+    mix: Callable[[Problem, list], Sequence[int] | None] | None = None,
 ) -> Solution:
     """The least-cost choice of ``problem`` whose memory stays within ``problem.budget``.
 
@@ -89,7 +110,9 @@ def solve_within(
     starts from the choices on both sides of the budget the last call ended with.
     ``above``: a pairwise problem costing every choice at least as much as ``problem``
     (its spread of costs sets the multiplier that makes memory decide; default:
-    ``problem``).
+    ``problem``). ``mix(problem, choices)``: after the search, a choice within the
+    budget combining the choices the search saw (on both sides of the budget; see
+    :func:`._transport.mix_within`), kept where it costs less.
 
     >>> from meshplan.strategy.solver import MemoryRow, solve
     >>> p = Problem([[0.0, 5.0]], memory=[MemoryRow(0, [10.0, 1.0])], budget=4.0)
@@ -98,18 +121,9 @@ def solve_within(
     ((1,), 5.0, <Method.EXACT: 'exact'>)
     """
     options = Options() if options is None else options
-    budget = problem.budget
-    if budget is None:
+    if problem.budget is None:
         return relax(problem, options)
-    w = problem.weights()
-    least = min_memory_choice(w)
-    if least > budget * (1 + 1e-12):
-        raise InfeasibleBudget(
-            f"no choice fits the memory budget: the least the choice can take is "
-            f"{least:.0f} bytes per rank, the budget leaves {budget:.0f}",
-            budget,
-            least,
-        )
+    check_room(problem)
     search = _Search(problem, relax, options, above)
     search.lines = None if warm is None else warm.lines
     state = None if warm is None else warm.search
@@ -120,6 +134,11 @@ def solve_within(
             search.at(0.0, {v: frozenset({k}) for v, k in seed.items()})
         tree = search.start(final)
     best, bound = search.run(tree, options.max_branches, options.gap)
+    if mix is not None and not search._close(bound, options.gap):
+        mixed = mix(problem, list(search.seen)[-_MIX:])
+        if mixed is not None:
+            search._costed(tuple(mixed))
+            best = search.best
     if state is not None:
         state.update(tree=tree, solves=search.solves, fits=search.fits)
     method = (
@@ -176,6 +195,7 @@ class _Search:
         self.best: _Point | None = None
         self._heavy: float | None = None
         self.fits: dict[tuple[int, ...], None] = {}  # the choices seen within the budget
+        self.seen: dict[tuple[int, ...], None] = {}  # the relaxation's choices, in order
         self.lines: dict | None = None  # the root dual's two sides, kept for the next search
         self.lightest = [float(x.min()) for x in self.w]
 
@@ -237,6 +257,7 @@ class _Search:
         sol = self.relax(relaxed, self.options if options is None else options)
         self.solves += 1
         p = _Point(sol.choice, self.cost(sol.choice), self.memory(sol.choice))
+        self.seen[p.choice] = None
         if any(p.choice[v] not in ks for v, ks in allowed.items()):
             return None, math.inf  # every choice of the branch is excluded
         self._offer(p)
@@ -264,7 +285,7 @@ class _Search:
         return self._keep(lines, self._intersect(allowed, bound, lo, hi))
 
     def _costed(self, choice) -> _Point:
-        p = _Point(choice, self.cost(choice), self.memory(choice))
+        p = _Point(tuple(choice), self.cost(choice), self.memory(choice))
         self._offer(p)
         return p
 

@@ -7,11 +7,12 @@ from collections.abc import Sequence
 
 import attrs
 
-from ._budget import budget_binds, solve_within
+from ._budget import budget_binds, check_room, solve_within
 from ._eliminate import solve_pairwise
 from ._problem import Problem
 from ._shared import Split, solve_shared, split
-from ._solution import Options, Solution, Warm
+from ._solution import Method, Options, Solution, Warm, proven
+from ._transport import has_lp, mix_within, solve_lp_within
 
 __all__ = ["solve"]
 
@@ -43,6 +44,15 @@ def solve(
     moves = split(problem) if problem.values else None
     if problem.budget is None or not budget_binds(problem.weights(), problem.budget):
         return _free(problem.without_budget(), options, starts, warm, moves)
+    lp = bool(problem.values) and options.lp and not options.draft and has_lp()
+    small = None
+    if lp and sum(problem.sizes) <= LP_WITHIN:
+        # the transportation LP with the memory row bounds it, a MIP over its columns
+        # chooses; where that leaves a gap, the search below too, the better of both
+        check_room(problem)
+        small = solve_lp_within(problem, starts)
+        if small is not None and small.cost - small.bound <= options.gap * abs(small.cost):
+            return small
     # shared moves: the search's solves are drafts, one final solve gives the bound
     search = attrs.evolve(options, steps=0, draft=True) if problem.values else options
     final = None if options.draft or not problem.values else attrs.evolve(options, draft=False)
@@ -54,7 +64,7 @@ def solve(
         return _free(p, o, starts, warm, moves)
 
     above = None if moves is None else moves.above(problem.unary)
-    return solve_within(
+    sol = solve_within(
         problem,
         relax,
         search,
@@ -62,7 +72,25 @@ def solve(
         final=final,
         warm=kept,
         above=above,
+        mix=mix_within if lp else None,
     )
+    return sol if small is None else better(sol, small)
+
+
+def better(a: Solution, b: Solution) -> Solution:
+    """The cheaper of two solutions of one problem, with the larger of their bounds."""
+    best = a if a.cost <= b.cost else b
+    bound = min(max(a.bound, b.bound), best.cost)
+    if bound <= best.bound:
+        return best
+    method = Method.EXACT if proven(best.cost, bound) else best.method
+    return attrs.evolve(best, bound=bound, method=method)
+
+
+#: the most options in all a budgeted problem with shared moves has for the
+#: transportation LP with its memory row to solve it first (:func:`._transport.solve_lp_within`;
+#: past that its column generation costs more than the Lagrangian search)
+LP_WITHIN = 2000
 
 
 def _free(

@@ -30,6 +30,7 @@ import functools
 import os
 import sys
 from collections.abc import Sequence
+from typing import Any
 
 import attrs
 
@@ -54,13 +55,17 @@ class LPRelaxation:
     """The LP's ``bound`` (a true lower bound: the Lagrangian dual at the simplex's
     duals), each variable's fractional ``x``, the simplex iterations it took, the
     rounds of column generation and, given links, per link the multipliers (by option)
-    its rows' duals put on the copy (and take off its own call)."""
+    its rows' duals put on the copy (and take off its own call); under a budget, the
+    memory row's ``multiplier`` (cost per byte) and the ``restricted`` LP it solved
+    (its columns: what a rounding by MIP chooses among)."""
 
     bound: float
     x: list
     iterations: int
     rounds: int = 0
     links: list = attrs.field(factory=list)
+    multiplier: float = 0.0
+    restricted: Any = attrs.field(default=None, repr=False)
 
     def fractional(self, tol: float = 1e-6) -> list[int]:
         """The variables the LP leaves fractional."""
@@ -209,6 +214,7 @@ class _Model:
         self.by_unit = order  # entries grouped by unit
         self.unit_start = np.searchsorted(self.unit[order], np.arange(nu + 1))
         self.raw = (np.asarray(un, dtype=float), self.ucost)
+        self.memory_row(problem)
         self.rescale(
             max(
                 float(np.abs(un).max()) if len(un) else 0.0,
@@ -216,6 +222,29 @@ class _Model:
                 1e-300,
             )
         )
+
+    def memory_row(self, problem: Problem) -> None:
+        """Under a budget, the memory row ``sum mem[x] * x <= room``: each option's bytes
+        over its variable's lightest, divided by the largest of those (the row's right side
+        ``room``: the budget's room over the lightest choice, in those units);
+        ``out`` marks the options heavier than that room (no choice in budget takes
+        them: they are held at 0, which leaves the budgeted minimum alone)."""
+        import numpy as np
+
+        self.mem = None
+        self.out = np.zeros(self.nx, dtype=bool)
+        self.room, self.norm = 0.0, 1.0
+        if problem.budget is None or not problem.memory:
+            return
+        w = problem.weights()
+        light = [float(x.min()) if len(x) else 0.0 for x in w]
+        over = np.concatenate([x - m for x, m in zip(w, light, strict=True)]) if w else []
+        room = float(problem.budget) - sum(light)
+        norm = float(np.max(over, initial=0.0))
+        norm = norm if norm > 0 else 1.0
+        self.mem = np.asarray(over, dtype=float) / norm
+        self.room, self.norm = room / norm, norm
+        self.out = self.mem > self.room * (1 + 1e-12) + 1e-12
 
     def rescale(self, scale: float) -> None:
         """Costs divided by ``scale`` (the simplex works best near 1)."""
@@ -232,6 +261,7 @@ class _Model:
             and self.nx == other.nx
             and len(self.P) == len(other.P)
             and len(self.ucost) == len(other.ucost)
+            and (self.mem is None) == (other.mem is None)
             and all(
                 np.array_equal(a, b)
                 for a, b in (
@@ -241,6 +271,7 @@ class _Model:
                     (self.rhs, other.rhs),
                     (self.xr, other.xr),
                     (self.xc, other.xc),
+                    *(() if self.mem is None else ((self.mem, other.mem),)),
                 )
             )
         )
@@ -256,24 +287,30 @@ class _Model:
             es.append(base + a * nb + b)
         return np.unique(self.unit[np.array(es, dtype=np.int64)]) if es else np.zeros(0, int)
 
-    def terms(self, dual):
+    def terms(self, dual, lam: float = 0.0):
         """Per unit its Lagrangian term at the row duals ``dual`` (each ``<= 0``), and the
-        ``x``'s reduced costs."""
+        ``x``'s reduced costs (``lam >= 0``: the memory row's multiplier, see
+        :meth:`memory_row`)."""
         import numpy as np
 
         g = dual[self.P] + dual[self.Q]
         gain = np.where(self.ushared[self.unit], np.maximum(g, 0.0), g)
         paid = np.bincount(self.unit, weights=gain, minlength=len(self.ucost))
         xrc = self.xcost - np.bincount(self.xc, weights=self.xv * dual[self.xr], minlength=self.nx)
+        if self.mem is not None and lam > 0:
+            xrc = xrc + lam * self.mem
         return np.minimum(self.ucost - paid, 0.0), xrc
 
-    def bound(self, dual) -> float:
-        """The Lagrangian dual at ``dual`` (see the module docstring), in the problem's
-        units: a true lower bound of the problem's minimum for any ``dual``."""
+    def bound(self, dual, lam: float = 0.0) -> float:
+        """The Lagrangian dual at ``dual`` and the memory row's multiplier ``lam >= 0``
+        (see the module docstring), in the problem's units: a true lower bound of the
+        problem's minimum (within its budget) for any ``dual`` and ``lam``."""
         import numpy as np
 
-        units, xrc = self.terms(dual)
-        return float((self.rhs @ dual + np.minimum(xrc, 0.0).sum() + units.sum()) * self.scale)
+        units, xrc = self.terms(dual, lam)
+        xs = np.minimum(xrc, 0.0)[~self.out].sum()  # options out of budget held at 0
+        taken = lam * self.room if self.mem is not None else 0.0
+        return float((self.rhs @ dual - taken + xs + units.sum()) * self.scale)
 
 
 @functools.cache
@@ -309,19 +346,24 @@ class _Restricted:
         h = highspy.Highs()
         h.setOptionValue("output_flag", False)
         lp = highspy.HighsLp()
-        lp.num_col_, lp.num_row_ = model.nx, model.rows
+        # under a budget, its memory row follows the model's own rows
+        budgeted = model.mem is not None
+        xr, xc, xv = model.xr, model.xc, model.xv
+        if budgeted:
+            at = np.flatnonzero(model.mem)
+            xr = np.concatenate([xr, np.full(len(at), model.rows)])
+            xc, xv = np.concatenate([xc, at]), np.concatenate([xv, model.mem[at]])
+        lp.num_col_, lp.num_row_ = model.nx, model.rows + budgeted
         lp.col_cost_ = model.xcost
         lp.col_lower_ = np.zeros(model.nx)
-        lp.col_upper_ = np.full(model.nx, self.inf)
-        lp.row_lower_ = model.rhs
-        lp.row_upper_ = model.rhs
-        order = np.argsort(model.xc, kind="stable")
+        lp.col_upper_ = np.where(model.out, 0.0, self.inf)
+        lp.row_lower_ = np.concatenate([model.rhs, [-self.inf] * budgeted])
+        lp.row_upper_ = np.concatenate([model.rhs, [max(model.room, 0.0)] * budgeted])
+        order = np.argsort(xc, kind="stable")
         lp.a_matrix_.format_ = highspy.MatrixFormat.kColwise
-        lp.a_matrix_.start_ = np.searchsorted(model.xc[order], np.arange(model.nx + 1)).astype(
-            np.int32
-        )
-        lp.a_matrix_.index_ = model.xr[order].astype(np.int32)
-        lp.a_matrix_.value_ = model.xv[order]
+        lp.a_matrix_.start_ = np.searchsorted(xc[order], np.arange(model.nx + 1)).astype(np.int32)
+        lp.a_matrix_.index_ = xr[order].astype(np.int32)
+        lp.a_matrix_.value_ = xv[order]
         h.passModel(lp)
         self.h = h
         self.cols = model.nx
@@ -341,6 +383,11 @@ class _Restricted:
         cost = np.where(is_y | ~model.ushared[unit], model.ucost[unit], 0.0)
         cost = np.concatenate([model.xcost, cost])
         self.h.changeColsCost(len(cost), np.arange(len(cost), dtype=np.int32), cost)
+        if model.mem is not None:  # the budget's room, and the options out of it
+            xs = np.arange(model.nx, dtype=np.int32)
+            upper = np.where(model.out, 0.0, self.inf)
+            self.h.changeColsBounds(model.nx, xs, np.zeros(model.nx), upper)
+            self.h.changeRowBounds(model.rows, -self.inf, max(model.room, 0.0))
 
     def add(self, units) -> None:
         """Add ``units`` (those not added yet): their entries' columns, each shared
@@ -413,14 +460,17 @@ class _Restricted:
             )
 
     def run(self):
-        """Solve; the duals of the model's own rows (None unless optimal)."""
+        """Solve; the duals of the model's own rows and the memory row's multiplier (>= 0;
+        0 without a budget), or None unless optimal."""
         import highspy
         import numpy as np
 
         self.h.run()
         if self.h.getModelStatus() != highspy.HighsModelStatus.kOptimal:
             return None
-        return np.asarray(self.h.getSolution().row_dual)[: self.m.rows]
+        dual = np.asarray(self.h.getSolution().row_dual)
+        lam = max(0.0, -float(dual[self.m.rows])) if self.m.mem is not None else 0.0
+        return dual[: self.m.rows], lam
 
 
 def transport_lp(
@@ -453,19 +503,22 @@ def transport_lp(
     if warm is not None:
         warm.lp = lp
     first = list(starts) or [[0] * len(problem.sizes)]
+    if model.mem is not None:  # a choice within the budget: the restricted LP is feasible
+        first.append(_lightest(problem))
     lp.add(np.unique(np.concatenate([model.units_of(c) for c in first])))
-    best, rounds, dual = -np.inf, 0, None
+    best, rounds, dual, lam = -np.inf, 0, None, 0.0
     while rounds < max_rounds:
         rounds += 1
-        d = lp.run()
-        if d is None:
+        ran = lp.run()
+        if ran is None:
             return None
-        bound = model.bound(d)
+        d, mu = ran
+        bound = model.bound(d, mu)
         if bound > best:
-            best, dual = bound, d
+            best, dual, lam = bound, d, mu
         if target is not None and best >= target - 1e-9 * max(abs(target), 1e-300):
             break
-        terms, _ = model.terms(d)
+        terms, _ = model.terms(d, mu)
         # the simplex's own tolerance: entries priced out within it do not move it
         new = np.flatnonzero((terms < -1e-7) & ~lp.added)
         if not len(new):
@@ -476,8 +529,11 @@ def transport_lp(
     col = np.asarray(lp.h.getSolution().col_value)[: model.nx]
     x = [np.clip(col[model.off[v] : model.off[v + 1]], 0.0, 1.0) for v in range(model.n)]
     iterations = int(lp.h.getInfo().simplex_iteration_count)
-    lam = [-dual[r] * model.scale for r in model.link_rows]
-    return LPRelaxation(float(best), x, iterations, rounds, lam)
+    links_lam = [-dual[r] * model.scale for r in model.link_rows]
+    per_byte = 0.0
+    if model.mem is not None:  # the memory row's multiplier in cost per byte
+        per_byte = lam * model.scale / model.norm
+    return LPRelaxation(float(best), x, iterations, rounds, links_lam, per_byte, lp)
 
 
 def solve_lp(
@@ -505,3 +561,121 @@ def solve_lp(
     bound = min(relaxed.bound, cost)
     method = Method.EXACT if cost - bound <= 1e-9 * max(abs(cost), 1e-300) else Method.TRANSPORT_LP
     return Solution(choice, cost, bound, method, effort)
+
+
+def _lightest(problem: Problem) -> list[int]:
+    """Each variable's lightest option (of those, its cheapest alone): a choice within
+    any budget that any choice fits."""
+    import numpy as np
+
+    out = []
+    for u, w in zip(problem.unary, problem.weights(), strict=True):
+        light = np.flatnonzero(w <= w.min() + 1e-12 * max(abs(float(w.min())), 1.0))
+        out.append(int(light[np.argmin(np.asarray(u)[light])]))
+    return out
+
+
+def mip_choice(
+    relaxed: LPRelaxation,
+    starts: Sequence[Sequence[int]] = (),
+    time_limit: float = 10.0,
+    among: Sequence[Sequence[int]] = (),
+) -> list[int] | None:
+    """The best choice among the columns of ``relaxed``'s restricted LP, by HiGHS's MIP
+    (each ``x`` integral, the plans and moves continuous: at an integral ``x`` each plan
+    is the one move its reader makes, so a solution's objective is its choice's cost),
+    started from ``starts`` (choices whose columns the LP holds), within ``time_limit``
+    seconds; ``among``: choices whose options alone each variable may take (none: any);
+    None when it finds no solution (or highspy is missing)."""
+    if relaxed.restricted is None:
+        return None
+    import highspy
+    import numpy as np
+
+    rlp = relaxed.restricted
+    model = rlp.m
+    lp = rlp.h.getLp()
+    h = highspy.Highs()
+    h.setOptionValue("output_flag", False)
+    h.setOptionValue("time_limit", float(time_limit))
+    h.setOptionValue("mip_rel_gap", 1e-4)
+    kinds = [highspy.HighsVarType.kContinuous] * lp.num_col_
+    kinds[: model.nx] = [highspy.HighsVarType.kInteger] * model.nx
+    lp.integrality_ = kinds
+    if among:
+        keep = np.zeros(model.nx, dtype=bool)
+        for c in among:
+            keep[model.off[:-1] + np.asarray(c, dtype=np.int64)] = True
+        upper = np.asarray(lp.col_upper_, dtype=float)
+        upper[: model.nx] = np.where(keep, upper[: model.nx], 0.0)
+        lp.col_upper_ = upper
+    h.passModel(lp)
+    xs = np.arange(model.nx, dtype=np.int32)
+    for s in starts:
+        value = np.zeros(model.nx)
+        value[model.off[:-1] + np.asarray(s, dtype=np.int64)] = 1.0
+        h.setSolution(model.nx, xs, value)
+    h.run()
+    if h.getInfo().primal_solution_status != 2:  # no feasible point found
+        return None
+    col = np.asarray(h.getSolution().col_value)[: model.nx]
+    return [int(np.argmax(col[model.off[v] : model.off[v + 1]])) for v in range(model.n)]
+
+
+def solve_lp_within(
+    problem: Problem,
+    starts: Sequence[Sequence[int]] = (),
+    warm=None,
+    *,
+    time_limit: float = 10.0,
+) -> Solution | None:
+    """The least-cost choice of ``problem`` within its memory budget, by the LP with the
+    memory row (its bound: the Lagrangian dual at the simplex's duals and the row's
+    multiplier, true for any of them) and a MIP over the LP's columns (:func:`mip_choice`)
+    for the choice, from the lightest choice and the ``starts`` that fit; None without
+    highspy or when the LP does not solve. The budget must leave room for the lightest
+    choice (see :func:`._budget.solve_within`)."""
+    if not has_lp():
+        return None
+    fit = [list(s) for s in starts if problem.fits(s)]
+    fit.append(_lightest(problem))
+    best = min(((problem.evaluate(s), s) for s in fit), key=lambda t: t[0])
+    relaxed = transport_lp(problem, [*fit, *starts], target=best[0], warm=warm)
+    if relaxed is None:
+        return None
+    found = [[int(row.argmax()) for row in relaxed.x]]
+    mip = mip_choice(relaxed, [best[1]], time_limit)
+    if mip is not None:
+        found.append(mip)
+    for c in found:
+        cost = problem.evaluate(c)
+        if problem.fits(c) and cost < best[0]:
+            best = (cost, c)
+    cost, choice = best
+    bound = min(relaxed.bound, cost)
+    effort = Effort(simplex=relaxed.iterations)
+    method = Method.EXACT if cost - bound <= 1e-9 * max(abs(cost), 1e-300) else Method.TRANSPORT_LP
+    return Solution(choice, cost, bound, method, effort, multiplier=relaxed.multiplier)
+
+
+def mix_within(
+    problem: Problem, choices: Sequence[Sequence[int]], time_limit: float = 10.0
+) -> list[int] | None:
+    """A choice within ``problem``'s budget taking each variable's option from one of
+    ``choices`` (on either side of the budget), the best such by HiGHS's MIP over their
+    LP columns (:func:`mip_choice`: one layer from a light choice, another from a heavy
+    one); None without highspy, or when it finds none better than the fitting
+    ``choices``."""
+    if not has_lp() or not choices:
+        return None
+    choices = [list(c) for c in dict.fromkeys(map(tuple, choices))]
+    fit = sorted((c for c in choices if problem.fits(c)), key=problem.evaluate)
+    relaxed = transport_lp(problem, choices, max_rounds=1)
+    if relaxed is None:
+        return None
+    found = mip_choice(relaxed, fit[:1], time_limit, among=choices)
+    if found is None or not problem.fits(found):
+        return None
+    if fit and problem.evaluate(found) >= problem.evaluate(fit[0]):
+        return None
+    return found

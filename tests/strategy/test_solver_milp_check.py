@@ -175,14 +175,88 @@ def test_bound_below_the_milp_minimum_below_the_cost(problem, max_factor):
     _check(problem.without_budget(), Options(max_factor=max_factor))
 
 
-@settings(max_examples=min(settings.default.max_examples, 30), deadline=None)
-@given(problems(), st.floats(0.0, 1.0))
-def test_within_a_budget_bound_below_the_milp_minimum_below_the_cost(problem, room):
+def _within(problem: Problem, room: float) -> Problem:
+    """``problem`` under a budget ``room`` of the way from its lightest choice's bytes to
+    its heaviest's."""
     weights = problem.weights()
     least = sum(float(w.min()) for w in weights)
     most = sum(float(w.max()) for w in weights)
-    budget = least + room * (most - least)
-    _check(attrs.evolve(problem, budget=budget), Options(max_factor=1))
+    return attrs.evolve(problem, budget=least + room * (most - least))
+
+
+@settings(max_examples=min(settings.default.max_examples, 30), deadline=None)
+@given(problems(), st.floats(0.0, 1.0), st.booleans())
+def test_within_a_budget_bound_below_the_milp_minimum_below_the_cost(problem, room, lp):
+    """``lp``: the transportation LP with its memory row and the mixing MIP, or (as
+    without highspy) the Lagrangian search alone."""
+    _check(_within(problem, room), Options(max_factor=1, lp=lp))
+
+
+@settings(max_examples=min(settings.default.max_examples, 30), deadline=None)
+@given(problems(max_ops=8, max_options=5), st.floats(0.0, 1.0))
+def test_the_lp_with_its_memory_row_bounds_below_the_milp_minimum(problem, room):
+    """The LP's bound under a budget (its Lagrangian at the simplex's duals and the memory
+    row's multiplier) and its MIP's choice, which fits."""
+    from meshplan.strategy.solver import solve_lp_within, transport_lp
+
+    problem = _within(problem, room)
+    best = milp_minimum(problem)
+    tol = 1e-7 * max(1.0, abs(best))
+    assert transport_lp(problem).bound <= best + tol
+    sol = solve_lp_within(problem)
+    assert sol.bound <= best + tol
+    assert problem.fits(sol.choice)
+    assert sol.cost == pytest.approx(problem.evaluate(sol.choice), rel=1e-12, abs=1e-12)
+    assert sol.cost >= best - tol
+
+
+@settings(max_examples=min(settings.default.max_examples, 30), deadline=None)
+@given(problems(max_ops=8, max_options=5), st.floats(0.0, 1.0), st.data())
+def test_a_mix_of_choices_fits_and_costs_less_than_those_that_fit(problem, room, data):
+    from meshplan.strategy.solver import mix_within
+
+    problem = _within(problem, room)
+    choice = st.tuples(*(st.integers(0, k - 1) for k in problem.sizes))
+    choices = data.draw(st.lists(choice, min_size=1, max_size=4))
+    mixed = mix_within(problem, choices)
+    fit = [problem.evaluate(c) for c in choices if problem.fits(c)]
+    if mixed is not None:
+        assert problem.fits(mixed)
+        assert all(problem.evaluate(mixed) < c for c in fit)
+        assert all(any(c[v] == k for c in choices) for v, k in enumerate(mixed))
+
+
+def _blocks(k: int, seed: int) -> Problem:
+    """``k`` blocks of a producer and its reader, each either heavy and free or light at
+    a price (both sides agreeing on the layout: a move between costs 5), under a budget
+    half-way between all heavy and all light: a knapsack, whose budget falls between
+    the Lagrangian's breakpoints."""
+    rng = np.random.default_rng(seed)
+    unary, ins, outs, values, memory = [], [], [], [], []
+    for i in range(k):
+        unary += [[0.0, float(rng.integers(1, 9))], [0.0, 0.0]]
+        outs += [[[0], [1]], [[], []]]
+        ins += [[[], []], [[0], [1]]]
+        values.append(SharedValue(2 * i, 0, -1, (Reader(2 * i + 1, 0),)))
+        memory.append(MemoryRow(2 * i, [float(rng.integers(2, 9)), 1.0]))
+    heavy = sum(m.bytes[0] for m in memory)
+
+    def price(a: int, b: int) -> float:
+        return 0.0 if a == b else 5.0
+
+    return Problem(unary, {}, values, ins, outs, price, memory, (heavy + k) / 2)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_a_budget_between_breakpoints_mixes_both_sides_to_the_optimum(seed):
+    """Regression: the multiplier search alone ends on one side of the budget (all
+    blocks' trade-offs at one multiplier) and, without branching, paid up to 2.8x the
+    optimum; the mix of the choices it saw reaches the MILP's minimum."""
+    problem = _blocks(8, seed)
+    best = milp_minimum(problem)
+    sol = solve(problem, Options(max_factor=1, max_branches=0))
+    assert sol.cost == pytest.approx(best, rel=1e-9)
+    assert sol.bound <= best + 1e-9
 
 
 @settings(max_examples=min(settings.default.max_examples, 30), deadline=None)
@@ -196,4 +270,3 @@ def test_the_lp_alone_bounds_below_the_milp_minimum(problem):
     sol = solve_lp(problem)
     assert sol.bound <= best + 1e-7 * max(1.0, abs(best))
     assert sol.cost >= best - 1e-7 * max(1.0, abs(best))
-
