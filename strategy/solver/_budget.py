@@ -110,9 +110,9 @@ def solve_within(
     starts from the choices on both sides of the budget the last call ended with.
     ``above``: a pairwise problem costing every choice at least as much as ``problem``
     (its spread of costs sets the multiplier that makes memory decide; default:
-    ``problem``). ``mix(problem, choices)``: after the search, a choice within the
-    budget combining the choices the search saw (on both sides of the budget; see
-    :func:`._transport.mix_within`), kept where it costs less.
+    ``problem``). ``mix(problem, choices)``: a choice within the budget combining the
+    choices the root's search saw (on both sides of the budget; see
+    :func:`._transport.mix_within`), kept where it costs less, before any branching.
 
     >>> from meshplan.strategy.solver import MemoryRow, solve
     >>> p = Problem([[0.0, 5.0]], memory=[MemoryRow(0, [10.0, 1.0])], budget=4.0)
@@ -133,12 +133,11 @@ def solve_within(
         for seed in seeds:
             search.at(0.0, {v: frozenset({k}) for v, k in seed.items()})
         tree = search.start(final)
-    best, bound = search.run(tree, options.max_branches, options.gap)
-    if mix is not None and not search._close(bound, options.gap):
+    if mix is not None:  # before any branching: a mix that meets the bound ends it
         mixed = mix(problem, list(search.seen)[-_MIX:])
         if mixed is not None:
             search._costed(tuple(mixed))
-            best = search.best
+    best, bound = search.run(tree, options.max_branches, options.gap)
     if state is not None:
         state.update(tree=tree, solves=search.solves, fits=search.fits)
     method = (
