@@ -430,7 +430,9 @@ def _plan_graph(
         args = (graph, obj, repeats, options, env, prices, max_factor, sol.choice, priced)
         bound = tied_bound(*args)
         sol = attrs.evolve(sol, bound=min(bound, sol.cost), method=Method.TIED)
-        if repeats.layers <= UNTIE_LAYERS and not proven(sol.cost, sol.bound, UNTIE_GAP):
+        if repeats.layers <= UNTIE_LAYERS and not proven(
+            sol.cost, sol.bound, untie_gap(repeats.layers)
+        ):
             # the parts' bound is loose: the untied problem's own solve bounds the same
             # minimum (the larger of the two holds), and its plan may cost less
             var_u, nodes_u = variables(graph, free, _ties(graph, None))
@@ -561,12 +563,25 @@ def _plan_recompute(graph: Graph, arg_specs, groups, mode: str, kwargs) -> Progr
 RECOMPUTE_GAP = 0.01
 
 #: a tied plan's gap past which the untied problem is solved too, at depths up to
-#: ``UNTIE_LAYERS`` (there the untied solve takes about as long as the tied one; its bound
-#: is often tighter than the parts' one, and its plan may cost less); 1%, the gap
-#: ``benchmarks/program_speed.py`` holds every case to (4-layer GPT-2 and nanoGPT on
-#: (2, 4) were proven within 1.3% and 1.4% by the parts alone)
+#: ``UNTIE_LAYERS`` (its bound is often tighter than the parts' one, and its plan may cost
+#: less): 1% up to ``UNTIE_SHALLOW`` layers, the gap ``benchmarks/program_speed.py`` holds
+#: every case to (4-layer GPT-2 and nanoGPT on (2, 4) were proven within 1.3% and 1.4% by the
+#: parts alone; the untied solve about doubles their time), and 2% deeper, where the untied
+#: solve costs far more than the tied one (an 8-layer Llama on (2, 4): minutes of CPU)
 UNTIE_GAP = 0.01
+UNTIE_GAP_DEEP = 0.02
+UNTIE_SHALLOW = 4
 UNTIE_LAYERS = 8
+
+
+def untie_gap(layers: int) -> float:
+    """The tied plan's gap past which a program of ``layers`` repeated layers (at most
+    :data:`UNTIE_LAYERS`) solves the untied problem too.
+
+    >>> untie_gap(4), untie_gap(8)
+    (0.01, 0.02)
+    """
+    return UNTIE_GAP if layers <= UNTIE_SHALLOW else UNTIE_GAP_DEEP
 
 
 def _cut_moves(program: Program, model, planner) -> set:

@@ -123,7 +123,9 @@ def test_a_tied_plan_is_bound_no_looser_than_the_untied_plan_past_the_untie_gap(
     # tying restricts the choice and the parts' bound may be far looser than the untied
     # solve's (a stack on (2, 2): 18% against an exact untied plan); past UNTIE_GAP the
     # untied problem is solved too and the tighter bound (and the cheaper plan) is kept
-    from meshplan.strategy.programs._program import UNTIE_GAP
+    from meshplan.strategy.programs._program import untie_gap
+
+    gap = untie_gap(layers)
 
     mesh = Mesh.create((2, 2))
     pick = st.lists(st.sampled_from(_PLACEMENTS), min_size=2, max_size=2)
@@ -136,9 +138,9 @@ def test_a_tied_plan_is_bound_no_looser_than_the_untied_plan_past_the_untie_gap(
         untied = plan_program(_stack(layers), *specs, tie_layers=False)
     cost = tied.cost.total
     eps = 1e-12 * cost
-    assert tied.lower_bound >= untied.lower_bound - UNTIE_GAP * cost - eps
+    assert tied.lower_bound >= untied.lower_bound - gap * cost - eps
     assert tied.lower_bound <= untied.cost.total + eps  # a true bound of the untied minimum
-    assert cost * (1 - UNTIE_GAP) <= untied.cost.total + eps
+    assert cost * (1 - gap) <= untied.cost.total + eps
 
 
 @pytest.mark.slow
