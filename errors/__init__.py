@@ -20,6 +20,7 @@ __all__ = [
     "PlacementError",
     "PlanError",
     "StrategyError",
+    "MemoryBudgetError",
     "CheckpointError",
     "MissingTensorError",
     "RuntimeShellError",
@@ -55,6 +56,24 @@ class PlanError(MeshplanError, ValueError):
 
 class StrategyError(MeshplanError, ValueError):
     """A sharding rule or strategy request is invalid."""
+
+
+class MemoryBudgetError(StrategyError):
+    """No plan fits a ``memory_budget``: ``value`` is the budget asked for (bytes per
+    rank), ``least`` a lower bound of the smallest feasible budget, ``most`` a budget
+    known to be feasible (the peak of the lightest plan; None when it was not planned).
+
+    >>> e = MemoryBudgetError("too small", value=1e6, least=1.9e6, most=7.2e6)
+    >>> isinstance(e, StrategyError), e.least, e.most
+    (True, 1900000.0, 7200000.0)
+    """
+
+    def __init__(
+        self, message: str, *, value: Any = None, least: float, most: float | None = None
+    ) -> None:
+        super().__init__(message, value=value)
+        self.least = float(least)
+        self.most = None if most is None else float(most)
 
 
 class CheckpointError(MeshplanError, ValueError):

@@ -41,7 +41,7 @@ import fnmatch
 import itertools
 from collections.abc import Collection, Sequence
 
-from meshplan.errors import PlacementError, StrategyError
+from meshplan.errors import MemoryBudgetError, PlacementError, StrategyError
 from meshplan.placement import Replicate, Shard, Spec
 
 from ..solver import min_memory_choice
@@ -159,10 +159,12 @@ def memory_weights(arg_specs, differentiated, free, free_opts, call_sizes, per_p
     ]
     least = fixed_bytes + min_memory_choice(weights)
     if budget is not None and least > budget:
-        raise StrategyError(
+        raise MemoryBudgetError(
             f"memory_budget={budget:.0f} bytes per rank is infeasible: the smallest feasible "
             f"budget for this program is {least:.0f} bytes (fixed arguments {fixed_bytes:.0f}, "
             "free ones at their most sharded); raise the budget or free more arguments",
             value=budget,
+            least=least,
+            most=least,
         )
     return weights, fixed_bytes

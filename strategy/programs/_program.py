@@ -35,7 +35,7 @@ from typing import Any
 
 import attrs
 
-from meshplan.errors import StrategyError
+from meshplan.errors import MemoryBudgetError, StrategyError
 from meshplan.layout._ints import brief
 from meshplan.placement import Replicate, Spec
 from meshplan.redistribute._steps import grad_spec
@@ -53,7 +53,8 @@ from ._program_prices import Prices
 from ._program_solve import Planning, objective, solve_lazily, tied_bound, variables
 from ._program_value import Program, ProgramCost, ProgramOp, ProgramWarning
 from ._progress import Progress, check_progress, report
-from ._recompute import check_recompute, layer_groups, with_recompute
+from ._recompute import check_recompute, layer_groups
+from ._recompute_search import plan_recompute
 from ._repeats import MIN_LAYERS, exact_untied, find_repeats
 
 __all__ = [
@@ -364,7 +365,7 @@ def _plan_graph(
             again.update(memory_budget=memory_budget, state_bytes_per_param=state_bytes_per_param)
             again.update(progress=progress, planner=planner, tie_layers=tie_layers)
             again.update(recompute="never")
-            return _plan_recompute(graph, arg_specs, groups, mode, again)
+            return plan_recompute(_plan_graph, graph, arg_specs, groups, mode, again)
     options, fallbacks = _options(graph, mesh, compute, max_options, ruleset, strict, progress)
     options += [free_options(arg_specs[i]) for i in free]
     # repeated layers: one variable per call of a layer (see _repeats)
@@ -479,89 +480,6 @@ def _ties(graph: Graph, repeats) -> dict[int, int] | None:
     return out
 
 
-#: how many layer counts the budget's search over recompute halves (each a budgeted solve)
-BISECTIONS = 3
-
-
-def _plan_recompute(graph: Graph, arg_specs, groups, mode: str, kwargs) -> Program:
-    """The plan of ``graph`` with its first ``k`` layers (``groups``) recomputed: every
-    layer (``mode`` ``"always"``), or under a ``memory_budget`` the plan recomputing none
-    if it fits within :data:`RECOMPUTE_GAP` of the bound below, else the cheapest of the
-    plans recomputing every layer, none, and (when none does not fit) the fewest that fit
-    as far as :data:`BISECTIONS` halvings of the count find it.
-
-    The bound: a plan recomputing any layers costs at least the plan of the same layouts
-    without recompute (the copies add compute and moves; a value's readers split between
-    the original and its copy move it at least as often), and its peak is at least its
-    training state; so the plan without recompute under ``state_budget`` = the peak's
-    budget bounds every choice of recompute."""
-    layers = len(groups)
-
-    def plan_k(k: int) -> Program:
-        g = graph if k == 0 else with_recompute(graph, groups[:k])
-        # only every layer's infeasibility reaches the caller: the others' are not named
-        return _plan_graph(g, arg_specs, name_least=k == layers, **kwargs)
-
-    if mode == "always":
-        return plan_k(layers)
-    tried: dict[int, Any] = {}
-
-    def attempt(k: int):
-        if k not in tried:
-            try:
-                tried[k] = plan_k(k)
-            except StrategyError as e:
-                if "infeasible" not in str(e):
-                    raise
-                tried[k] = e
-        return tried[k]
-
-    relaxed = dict(kwargs, state_budget=kwargs["memory_budget"], memory_budget=None)
-
-    def bound_of_all() -> float | None:
-        try:
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore", ProgramWarning)  # warned above already
-                return _plan_graph(graph, arg_specs, name_least=False, **relaxed).lower_bound
-        except StrategyError:
-            return None
-
-    # the plan without recompute first: where it fits and costs within RECOMPUTE_GAP of
-    # the bound over every choice of recompute, no recomputing plan is worth more solves
-    none = attempt(0)
-    bound = bound_of_all() if isinstance(none, Program) else None
-    close = bound is not None and none.cost.total - bound <= RECOMPUTE_GAP * abs(none.cost.total)
-    if not close:
-        if isinstance(attempt(layers), StrategyError):
-            raise attempt(layers)  # names the smallest budget, every layer recomputed
-        if isinstance(none, StrategyError):
-            lo, hi = 0, layers  # lo does not fit, hi does
-            for _ in range(BISECTIONS):
-                if hi - lo <= 1:
-                    break
-                mid = (lo + hi) // 2
-                if isinstance(attempt(mid), StrategyError):
-                    lo = mid
-                else:
-                    hi = mid
-    fits = [p for p in tried.values() if isinstance(p, Program)]
-    best = min(fits, key=lambda p: p.cost.total)
-    if bound is None:
-        bound = bound_of_all()
-    if bound is None:
-        bound = best.lower_bound
-    bound = min(bound, best.lower_bound, best.cost.total)
-    if best.cost.total - bound > 1e-9 * abs(best.cost.total) and best.exact:
-        method = f"exact for its recompute ({len(tried)} of {layers + 1} layer counts tried)"
-        best = attrs.evolve(best, method=method, exact=False)
-    return attrs.evolve(best, lower_bound=bound)
-
-
-#: ``recompute="auto"`` under a budget: a plan without recompute that fits and costs
-#: within this fraction of the bound over every choice of recompute is kept without
-#: planning any recomputing plan (none could be cheaper by more)
-RECOMPUTE_GAP = 0.01
-
 #: a tied plan's gap past which the untied problem is solved too, at depths up to
 #: ``UNTIE_LAYERS`` (its bound is often tighter than the parts' one, and its plan may cost
 #: less): 1% up to ``UNTIE_SHALLOW`` layers, the gap ``benchmarks/program_speed.py`` holds
@@ -645,21 +563,24 @@ def _raise_infeasible(obj, budget: float, least: float, program_of) -> None:
     """Raise: ``budget`` is below ``least``; the message names the peak of the lightest plan
     too (``program_of`` None: not planned, only ``least`` named)."""
     if program_of is None:
-        raise StrategyError(
+        raise MemoryBudgetError(
             f"memory_budget={budget:.0f} bytes per rank is infeasible: the smallest feasible "
             f"budget for this program is at least {least:.0f} bytes",
             value=budget,
+            least=least,
         )
     lightest = tuple(int(w.argmin()) for w in obj.problem.weights())
     sol = Solution(lightest, 0.0, 0.0, Method.OP_BY_OP)
     peak = program_of(sol).memory.peak
-    raise StrategyError(
+    raise MemoryBudgetError(
         f"memory_budget={budget:.0f} bytes per rank is infeasible: the smallest feasible "
         f"budget for this program is at least {least:.0f} bytes (state, inputs and saved "
         f"activations at their lightest layouts) and at most {max(peak, least):.0f} bytes "
         "(the peak of the plan with every layout at its lightest); raise the budget, free "
         "more arguments (choose=) or shorten the batch",
         value=budget,
+        least=least,
+        most=max(peak, least),
     )
 
 

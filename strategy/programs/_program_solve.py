@@ -22,7 +22,7 @@ from collections.abc import Sequence
 
 import attrs
 
-from meshplan.errors import StrategyError
+from meshplan.errors import MemoryBudgetError
 from meshplan.placement import Spec
 
 from ..solver import (
@@ -218,8 +218,9 @@ def _solve_round(
         problem = attrs.evolve(problem, budget=budget - obj.fixed_bytes)
     try:
         return solve(problem, options, starts=starts, seeds=seeds, warm=warm)
-    except InfeasibleBudget as e:
-        raise StrategyError(str(e), value=budget) from e
+    except InfeasibleBudget as e:  # the least counted with the fixed arguments' bytes
+        least = e.least + obj.fixed_bytes
+        raise MemoryBudgetError(str(e), value=budget, least=least) from e
 
 
 def solve_lazily(

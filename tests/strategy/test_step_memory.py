@@ -16,7 +16,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from meshplan.errors import StrategyError
+from meshplan.errors import MemoryBudgetError, StrategyError
 from meshplan.layout import Mesh
 from meshplan.placement import Replicate, Shard, Spec
 from meshplan.strategy import ProgramMemory, plan_program
@@ -75,9 +75,11 @@ def test_a_whole_step_budget_is_met_and_shards_what_it_must():
 
 def test_an_infeasible_whole_step_budget_names_a_feasible_one():
     free = range(1, LAYERS + 1)
-    with pytest.raises(StrategyError, match="smallest feasible budget") as info:
+    with pytest.raises(MemoryBudgetError, match="smallest feasible budget") as info:
         plan_program(_mlp, *_specs(), requires_grad=GRAD, choose=free, memory_budget=1000)
-    at_most = float(str(info.value).split("at most ")[1].split(" bytes")[0])
+    at_most = info.value.most
+    assert info.value.value == 1000 and 1000 < info.value.least <= at_most
+    assert f"at most {at_most:.0f} bytes" in str(info.value)  # the message names it too
     fits = plan_program(_mlp, *_specs(), requires_grad=GRAD, choose=free, memory_budget=at_most)
     assert fits.memory.peak <= at_most
 
