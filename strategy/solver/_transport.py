@@ -27,8 +27,10 @@ The choice: each variable's heaviest option, improved by local search.
 from __future__ import annotations
 
 import functools
+import math
 import os
 import sys
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -39,6 +41,12 @@ from ._problem import Problem
 from ._solution import Effort, Method, Solution
 
 __all__ = ["LPRelaxation", "has_lp", "solve_lp", "transport_lp"]
+
+
+#: the wall seconds one LP's column generation may take (then its best bound stands): at
+#: real sizes (a tied 8B program) the restricted LPs can run for minutes while the
+#: search's own bound is already within a fraction of a percent
+LP_SECONDS = 30.0
 
 
 def has_lp() -> bool:
@@ -459,12 +467,13 @@ class _Restricted:
                 val,
             )
 
-    def run(self):
-        """Solve; the duals of the model's own rows and the memory row's multiplier (>= 0;
-        0 without a budget), or None unless optimal."""
+    def run(self, seconds: float = math.inf):
+        """Solve within ``seconds`` (wall); the duals of the model's own rows and the memory
+        row's multiplier (>= 0; 0 without a budget), or None unless optimal."""
         import highspy
         import numpy as np
 
+        self.h.setOptionValue("time_limit", float(seconds) if seconds < math.inf else math.inf)
         self.h.run()
         if self.h.getModelStatus() != highspy.HighsModelStatus.kOptimal:
             return None
@@ -481,11 +490,14 @@ def transport_lp(
     target: float | None = None,
     warm=None,
     links: Sequence[tuple[int, int]] = (),
+    seconds: float = LP_SECONDS,
 ) -> LPRelaxation | None:
     """The LP relaxation of ``problem`` (see the module docstring) by column generation
     from the entries ``starts`` (choices) use, for at most ``max_rounds`` rounds or
-    until the bound meets ``target`` (a known cost); None when highspy is missing or the
-    LP does not solve to optimality. ``warm``: a :class:`~._solution.Warm` whose ``lp``
+    ``seconds`` (wall), or until the bound meets ``target`` (a known cost); None when
+    highspy is missing or no restricted LP solved to optimality. Stopped early (rounds or
+    time), the best bound of the rounds run stands (true at any duals) and ``x`` is the
+    last optimal restricted LP's. ``warm``: a :class:`~._solution.Warm` whose ``lp``
     (the restricted LP an earlier solve over the same terms left, at other prices) the
     LP starts from, with its columns and basis, and which it leaves its own in.
     ``links``: ``(copy, own)`` variable pairs whose options must agree (rows
@@ -506,12 +518,17 @@ def transport_lp(
     if model.mem is not None:  # a choice within the budget: the restricted LP is feasible
         first.append(_lightest(problem))
     lp.add(np.unique(np.concatenate([model.units_of(c) for c in first])))
-    best, rounds, dual, lam = -np.inf, 0, None, 0.0
+    best, rounds, dual, lam, col = -np.inf, 0, None, 0.0, None
+    deadline = time.monotonic() + seconds
     while rounds < max_rounds:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            break
         rounds += 1
-        ran = lp.run()
-        if ran is None:
-            return None
+        ran = lp.run(left)
+        if ran is None:  # out of time (else not solved): the rounds before stand, if any
+            break
+        col = np.asarray(lp.h.getSolution().col_value)[: model.nx]
         d, mu = ran
         bound = model.bound(d, mu)
         if bound > best:
@@ -526,7 +543,6 @@ def transport_lp(
         lp.add(new)
     if dual is None:
         return None
-    col = np.asarray(lp.h.getSolution().col_value)[: model.nx]
     x = [np.clip(col[model.off[v] : model.off[v + 1]], 0.0, 1.0) for v in range(model.n)]
     iterations = int(lp.h.getInfo().simplex_iteration_count)
     links_lam = [-dual[r] * model.scale for r in model.link_rows]

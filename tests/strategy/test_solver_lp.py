@@ -79,3 +79,16 @@ def test_a_solve_prints_nothing_of_highs_to_the_process_output():
         [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True
     )
     assert out.stdout == "1.0\n"
+
+
+@settings(max_examples=min(settings.default.max_examples, 30), deadline=None)
+@given(problems(max_ops=5, max_options=3))
+def test_an_lp_stopped_early_keeps_a_true_bound_and_none_without_a_round(problem):
+    """Column generation cut short (one round, as a time limit cuts it) keeps the best
+    bound of the rounds run, still below the minimum; with no time at all no round runs
+    and there is no relaxation (the caller's own bound stands)."""
+    best = _brute(problem)
+    short = transport_lp(problem, max_rounds=1)
+    full = transport_lp(problem)
+    assert short.bound <= full.bound + 1e-9 and short.bound <= best + 1e-9
+    assert transport_lp(problem, seconds=0.0) is None
