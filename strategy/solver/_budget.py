@@ -35,7 +35,6 @@ __all__ = [
     "solve_within",
 ]
 
-_PENALTY = 1e30  # added to the options a branch excludes
 _MIX = 24  # the last choices the search saw that a mix combines
 
 
@@ -193,6 +192,8 @@ class _Search:
         self.solves = 0
         self.best: _Point | None = None
         self._heavy: float | None = None
+        self._spread: float | None = None  # the costs' and the bytes' spreads
+        self._bytes = 0.0
         self.fits: dict[tuple[int, ...], None] = {}  # the choices seen within the budget
         self.seen: dict[tuple[int, ...], None] = {}  # the relaxation's choices, in order
         self.lines: dict | None = None  # the root dual's two sides, kept for the next search
@@ -236,9 +237,27 @@ class _Search:
             if v in allowed:
                 out = out | ~np.isin(np.arange(len(x)), list(allowed[v]))
             if out.any():
-                row = row + _PENALTY * out
+                row = row + self.penalty(lam) * out
             rows.append(row)
         return rows
+
+    def penalty(self, lam: float) -> float:
+        """What an excluded option pays in the relaxation at ``lam``: more than any two
+        choices' costs plus ``lam`` times their bytes differ (so an exact relaxation
+        never takes it while the branch has a choice), and no more (a penalty of 1e30
+        left the relaxation's bound to rounding: 160 claimed where a choice of the branch
+        cost 110). A pairwise problem keeps 1e30: eliminated exactly, it needs none."""
+        if self.condition:  # pairwise: exact elimination compares sums, no rounding
+            return 1e30
+        if self._spread is None:
+            import numpy as np
+
+            spread = sum(float(u.max() - u.min()) for u in self.spread_of.unary if len(u))
+            spread += sum(float(np.max(m) - np.min(m)) for m in self.spread_of.pairs.values())
+            self._spread = spread
+            self._bytes = sum(float(x.max() - x.min()) for x in self.w if len(x))
+        total = self._spread + lam * self._bytes
+        return 4.0 * total + 1e-9 * max(total, 1e-30) + 1e-30
 
     def at(
         self, lam: float, allowed: dict[int, frozenset], options: Options | None = None
@@ -258,7 +277,9 @@ class _Search:
         p = _Point(sol.choice, self.cost(sol.choice), self.memory(sol.choice))
         self.seen[p.choice] = None
         if any(p.choice[v] not in ks for v, ks in allowed.items()):
-            return None, math.inf  # every choice of the branch is excluded
+            # outside the branch: its bound still bounds the branch (the penalty only
+            # raises the others), but an inexact solver proves no branch empty
+            return None, sol.bound - lam * self.budget
         self._offer(p)
         return p, sol.bound - lam * self.budget
 
@@ -279,7 +300,9 @@ class _Search:
             return bound, 0.0, lo, lo
         lam_hi = self.heavy()
         hi, b_hi = self.at(lam_hi, allowed)  # memory first: the lightest choice
-        if hi is None or hi.memory > self.budget:
+        if hi is None:  # the relaxation left the branch: its bounds hold, nothing more
+            return max(bound, b_hi), lam_hi, lo, None
+        if hi.memory > self.budget:
             return math.inf, lam_hi, lo, None
         return self._keep(lines, self._intersect(allowed, bound, lo, hi))
 
@@ -383,7 +406,8 @@ class _Search:
                 tree["floor"] = min(tree["floor"], b)
                 continue
             ks = allowed.get(v, frozenset(range(len(self.w[v]))))
-            heavy = lo.choice[v] if lo.choice[v] in ks else max(ks, key=lambda k: self.w[v][k])
+            mine = lo is not None and lo.choice[v] in ks
+            heavy = lo.choice[v] if mine else max(ks, key=lambda k: self.w[v][k])
             for part in (frozenset({heavy}), ks - {heavy}):
                 child = {**allowed, v: part}
                 _, cb = self.at(lam, child)
