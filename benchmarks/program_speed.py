@@ -350,11 +350,9 @@ def case(family: str, layers: int, shape: tuple[int, ...]) -> dict:
 
 def budget_case(family: str, layers: int, shape: tuple[int, ...]) -> dict:
     """Every parameter chosen, under a whole-step budget midway between the lightest
-    plan's peak (named by the error a budget of one byte raises) and the unbudgeted
+    plan's peak (carried by the error a budget of one byte raises) and the unbudgeted
     plan's peak: a budget that binds."""
-    import re
-
-    from meshplan.errors import StrategyError
+    from meshplan.errors import MemoryBudgetError
     from meshplan.layout import Mesh
     from meshplan.strategy import plan_program
 
@@ -367,8 +365,8 @@ def budget_case(family: str, layers: int, shape: tuple[int, ...]) -> dict:
         try:
             plan_program(fn, *specs, requires_grad=rg, choose=choose, memory_budget=1.0)
             light = 0.0
-        except StrategyError as e:
-            light = float(re.search(r"at most (\d+)", str(e)).group(1))
+        except MemoryBudgetError as e:  # names the lightest plan's peak: a budget that fits
+            light = float(e.most if e.most is not None else e.least)
         budget = (light + free.memory.peak) / 2
         t0, c0 = time.perf_counter(), time.process_time()
         prog = plan_program(fn, *specs, requires_grad=rg, choose=choose, memory_budget=budget)
