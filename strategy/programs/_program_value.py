@@ -6,7 +6,7 @@ from typing import Any
 
 import attrs
 
-from meshplan.errors import ProgramWarning
+from meshplan.errors import ProgramWarning, StrategyError
 from meshplan.placement import Spec
 
 from ..rules._aten import Call
@@ -53,8 +53,18 @@ class ProgramOp:
     phase: str
     replicated_fallback: bool = False
     local: LocalCall = attrs.field(
-        default=attrs.Factory(lambda self: local_call(self.call), takes_self=True)
+        default=attrs.Factory(lambda self: _local_of(self.call), takes_self=True)
     )
+
+
+def _local_of(call: Any) -> LocalCall:
+    """What every rank runs for ``call`` (a :class:`Call` of the program's graph)."""
+    if not isinstance(call, Call):
+        raise StrategyError(
+            f"a ProgramOp's call must be a Call of the traced graph, got {call!r:.80}",
+            value=call,
+        )
+    return local_call(call)
 
 
 @attrs.frozen(eq=False)
