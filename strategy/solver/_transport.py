@@ -473,7 +473,7 @@ class _Restricted:
         import highspy
         import numpy as np
 
-        self.h.setOptionValue("time_limit", float(seconds) if seconds < math.inf else math.inf)
+        self.h.setOptionValue("time_limit", float(seconds))
         self.h.run()
         if self.h.getModelStatus() != highspy.HighsModelStatus.kOptimal:
             return None
