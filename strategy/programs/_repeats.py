@@ -202,13 +202,16 @@ def _by_layer(graph: Graph, runs) -> tuple[list, tuple[tuple[int, ...], ...]]:
     main = max(runs, key=lambda r: len(r) * len(r[0]))
     layer_of = {c: i for i, inst in enumerate(main) for c in inst}
     readers = graph.consumers()
+    copies: dict[int, list[int]] = {}  # a recomputed call's copies (in the backward)
+    for copy, orig in graph.recomputes:
+        copies.setdefault(orig, []).append(copy)
     blocks = [list(inst) for inst in main]
     ordered = []
     for repeats in runs:
         if repeats is main or len(repeats) != len(main):
             ordered.append(repeats)
             continue
-        placed = [_layer_of(graph, inst, layer_of, readers) for inst in repeats]
+        placed = [_layer_of(graph, inst, layer_of, readers, copies) for inst in repeats]
         if sorted(placed) != list(range(len(main))):
             ordered.append(repeats)
             continue
@@ -219,8 +222,15 @@ def _by_layer(graph: Graph, runs) -> tuple[list, tuple[tuple[int, ...], ...]]:
     return ordered, tuple(tuple(b) for b in blocks)
 
 
-def _layer_of(graph: Graph, inst, layer_of, readers) -> int:
-    """The layer of the main run a repeat's calls read from and feed most (-1: none)."""
+def _layer_of(graph: Graph, inst, layer_of, readers, copies) -> int:
+    """The layer of the main run a repeat's calls read from and feed most (-1: none).
+
+    A recomputed call's copy is of its own layer whatever its values feed (a recomputed
+    layer's forward feeds only the next layer and the next layer's copies): where the
+    main run holds the copies, they decide."""
+    own = [layer_of[k] for c in inst for k in copies.get(c, ()) if k in layer_of]
+    if own:
+        return max(set(own), key=own.count)
     votes: dict[int, int] = {}
     for c in inst:
         near = [x.node for x in graph.nodes[c].inputs]

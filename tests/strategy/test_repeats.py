@@ -3,11 +3,13 @@ bounded truly (the tied plan's bound never exceeds the untied exact minimum)."""
 
 from __future__ import annotations
 
+import functools
 import warnings
 
 import pytest
 import torch
 from _model_families import batch, make, param_specs
+from _program_cases import transformer, transformer_args
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
@@ -15,6 +17,7 @@ from meshplan.errors import StrategyError
 from meshplan.layout import Mesh
 from meshplan.placement import Replicate, Shard, Spec
 from meshplan.strategy import plan_module, plan_program
+from meshplan.strategy.programs._recompute import layer_groups, with_recompute
 from meshplan.strategy.programs._repeats import find_repeats
 from meshplan.strategy.programs._trace import trace
 
@@ -209,3 +212,33 @@ def test_under_a_memory_budget_the_tied_bound_holds_and_the_budget_is_kept(share
     if untied.method == "exact":
         assert tied.lower_bound <= untied.cost.total + eps
         assert tied.cost.total >= untied.cost.total - eps
+
+
+def test_every_layer_recomputed_ties_as_much_of_the_program_as_none_recomputed():
+    # a recomputed layer's forward feeds only the next layer and its copies; its repeat
+    # was placed one layer off, and the free weights it reads then paired crosswise, so
+    # half the backward went untied (and planned layer by layer at real depth)
+    layers = 4
+    mesh = Mesh.create((2, 2))
+    _, specs = transformer_args(mesh, layers=layers)
+    grad = [s.dtype == "float64" for s in specs]
+    free = [i for i, r in enumerate(grad) if r]
+    fn = functools.partial(transformer, layers=layers)
+    g = trace(fn, specs, grad)
+
+    def fixed(graph):
+        out = {
+            k: s for i, (k, s) in enumerate(zip(graph.args, specs, strict=True)) if i not in free
+        }
+        return out | dict.fromkeys(graph.cotangents)
+
+    plain = find_repeats(g, fixed(g), [g.args[i] for i in free])
+    rc = with_recompute(g, layer_groups(g, plain.blocks))
+    tied = find_repeats(rc, fixed(rc), [rc.args[i] for i in free])
+    assert tied.layers == plain.layers == layers
+    assert len(tied.tie) / len(rc.calls) >= len(plain.tie) / len(g.calls)
+    copies = dict(rc.recomputes)
+    # each layer's copies tie to the first layer's, as their originals do
+    for c, o in rc.recomputes:
+        if o in tied.tie:
+            assert tied.tie.get(c) in {k for k, v in copies.items() if v == tied.tie[o]}
