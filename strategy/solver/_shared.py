@@ -80,6 +80,17 @@ class Split:
     above_pairs: dict
     below_unary: tuple
     below_pairs: dict
+    _searchers: dict = attrs.field(init=False, factory=dict, repr=False)
+
+    def searcher(self, problem: Problem) -> Searcher:
+        """Local search's price tables for ``problem`` (the one split, at any unary rows:
+        the relaxations of a budget's search share them), built once per values and
+        price (the split's caller vouches that its pair tables are the problem's)."""
+        key = (id(problem.values), id(problem.price))
+        found = self._searchers.get(key)
+        if found is None or found[0] is not problem.values or found[1] is not problem.price:
+            found = self._searchers[key] = (problem.values, problem.price, Searcher(problem))
+        return found[2]
 
     def above(self, unary: Sequence[Any]) -> Problem:
         return Problem(
@@ -188,7 +199,7 @@ def solve_shared(
         memo=None if memo is None else memo.setdefault("below", {}),
     )
     best = None
-    search = Searcher(problem)  # the price tables, built once
+    search = moves.searcher(problem)  # the price tables, built once per split
     for start in dict.fromkeys([up.choice, lo.choice, *map(tuple, starts)]):
         c = search(start, problem.unary)
         cost = problem.evaluate(c)
