@@ -28,9 +28,10 @@ reduce-scattered once, and a row-parallel partial sum is reduced once.
 
 from __future__ import annotations
 
+import math
 import sys
 import warnings
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Any
 
 import attrs
@@ -298,9 +299,12 @@ def _plan_graph(
     state_budget: float | None = None,
     recompute: str | None = None,
     name_least: bool = True,
+    follow: Mapping[int, tuple] | None = None,
 ) -> Program:
     """:func:`plan_graph`; ``name_least=False``: a budget no plan meets raises without
-    planning the lightest plan to name its peak (for a caller that drops the error)."""
+    planning the lightest plan to name its peak (for a caller that drops the error).
+    ``follow``: no solve, the program of the strategies given per call node (its input
+    and output specs; :func:`_followed`), None when a call has no such candidate."""
     limits = {
         "max_factor": max_factor,
         "max_options": max_options,
@@ -385,6 +389,18 @@ def _plan_graph(
     every_option, options = options, [options[at[n]] for n in nodes]
 
     prices = Prices(model, planner)
+    if follow is not None:
+        sol = _followed(follow, options, nodes)
+        if sol is None:
+            return None
+        chosen, fixed = chosen_specs(graph, arg_specs, free, options, var, sol, fixed)
+        results = outs[: graph.n_results] + tuple(chosen[k] for k in graph.writes)
+        grads = _grad_specs(graph, chosen)
+        program = assemble(
+            graph, chosen, results, cots, grads, fixed, options, var, sol, model, fallbacks,
+            planner,
+        )  # fmt: skip
+        return attrs.evolve(program, memory=step_memory(program, per_param))
     memory = (arg_specs, per_param, budget, peak_budget is not None)
     obj = objective(graph, options, free, fixed, (outs, grads), prices, memory, var)
     calls = graph.calls
@@ -460,6 +476,19 @@ def _plan_graph(
     again.update(limits, memory_budget=memory_budget, planner=planner, tie_layers=tie_layers)
     again.update(state_budget=state_budget, recompute="never")
     return _never_worse_than_given(program, graph, arg_specs, state_bytes_per_param, again)
+
+
+def _followed(follow: Mapping[int, tuple], options, nodes) -> Solution | None:
+    """The choice taking, per variable, the option whose input and output specs ``follow``
+    gives for its node (None when one has none such, or a node none)."""
+    choice = []
+    for n, opts in zip(nodes, options, strict=True):
+        want = follow.get(n)
+        k = next((k for k, o in enumerate(opts) if (o.input_specs, o.output_specs) == want), None)
+        if k is None:
+            return None
+        choice.append(k)
+    return Solution(tuple(choice), 0.0, -math.inf, Method.OP_BY_OP)
 
 
 def _ties(graph: Graph, repeats) -> dict[int, int] | None:

@@ -37,7 +37,13 @@ from meshplan.errors import StrategyError
 from ._graph import Graph, Kind, Node, Phase, Value
 from ._memory import saved_values
 
-__all__ = ["RECOMPUTE", "check_recompute", "layer_groups", "with_recompute"]
+__all__ = [
+    "RECOMPUTE",
+    "check_recompute",
+    "layer_groups",
+    "recompute_origins",
+    "with_recompute",
+]
 
 #: ``recompute=`` of :func:`~meshplan.strategy.plan_program`: ``"auto"`` recomputes as
 #: few layers as a ``memory_budget`` needs (none without one), ``"never"`` none,
@@ -105,6 +111,15 @@ def with_recompute(graph: Graph, groups: Sequence[Sequence[int]]) -> Graph:
     before the backward), then the backward's with the copies in their places; arguments
     and cotangents keep theirs.
     """
+    return recompute_origins(graph, groups)[0]
+
+
+def recompute_origins(
+    graph: Graph, groups: Sequence[Sequence[int]]
+) -> tuple[Graph, tuple[int, ...]]:
+    """(:func:`with_recompute`'s graph, per node of it the node of ``graph`` it is or
+    repeats): a copy's origin is its original's, so two rewrites of one traced graph
+    (other layers recomputed) name each other's nodes through ``graph``'s."""
     if graph.recomputes:
         raise StrategyError("the graph recomputes already; rewrite the traced graph", value=graph)
     saved = saved_values(graph)
@@ -123,12 +138,13 @@ def with_recompute(graph: Graph, groups: Sequence[Sequence[int]]) -> Graph:
         if found is not None:
             plans.append(found)
     if not plans:
-        return graph
+        return graph, tuple(range(len(graph.nodes)))
     before: dict[int, list] = {}
     for p in plans:
         before.setdefault(p[2], []).append(p)
     new: dict[int, int] = {}  # old node -> new node
     nodes: list[Node] = []
+    origin: list[int] = []  # new node -> the old node it is or repeats
     reroute: dict[Value, Value] = {}  # dropped value -> its copy's
     pairs: list[tuple[int, int]] = []
 
@@ -155,18 +171,21 @@ def with_recompute(graph: Graph, groups: Sequence[Sequence[int]]) -> Graph:
                 )
                 local[n] = len(nodes)
                 pairs.append((len(nodes), new[n]))
+                origin.append(n)
                 nodes.append(Node(Kind.CALL, orig.name, orig.metas, ins, orig.call, Phase.BACKWARD))
             reroute.update({v: Value(local[v.node], v.index) for v in dropped})
         new[i] = len(nodes)
+        origin.append(i)
         if node.phase is Phase.BACKWARD and node.kind is Kind.CALL:
             ins = tuple(reroute[v] if v in reroute else where(v) for v in node.inputs)
         else:
             ins = tuple(where(v) for v in node.inputs)
         nodes.append(Node(node.kind, node.name, node.metas, ins, node.call, node.phase))
-    return Graph(
+    rewritten = Graph(
         nodes,
         tuple(where(v) for v in graph.outputs),
         tuple(None if v is None else where(v) for v in graph.grads),
         graph.writes,
         recomputes=tuple(pairs),
     )
+    return rewritten, tuple(origin)

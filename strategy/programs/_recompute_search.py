@@ -1,9 +1,9 @@
 """``recompute=`` as a search over how many repeated layers a plan recomputes.
 
 Under a ``memory_budget`` (``recompute="auto"``) the plan recomputing none is tried
-first, then every layer, then halvings of the count; the bound reported holds over every
-choice of recompute. Each plan comes from ``plan`` (the program planner, passed in: this
-module sits below it).
+first, then every layer, then in that plan's layouts halvings of the count (assembled and
+walked, not solved); the bound reported holds over every choice of recompute. Each plan
+comes from ``plan`` (the program planner, passed in: this module sits below it).
 """
 
 from __future__ import annotations
@@ -17,13 +17,9 @@ from meshplan.errors import MemoryBudgetError
 
 from ._graph import Graph
 from ._program_value import Program, ProgramWarning
-from ._recompute import with_recompute
+from ._recompute import recompute_origins
 
-__all__ = ["BISECTIONS", "RECOMPUTE_GAP", "plan_recompute"]
-
-
-#: how many layer counts the budget's search over recompute halves (each a budgeted solve)
-BISECTIONS = 3
+__all__ = ["RECOMPUTE_GAP", "fewest_recomputed", "plan_recompute"]
 
 
 def plan_recompute(
@@ -32,8 +28,9 @@ def plan_recompute(
     """The plan of ``graph`` with its first ``k`` layers (``groups``) recomputed: every
     layer (``mode`` ``"always"``), or under a ``memory_budget`` the plan recomputing none
     if it fits within :data:`RECOMPUTE_GAP` of the bound below, else the cheapest of the
-    plans recomputing every layer, none, and (when none does not fit) the fewest that fit
-    as far as :data:`BISECTIONS` halvings of the count find it.
+    plan recomputing none and those keeping the layouts of the plan recomputing every
+    layer with as few layers recomputed as fit (found by halving the count, each count's
+    program assembled and its peak walked, not solved: :func:`fewest_recomputed`).
 
     The bound: a plan recomputing any layers costs at least the plan of the same layouts
     without recompute (the copies add compute and moves; a value's readers split between
@@ -41,11 +38,16 @@ def plan_recompute(
     training state; so the plan without recompute under ``state_budget`` = the peak's
     budget bounds every choice of recompute."""
     layers = len(groups)
+    rewrites: dict[int, tuple] = {0: (graph, tuple(range(len(graph.nodes))))}
+
+    def rewrite(k: int) -> tuple:
+        if k not in rewrites:
+            rewrites[k] = recompute_origins(graph, groups[:k])
+        return rewrites[k]
 
     def plan_k(k: int) -> Program:
-        g = graph if k == 0 else with_recompute(graph, groups[:k])
         # only every layer's infeasibility reaches the caller: the others' are not named
-        return plan(g, arg_specs, name_least=k == layers, **kwargs)
+        return plan(rewrite(k)[0], arg_specs, name_least=k == layers, **kwargs)
 
     if mode == "always":
         return plan_k(layers)
@@ -74,30 +76,68 @@ def plan_recompute(
     none = attempt(0)
     bound = bound_of_all() if isinstance(none, Program) else None
     close = bound is not None and none.cost.total - bound <= RECOMPUTE_GAP * abs(none.cost.total)
-    if not close:
-        if isinstance(attempt(layers), MemoryBudgetError):
-            raise attempt(layers)  # names the smallest budget, every layer recomputed
-        if isinstance(none, MemoryBudgetError):
-            lo, hi = 0, layers  # lo does not fit, hi does
-            for _ in range(BISECTIONS):
-                if hi - lo <= 1:
-                    break
-                mid = (lo + hi) // 2
-                if isinstance(attempt(mid), MemoryBudgetError):
-                    lo = mid
-                else:
-                    hi = mid
     fits = [p for p in tried.values() if isinstance(p, Program)]
+    if not close:
+        full = attempt(layers)
+        if isinstance(full, MemoryBudgetError):
+            raise full  # names the smallest budget, every layer recomputed
+        fits.append(full)
+
+        def follow(k: int) -> Program | None:
+            return _followed(plan, rewrite, full, (k, layers), kwargs)
+
+        lo = 0 if isinstance(none, MemoryBudgetError) else -1
+        fits += fewest_recomputed(follow, lo, layers, kwargs["memory_budget"])
     best = min(fits, key=lambda p: p.cost.total)
     if bound is None:
         bound = bound_of_all()
     if bound is None:
-        bound = best.lower_bound
-    bound = min(bound, best.lower_bound, best.cost.total)
+        bound = min(p.lower_bound for p in tried.values() if isinstance(p, Program))
+    bound = min(bound, best.cost.total)
     if best.cost.total - bound > 1e-9 * abs(best.cost.total) and best.exact:
-        method = f"exact for its recompute ({len(tried)} of {layers + 1} layer counts tried)"
+        method = f"exact for its recompute ({len(tried)} of {layers + 1} layer counts solved)"
         best = attrs.evolve(best, method=method, exact=False)
     return attrs.evolve(best, lower_bound=bound)
+
+
+def fewest_recomputed(
+    follow: Callable[[int], Program | None], lo: int, hi: int, budget: float
+) -> list[Program]:
+    """The programs of the counts of recomputed layers a halving search between ``lo``
+    (not known to fit; -1: nothing known) and ``hi`` (fits) tries, ``follow(k)`` giving
+    the program recomputing ``k`` layers (None: none such); those whose peak fits
+    ``budget``. Fewer recomputed layers hold more activations: the peak only grows as the
+    count falls, so the search ends at the fewest that fit."""
+    out = []
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        program = follow(mid)
+        if program is not None and program.memory.peak <= budget * (1 + 1e-9):
+            out.append(program)
+            hi = mid
+        else:
+            lo = mid
+    return out
+
+
+def _followed(plan, rewrite, full: Program, count: tuple[int, int], kwargs) -> Program | None:
+    """The program recomputing the first ``k`` of ``layers`` (``count``) with ``full``'s
+    layouts (the plan recomputing every layer): each call of the rewrite runs the
+    strategy ``full`` gave the traced call it is or repeats, nothing solved (None: a call
+    has no such strategy)."""
+    k, layers = count
+    origin_full = rewrite(layers)[1]
+    by_origin = {origin_full[op.node]: (op.input_specs, op.output_specs) for op in full.ops}
+    graph, origin = rewrite(k)
+    follow = {n: by_origin.get(origin[n]) for n in graph.calls}
+    again = dict(kwargs, choose=(), tie_layers=False, memory_budget=None, state_budget=None)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ProgramWarning)  # warned by the plans already
+        program = plan(graph, full.arg_specs, name_least=False, follow=follow, **again)
+    if program is None:
+        return None
+    method = f"{k} of {layers} layers recomputed in the layouts of the plan recomputing all"
+    return attrs.evolve(program, method=method)
 
 
 #: ``recompute="auto"`` under a budget: a plan without recompute that fits and costs

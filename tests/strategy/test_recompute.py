@@ -113,6 +113,17 @@ def test_a_budget_only_recompute_meets_gives_a_plan_that_recomputes_and_fits():
         plain = plan_program(residual, *specs(), recompute="never")
     assert program.recomputed
     assert program.memory.peak <= budget
+    # not every layer: the fewest that fit in the layouts of the plan recomputing all,
+    # at most what that plan costs
+    assert len(program.recomputed) < len(always.recomputed)
+    assert program.cost.total <= always.cost.total
+    ts = tensors()
+    (want,), want_grads = run_unsharded(plain, *ts, seed=0)
+    got, grads = _simulated(program, ts, 0)
+    assert torch.allclose(got, want, rtol=1e-12, atol=1e-14)
+    for g, w in zip(grads, want_grads, strict=True):
+        if g is not None:
+            assert torch.allclose(g, w, rtol=1e-12, atol=1e-14)
     assert program.lower_bound <= program.cost.total * (1 + 1e-9)
     assert program.lower_bound <= plain.cost.total * (1 + 1e-9)  # a bound over every choice
 
@@ -184,11 +195,38 @@ def test_auto_under_a_budget_the_plan_without_recompute_meets_plans_no_recompute
 
     roomy = 4 * planned("never").memory.peak
     rewrites = []
-    real = program_module.with_recompute
-    monkeypatch.setattr(program_module, "with_recompute", lambda *a: rewrites.append(a) or real(*a))
+    real = program_module.recompute_origins
+    monkeypatch.setattr(
+        program_module, "recompute_origins", lambda *a: rewrites.append(a) or real(*a)
+    )
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         auto = plan_program(residual, *specs(), recompute="auto", memory_budget=roomy)
     assert rewrites == [] and not auto.recomputed
     assert auto.memory.peak <= roomy
     assert auto.lower_bound <= auto.cost.total <= 1.01 * auto.lower_bound + 1e-15
+
+
+@settings(max_examples=min(settings.default.max_examples, 50), deadline=None)
+@given(layers=st.integers(1, 80), data=st.data())
+def test_the_halving_search_finds_the_fewest_recomputed_layers_that_fit(layers, data):
+    # peaks that fall as more layers are recomputed; the budget between two of them
+    from types import SimpleNamespace
+
+    from meshplan.strategy.programs._recompute_search import fewest_recomputed
+
+    drops = data.draw(st.lists(st.integers(0, 5), min_size=layers, max_size=layers))
+    peaks = [100 + sum(drops[k:]) for k in range(layers + 1)]  # peaks[k]: k recomputed
+    budget = data.draw(st.integers(peaks[layers], peaks[0] + 1))
+    known_not = data.draw(st.booleans()) and peaks[0] > budget
+    calls = []
+
+    def follow(k):
+        calls.append(k)
+        return SimpleNamespace(k=k, memory=SimpleNamespace(peak=peaks[k]))
+
+    found = fewest_recomputed(follow, 0 if known_not else -1, layers, budget)
+    fewest = min(k for k in range(layers + 1) if peaks[k] <= budget)
+    assert all(p.memory.peak <= budget for p in found)
+    assert min([p.k for p in found], default=layers) == fewest
+    assert len(calls) <= max(1, layers + 1).bit_length() + 1
