@@ -9,8 +9,8 @@ by intersecting the lines of the cheapest over-budget and the cheapest within-bu
 choices found (the dual is concave and piecewise linear: it reaches its maximum in
 finitely many steps). Where a gap remains (the budget falls between two of the dual's
 breakpoints) a best-first branch and bound over the variables with memory closes it,
-each branch bounded by the same relaxation, up to ``options.max_branches`` solves or
-until the gap is within ``options.gap`` of the cost; the gap left, if any, is what
+each branch bounded by the same relaxation, up to ``options.max_branches`` solves (or
+``options.max_seconds``) or until the gap is within ``options.gap`` of the cost; the gap left, if any, is what
 ``Solution.bound`` reports. With an inexact solver the search's solves may be cheap
 drafts: one costlier solve at the root's multiplier then gives the bound (``final``),
 and a search can go on over calls whose objective only rises (``warm.search``: the
@@ -20,6 +20,7 @@ lazily priced rounds of a program, whose bound prices become exact ones).
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Callable, Sequence
 
 import attrs
@@ -198,6 +199,13 @@ class _Search:
         self.seen: dict[tuple[int, ...], None] = {}  # the relaxation's choices, in order
         self.lines: dict | None = None  # the root dual's two sides, kept for the next search
         self.lightest = [float(x.min()) for x in self.w]
+        self.deadline = (
+            math.inf if options.max_seconds is None else time.perf_counter() + options.max_seconds
+        )
+
+    def late(self) -> bool:
+        """Whether the search's time (``options.max_seconds``) is spent."""
+        return time.perf_counter() > self.deadline
 
     def memory(self, choice) -> float:
         return float(sum(self.w[v][k] for v, k in enumerate(choice)))
@@ -320,7 +328,7 @@ class _Search:
         """The multiplier search between an over-budget and a within-budget choice."""
         lam = 0.0
         for _ in range(60):
-            if lo.memory <= hi.memory:
+            if lo.memory <= hi.memory or self.late():
                 break
             lam = (hi.cost - lo.cost) / (lo.memory - hi.memory)
             if not lam > 0:
@@ -389,7 +397,7 @@ class _Search:
         while frontier:
             frontier.sort(key=lambda e: (e[0], e[1]))
             bound = max(proven, min(frontier[0][0], tree["floor"]))
-            if self._close(bound, gap) or self.solves >= max_branches:
+            if self._close(bound, gap) or self.solves >= max_branches or self.late():
                 return self.best, min(bound, self.best.cost)
             b, _, allowed, lam, lo, hi, refined = frontier.pop(0)
             if b < self.best.cost and not refined:

@@ -90,7 +90,10 @@ class Options:
     ``max_branches`` and ``gap``: a memory budget's branch and bound stops after that many
     relaxation solves, or once its gap is within ``gap`` of the cost; ``lp``: solve the
     transportation LP (when highspy is installed and the problem is not solved exactly;
-    the sharing dual's steps run instead without it)."""
+    the sharing dual's steps run instead without it); ``max_seconds``: a memory budget's
+    search (its multiplier's and its branches' solves) starts no solve past this many
+    seconds of wall clock, and answers with the best choice and bound it has (None: no
+    limit)."""
 
     max_factor: int = 1 << 21
     steps: int = 30
@@ -99,10 +102,15 @@ class Options:
     max_branches: int = 64
     gap: float = 0.0
     lp: bool = True
+    max_seconds: float | None = None
 
     def __attrs_post_init__(self) -> None:
         if not (isinstance(self.gap, int | float) and 0 <= self.gap < 1):
             raise ValueError(f"gap must be a fraction in [0, 1), got {self.gap!r}")
+        if self.max_seconds is not None and not (
+            isinstance(self.max_seconds, int | float) and self.max_seconds >= 0
+        ):
+            raise ValueError(f"max_seconds must be None or >= 0, got {self.max_seconds!r}")
 
 
 @attrs.define

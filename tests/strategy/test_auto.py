@@ -60,13 +60,14 @@ def solve_within(
     state=None,
     lines=None,
     draft=None,
+    max_seconds=None,
 ):
     """``solve_within`` on the problem of ``unary``, ``pairs`` and memory ``weights``."""
     rows = [MemoryRow(v, w) for v, w in enumerate(weights)]
     problem = Problem(unary, pairs, memory=rows, budget=budget)
     warm = Warm(search=state, lines=lines if lines is not None else {})
     draft = final is not None if draft is None else draft  # the search's solves: drafts
-    options = Options(max_branches=max_branches, gap=gap, draft=draft)
+    options = Options(max_branches=max_branches, gap=gap, draft=draft, max_seconds=max_seconds)
     return _solve_within(problem, relax, options, seeds=seeds, final=final, warm=warm)
 
 
@@ -382,6 +383,32 @@ def test_the_branch_and_bound_stops_within_its_gap_and_its_bound_stays_true(rnd,
     assert sol.lower_bound <= best + 1e-9
     assert sol.cost - sol.lower_bound <= gap * sol.cost + 1e-9  # the gap honored
     assert sol.cost - best <= gap * sol.cost + 1e-9
+
+
+@given(st.randoms(use_true_random=False))
+@settings(max_examples=60)
+def test_a_search_out_of_time_answers_a_choice_that_fits_and_a_true_bound(rnd):
+    # no time at all: the multiplier's first two solves (the cheapest choice, the
+    # lightest), then no more; the lightest fits, and every solve's bound is true
+    unary, pairs, weights, budget = _random_problem(rnd)
+    best = _brute_best(unary, pairs, weights, budget)
+    calls = []
+
+    def counted(problem, options):
+        calls.append(options)
+        return solve(problem, options)
+
+    sol = solve_within(counted, unary, pairs, weights, budget, max_branches=10_000, max_seconds=0)
+    assert sum(w[k] for w, k in zip(weights, sol.choice, strict=True)) <= budget
+    assert sol.lower_bound <= best + 1e-9 <= sol.cost + 2e-9
+    assert len(calls) <= 2
+
+
+def test_a_search_time_limit_is_a_number_of_seconds_or_none():
+    with pytest.raises(ValueError, match="max_seconds"):
+        Options(max_seconds=-1.0)
+    with pytest.raises(ValueError, match="max_seconds"):
+        Options(max_seconds="60")
 
 
 def _unary_greedy(unary, pairs, **kwargs):
