@@ -43,7 +43,7 @@ from meshplan.redistribute._steps import grad_spec
 
 from ..rules._ruleset import RuleSet
 from ..selection._price import check_model, check_planner, redistribute_bound
-from ..solver import Method, Solution, min_memory_choice, proven
+from ..solver import Method, Options, Solution, min_memory_choice, proven, solve
 from ._auto import free_options, resolve_choose
 from ._candidates import ComputeModel, Option, is_float
 from ._candidates import options as candidate_options
@@ -438,6 +438,12 @@ def _plan_graph(
             program = _with_cut_pairs(program, sol.bound, program.method, len(cut))
         return attrs.evolve(program, memory=step_memory(program, per_param))
 
+    def untie() -> tuple:
+        """The objective with a variable per call (and its options per variable)."""
+        var_u, nodes_u = variables(graph, free, _ties(graph, None))
+        untied = [every_option[at[n]] for n in nodes_u]
+        return objective(graph, untied, free, fixed, (outs, grads), prices, memory, var_u), untied
+
     if peak_budget is not None:
         _check_peak_feasible(obj, peak_budget, program_of if name_least else None)
     sol = solve_lazily(graph, obj, prices, budget=budget, progress=progress, **solve_args)
@@ -452,9 +458,7 @@ def _plan_graph(
         ):
             # the parts' bound is loose: the untied problem's own solve bounds the same
             # minimum (the larger of the two holds), and its plan may cost less
-            var_u, nodes_u = variables(graph, free, _ties(graph, None))
-            untied = [every_option[at[n]] for n in nodes_u]
-            obj_u = objective(graph, untied, free, fixed, (outs, grads), prices, memory, var_u)
+            obj_u, untied = untie()
             prices.price_all(obj_u.problem, max_priced, progress)
             args_u = dict(solve_args, seeds=())
             sol_u = solve_lazily(graph, obj_u, prices, budget=budget, progress=progress, **args_u)
@@ -471,6 +475,10 @@ def _plan_graph(
     if peak_budget is not None:
         program = _fit_peak(program, obj, prices, peak_budget, program_of, solve_args)
     if not free or planning is not Planning.WHOLE or program.exact:
+        return program
+    # the given layouts' plan may untie the layers: bounded untied
+    whole = (obj, options) if repeats is None else untie()
+    if _given_cannot_win(program, graph, arg_specs, free, whole, prices, max_factor):
         return program
     again = dict(out_specs=out_specs, cost_model=model, compute=compute, ruleset=ruleset)
     again.update(limits, memory_budget=memory_budget, planner=planner, tie_layers=tie_layers)
@@ -557,6 +565,36 @@ def _with_cut_pairs(program: Program, bound: float, method: str, cut: int) -> Pr
         "budget (raise Planner(max_states=...))"
     )
     return attrs.evolve(program, lower_bound=bound, method=method, exact=False)
+
+
+def _given_cannot_win(program, graph, arg_specs, free, whole, prices, max_factor) -> bool:
+    """Whether the layouts given cost at least ``program`` whatever their plan: a lower
+    bound of the problem with each free argument held to its given layout (a draft solve
+    of the objective at hand, every other option of theirs charged ``program``'s cost
+    twice over: any choice away from the given costs more than ``program``, so the bound
+    is one of the given layouts' minimum or of something dearer than ``program``) at
+    least ``program``'s cost. ``whole``: the untied objective and its options per
+    variable. False where a given spec is not a candidate (then the given layouts are
+    planned whole)."""
+    import numpy as np
+
+    obj, options = whole
+    held: dict[int, int] = {}
+    for i in free:
+        v = obj.var[graph.args[i]]
+        ks = [k for k, o in enumerate(options[v]) if o.output_specs[0] == arg_specs[i]]
+        if not ks or held.setdefault(v, ks[0]) != ks[0]:
+            return False
+    cost = program.cost.total
+    penalty = 2.0 * abs(cost) + 1e-30
+    unary = [np.array(u, dtype=float) for u in obj.problem.unary]
+    for v, k in held.items():
+        away = np.full(len(unary[v]), penalty)
+        away[k] = 0.0
+        unary[v] = unary[v] + away
+    problem = attrs.evolve(obj.at(prices), unary=tuple(unary), budget=None)
+    draft = Options(max_factor=max_factor, steps=0, draft=True, lp=False)
+    return solve(problem, draft).bound >= cost
 
 
 def _never_worse_than_given(program: Program, graph, arg_specs, per_param, options) -> Program:
