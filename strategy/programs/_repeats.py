@@ -91,8 +91,13 @@ def find_repeats(
     """The repeated layers of ``graph`` (None: none found). ``fixed`` gives the fixed
     nodes' specs (arguments and cotangents), ``free_args`` the free argument nodes."""
     runs: list[tuple[tuple[int, ...], ...]] = []  # per run, its repeats' calls
+    # a recomputed call's copy runs its original's strategy (the planner ties the two):
+    # the runs are of the other calls, where the copies would break the backward's period
+    # (the last layer's backward lacks the residual gradient's sum the others have, and
+    # its copies fall before that point)
+    alias = dict(graph.recomputes)
     for phase in Phase:
-        calls = [c for c in graph.calls if graph.nodes[c].phase is phase]
+        calls = [c for c in graph.calls if graph.nodes[c].phase is phase and c not in alias]
         found: list = []
         _runs(_label_calls(graph, calls), 0, len(calls), found)
         for start, m, reps in found:
@@ -104,16 +109,18 @@ def find_repeats(
     if max(len(r) for r in runs) < MIN_LAYERS:
         return None
     runs, blocks = _by_layer(graph, runs)
-    tie = _check_ties(graph, runs, fixed, set(free_args))
-    if len(tie) < MIN_TIED * len(graph.calls):
+    tie = _check_ties(graph, runs, fixed, set(free_args), alias)
+    if len(tie) < MIN_TIED * (len(graph.calls) - len(alias)):
         return None
     return Repeats(tie, blocks)
 
 
-def _check_ties(graph: Graph, runs, fixed, free_args: set[int]) -> dict[int, int]:
+def _check_ties(graph: Graph, runs, fixed, free_args: set[int], alias) -> dict[int, int]:
     """Each repeat's call tied to its run's first repeat's (all of one layer), where its
-    call and every input's source agree; untied until nothing changes."""
+    call and every input's source agree; untied until nothing changes. ``alias``: each
+    recomputed call's copy's original (a copy's output is its original's value)."""
     inside = {c for repeats in runs for inst in repeats for c in inst}
+    inside |= {c for c, o in alias.items() if o in inside}
     tie: dict[int, int] = {}
     for repeats in runs:
         for inst in repeats[1:]:
@@ -125,19 +132,20 @@ def _check_ties(graph: Graph, runs, fixed, free_args: set[int]) -> dict[int, int
         drop = [
             a
             for a, b in tie.items()
-            if not _same_sources(graph, (a, b), tie, fixed, (free_args, inside), args)
+            if not _same_sources(graph, (a, b), tie, fixed, (free_args, inside, alias), args)
         ]
         if not drop:
             break
         for a in drop:
             del tie[a]
     # free arguments read alike: one variable, once every reader agrees on it
-    for a, b in _arg_ties(graph, tie, free_args).items():
+    for a, b in _arg_ties(graph, tie, free_args, alias).items():
         tie[a] = b
     return tie
 
 
-def _source(node: int, tie: Mapping[int, int]) -> int:
+def _source(node: int, tie: Mapping[int, int], alias: Mapping[int, int]) -> int:
+    node = alias.get(node, node)
     return tie.get(node, node)
 
 
@@ -146,14 +154,14 @@ def _same_sources(graph, pair, tie, fixed, sets, args) -> bool:
     across the edge of the repeats (one input from inside, one from outside: the first
     layer reads the embedding where the others read the layer before), from fixed
     arguments of one spec, or from free arguments paired one to one (in ``args``)."""
-    (a, b), (free_args, inside) = pair, sets
+    (a, b), (free_args, inside, alias) = pair, sets
     na, nb = graph.nodes[a], graph.nodes[b]
     if len(na.inputs) != len(nb.inputs):
         return False
     for x, u in zip(na.inputs, nb.inputs, strict=True):
         if x.index != u.index:
             return False
-        if _source(x.node, tie) == _source(u.node, tie):
+        if _source(x.node, tie, alias) == _source(u.node, tie, alias):
             continue
         if (x.node in inside) != (u.node in inside):
             continue
@@ -168,7 +176,7 @@ def _same_sources(graph, pair, tie, fixed, sets, args) -> bool:
     return True
 
 
-def _arg_ties(graph, tie, free_args: set[int]) -> dict[int, int]:
+def _arg_ties(graph, tie, free_args: set[int], alias) -> dict[int, int]:
     """Free arguments of a repeat paired with the first repeat's: each reader of ``x``
     tied, reading ``u`` at the same input, and no other pairing of ``x`` or ``u``."""
     pair: dict[int, set[int]] = {}
@@ -177,7 +185,13 @@ def _arg_ties(graph, tie, free_args: set[int]) -> dict[int, int]:
             if x.node in free_args and x.node != u.node:
                 pair.setdefault(x.node, set()).add(u.node)
     # free arguments an untied call reads: their layout is not one layer's alone
-    untied = {x.node for n in graph.calls if n not in tie for x in graph.nodes[n].inputs}
+    # (a copy reads what its original does: the original decides)
+    untied = {
+        x.node
+        for n in graph.calls
+        if n not in tie and n not in alias
+        for x in graph.nodes[n].inputs
+    }
     out = {}
     used = set()
     for x, us in pair.items():
@@ -228,7 +242,11 @@ def _layer_of(graph: Graph, inst, layer_of, readers, copies) -> int:
     A recomputed call's copy is of its own layer whatever its values feed (a recomputed
     layer's forward feeds only the next layer and the next layer's copies): where the
     main run holds the copies, they decide."""
-    own = [layer_of[k] for c in inst for k in copies.get(c, ()) if k in layer_of]
+    own = []
+    for c in inst:
+        for k in copies.get(c, ()):  # a copy's layer: where its readers are
+            for j in range(len(graph.nodes[k].metas)):
+                own += [layer_of[n] for n, _ in readers.get(Value(k, j), ()) if n in layer_of]
     if own:
         return max(set(own), key=own.count)
     votes: dict[int, int] = {}

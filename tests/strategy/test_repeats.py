@@ -215,9 +215,12 @@ def test_under_a_memory_budget_the_tied_bound_holds_and_the_budget_is_kept(share
 
 
 def test_every_layer_recomputed_ties_as_much_of_the_program_as_none_recomputed():
-    # a recomputed layer's forward feeds only the next layer and its copies; its repeat
-    # was placed one layer off, and the free weights it reads then paired crosswise, so
-    # half the backward went untied (and planned layer by layer at real depth)
+    # a recomputed layer's forward feeds only the next layer and its copies (its repeat
+    # was placed one layer off, the free weights it reads then paired crosswise); and the
+    # copies broke the backward's period where the last layer lacks a residual sum (at
+    # real depth half the backward went untied and was planned layer by layer)
+    from meshplan.strategy.programs._program import _ties
+
     layers = 4
     mesh = Mesh.create((2, 2))
     _, specs = transformer_args(mesh, layers=layers)
@@ -236,9 +239,48 @@ def test_every_layer_recomputed_ties_as_much_of_the_program_as_none_recomputed()
     rc = with_recompute(g, layer_groups(g, plain.blocks))
     tied = find_repeats(rc, fixed(rc), [rc.args[i] for i in free])
     assert tied.layers == plain.layers == layers
-    assert len(tied.tie) / len(rc.calls) >= len(plain.tie) / len(g.calls)
-    copies = dict(rc.recomputes)
-    # each layer's copies tie to the first layer's, as their originals do
+    assert len(tied.tie) == len(plain.tie)  # the same calls of every layer past the first
+    # the planner's ties: each copy shares its original's variable, so the copies of
+    # every layer share the first layer's, as their originals do
+    ties = _ties(rc, tied)
     for c, o in rc.recomputes:
-        if o in tied.tie:
-            assert tied.tie.get(c) in {k for k, v in copies.items() if v == tied.tie[o]}
+        assert ties[c] == ties.get(o, o)
+    assert len(set(ties.values())) == len(set(_ties(g, plain).values()))
+
+
+@pytest.mark.slow
+def test_a_hugging_face_llama_recomputed_ties_every_layer_as_without_recompute(monkeypatch):
+    # its last layer's backward lacks the residual gradient's sum the others have; the
+    # copies fell before that point and cut the backward's run to three of four layers
+    transformers = pytest.importorskip("transformers")
+    import meshplan.strategy.programs._program as program_module
+
+    cfg = transformers.LlamaConfig(
+        vocab_size=64, hidden_size=32, intermediate_size=64, num_attention_heads=4,
+        num_key_value_heads=2, num_hidden_layers=4, max_position_embeddings=32,
+    )  # fmt: skip
+    with torch.device("meta"):
+        model = transformers.LlamaForCausalLM(cfg)
+    mesh = Mesh.create((2, 2))
+    ids = Spec(mesh, [Shard(0), Replicate()], (4, 8), "int64")
+    seen = {}
+
+    class Captured(Exception):
+        pass
+
+    def capture(fn, *specs, requires_grad, **_):
+        seen.update(fn=fn, specs=specs, grad=requires_grad)
+        raise Captured  # traced below instead
+
+    monkeypatch.setattr(program_module, "plan_program", capture)
+    with pytest.raises(Captured):
+        plan_module(model, ids, forward=lambda m, x: m(input_ids=x, labels=x).loss)
+    g = trace(seen["fn"], seen["specs"], seen["grad"])
+    free = [g.args[i] for i, r in enumerate(seen["grad"]) if r]
+    fixed = {k: s for k, s, r in zip(g.args, seen["specs"], seen["grad"], strict=True) if not r}
+    plain = find_repeats(g, fixed | dict.fromkeys(g.cotangents), free)
+    rc = with_recompute(g, layer_groups(g, plain.blocks))
+    fixed_rc = {k: s for k, s, r in zip(rc.args, seen["specs"], seen["grad"], strict=True) if not r}
+    tied = find_repeats(rc, fixed_rc | dict.fromkeys(rc.cotangents), free)
+    assert plain.layers == tied.layers == 4
+    assert len(tied.tie) == len(plain.tie)
