@@ -112,6 +112,15 @@ def find_repeats(
     tie = _check_ties(graph, runs, fixed, set(free_args), alias)
     if len(tie) < MIN_TIED * (len(graph.calls) - len(alias)):
         return None
+    if alias:  # each copy in its original's layer, tied as its original is
+        home = {n: k for k, b in enumerate(blocks) for n in b}
+        grown = [list(b) for b in blocks]
+        for c, o in alias.items():
+            if o in home:
+                grown[home[o]].append(c)
+            if o in tie or o in home:
+                tie[c] = tie.get(o, o)
+        blocks = tuple(tuple(b) for b in grown)
     return Repeats(tie, blocks)
 
 

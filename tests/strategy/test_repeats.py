@@ -239,7 +239,11 @@ def test_every_layer_recomputed_ties_as_much_of_the_program_as_none_recomputed()
     rc = with_recompute(g, layer_groups(g, plain.blocks))
     tied = find_repeats(rc, fixed(rc), [rc.args[i] for i in free])
     assert tied.layers == plain.layers == layers
-    assert len(tied.tie) == len(plain.tie)  # the same calls of every layer past the first
+    copies = dict(rc.recomputes)
+    # the same calls of every layer past the first; each copy in its original's layer
+    assert len([c for c in tied.tie if c not in copies]) == len(plain.tie)
+    home = {n: k for k, b in enumerate(tied.blocks) for n in b}
+    assert all(home[c] == home[o] for c, o in copies.items() if o in home)
     # the planner's ties: each copy shares its original's variable, so the copies of
     # every layer share the first layer's, as their originals do
     ties = _ties(rc, tied)
@@ -283,4 +287,7 @@ def test_a_hugging_face_llama_recomputed_ties_every_layer_as_without_recompute(m
     fixed_rc = {k: s for k, s, r in zip(rc.args, seen["specs"], seen["grad"], strict=True) if not r}
     tied = find_repeats(rc, fixed_rc | dict.fromkeys(rc.cotangents), free)
     assert plain.layers == tied.layers == 4
-    assert len(tied.tie) == len(plain.tie)
+    copies = dict(rc.recomputes)
+    assert len([c for c in tied.tie if c not in copies]) == len(plain.tie)
+    # each copy tied as its original: the layers' parts of the bound are alike
+    assert all(tied.tie.get(c) == tied.tie.get(o, o) for c, o in copies.items())
