@@ -62,7 +62,7 @@ __all__ = [
 
 _GAP = 0.01  # a budget's branch and bound stops once its gap is within 1% of the cost
 
-#: a budget's search per solve round starts no relaxation past this many seconds (its
+#: a budget's search per solve round starts no relaxation past this many CPU seconds (its
 #: best choice and bound kept: both stay true). On small programs the search ends first;
 #: on Llama-3 70B's 80 tied layers on 1,024 ranks one relaxation takes tens of seconds,
 #: and the branch and bound's 32 ran past half an hour without closing its gap

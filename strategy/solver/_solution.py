@@ -92,8 +92,8 @@ class Options:
     transportation LP (when highspy is installed and the problem is not solved exactly;
     the sharing dual's steps run instead without it); ``max_seconds``: a memory budget's
     search (its multiplier's and its branches' solves) starts no solve past this many
-    seconds of wall clock, and answers with the best choice and bound it has (None: no
-    limit)."""
+    seconds of the process's CPU time, and answers with the best choice and bound it has
+    (None: no limit)."""
 
     max_factor: int = 1 << 21
     steps: int = 30
