@@ -304,7 +304,7 @@ def _plan_graph(
     """:func:`plan_graph`; ``name_least=False``: a budget no plan meets raises without
     planning the lightest plan to name its peak (for a caller that drops the error).
     ``follow``: no solve, the program of the strategies given per call node (its input
-    and output specs; :func:`_followed`), None when a call has no such candidate."""
+    and output specs; :func:`_choice_following`), None when a call has no such candidate."""
     limits = {
         "max_factor": max_factor,
         "max_options": max_options,
@@ -390,7 +390,7 @@ def _plan_graph(
 
     prices = Prices(model, planner)
     if follow is not None:
-        sol = _followed(follow, options, nodes)
+        sol = _choice_following(follow, options, nodes)
         if sol is None:
             return None
         chosen, fixed = chosen_specs(graph, arg_specs, free, options, var, sol, fixed)
@@ -488,7 +488,7 @@ def _plan_graph(
     return _never_worse_than_given(program, graph, arg_specs, state_bytes_per_param, again)
 
 
-def _followed(follow: Mapping[int, tuple], options, nodes) -> Solution | None:
+def _choice_following(follow: Mapping[int, tuple], options, nodes) -> Solution | None:
     """The choice taking, per variable, the option whose input and output specs ``follow``
     gives for its node (None when one has none such, or a node none)."""
     choice = []
