@@ -48,7 +48,7 @@ from ._auto import free_options, resolve_choose
 from ._candidates import ComputeModel, Option, is_float
 from ._candidates import options as candidate_options
 from ._graph import Graph
-from ._memory import as_float, check_state_bytes_per_param, step_memory
+from ._memory import as_float, check_state_bytes_per_param, state_bytes, step_memory
 from ._program_assemble import assemble, chosen_specs
 from ._program_prices import Prices
 from ._program_solve import Planning, objective, solve_lazily, tied_bound, variables
@@ -300,9 +300,12 @@ def _plan_graph(
     recompute: str | None = None,
     name_least: bool = True,
     follow: Mapping[int, tuple] | None = None,
+    bound_only: bool = False,
 ) -> Program:
     """:func:`plan_graph`; ``name_least=False``: a budget no plan meets raises without
     planning the lightest plan to name its peak (for a caller that drops the error).
+    ``bound_only``: the caller reads only the plan's lower bound, so an unproven plan is
+    not compared with the given layouts' plan (which bounds nothing lower).
     ``follow``: no solve, the program of the strategies given per call node (its input
     and output specs; :func:`_choice_following`), None when a call has no such candidate."""
     limits = {
@@ -474,8 +477,13 @@ def _plan_graph(
     program = program_of(sol)
     if peak_budget is not None:
         program = _fit_peak(program, obj, prices, peak_budget, program_of, solve_args)
-    if not free or planning is not Planning.WHOLE or program.exact:
+    if not free or planning is not Planning.WHOLE or program.exact or bound_only:
         return program
+    if (
+        budget is not None
+        and _given_state(graph, arg_specs, free, per_param) + obj.fixed_bytes > budget
+    ):
+        return program  # the given layouts' state alone exceeds the budget: no plan of them fits
     # the given layouts' plan may untie the layers: bounded untied (where that is cheap:
     # the untied draft of 32 layers of Llama-3 8B took 56 s, more than the given plan)
     if repeats is None or repeats.layers <= UNTIE_LAYERS:
@@ -597,6 +605,12 @@ def _given_cannot_win(program, graph, arg_specs, free, whole, prices, max_factor
     problem = attrs.evolve(obj.at(prices), unary=tuple(unary), budget=None)
     draft = Options(max_factor=max_factor, steps=0, draft=True, lp=False)
     return solve(problem, draft).bound >= cost
+
+
+def _given_state(graph: Graph, arg_specs, free, per_param) -> float:
+    """The free arguments' state bytes in their given layouts (a part of any peak of the
+    plan keeping them)."""
+    return sum(state_bytes(arg_specs[i], graph.grads[i] is not None, per_param) for i in free)
 
 
 def _never_worse_than_given(program: Program, graph, arg_specs, per_param, options) -> Program:

@@ -67,7 +67,9 @@ def plan_recompute(
         try:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore", ProgramWarning)  # warned above already
-                return plan(graph, arg_specs, name_least=False, **relaxed).lower_bound
+                return plan(
+                    graph, arg_specs, name_least=False, bound_only=True, **relaxed
+                ).lower_bound
         except MemoryBudgetError:  # the training state alone does not fit
             return None
 
