@@ -301,11 +301,15 @@ def _plan_graph(
     name_least: bool = True,
     follow: Mapping[int, tuple] | None = None,
     bound_only: bool = False,
+    known_bound: float | None = None,
 ) -> Program:
     """:func:`plan_graph`; ``name_least=False``: a budget no plan meets raises without
     planning the lightest plan to name its peak (for a caller that drops the error).
     ``bound_only``: the caller reads only the plan's lower bound, so an unproven plan is
     not compared with the given layouts' plan (which bounds nothing lower).
+    ``known_bound``: a true lower bound of this program's minimum the caller already has
+    (the recompute search's bound over every recompute choice): a tied program takes it
+    instead of bounding its parts again.
     ``follow``: no solve, the program of the strategies given per call node (its input
     and output specs; :func:`_choice_following`), None when a call has no such candidate."""
     limits = {
@@ -431,7 +435,8 @@ def _plan_graph(
             planner,
         )  # fmt: skip
         if repeats is not None and sol.method is Method.TIED:
-            how = "parts" if bound_by is None else f"the untied problem's {bound_by}"
+            how = "parts" if known_bound is None else "the plan over every recompute choice"
+            how = how if bound_by is None else f"the untied problem's {bound_by}"
             method = f"{repeats.layers} layers planned as one, bound by {how}"
             program = attrs.evolve(program, method=method)
         cut = {(prices.table[a], prices.table[b]) for a, b in prices.cut}
@@ -451,10 +456,13 @@ def _plan_graph(
         _check_peak_feasible(obj, peak_budget, program_of if name_least else None)
     sol = solve_lazily(graph, obj, prices, budget=budget, progress=progress, **solve_args)
     if repeats is not None:  # the tied problem's bound bounds only its own restriction
-        env = (fixed, prices.sid, obj.sinks, obj.free_grads)
-        priced = None if budget is None else (sol.multiplier, budget - obj.fixed_bytes)
-        args = (graph, obj, repeats, options, env, prices, max_factor, sol.choice, priced)
-        bound = tied_bound(*args)
+        if known_bound is None:
+            env = (fixed, prices.sid, obj.sinks, obj.free_grads)
+            priced = None if budget is None else (sol.multiplier, budget - obj.fixed_bytes)
+            args = (graph, obj, repeats, options, env, prices, max_factor, sol.choice, priced)
+            bound = tied_bound(*args)
+        else:
+            bound = known_bound
         sol = attrs.evolve(sol, bound=min(bound, sol.cost), method=Method.TIED)
         if repeats.layers <= UNTIE_LAYERS and not proven(
             sol.cost, sol.bound, untie_gap(repeats.layers)

@@ -1,9 +1,10 @@
 """``recompute=`` as a search over how many repeated layers a plan recomputes.
 
-Under a ``memory_budget`` (``recompute="auto"``) the plan recomputing none is tried
-first, then every layer, then in that plan's layouts halvings of the count (assembled and
-walked, not solved); the bound reported holds over every choice of recompute. Each plan
-comes from ``plan`` (the program planner, passed in: this module sits below it).
+Under a ``memory_budget`` (``recompute="auto"``) the bound over every choice of
+recompute is solved first, then the plan recomputing none, then every layer, then in
+that plan's layouts halvings of the count (assembled and walked, not solved); each plan
+takes that bound rather than bounding its own parts. Each plan comes from ``plan`` (the
+program planner, passed in: this module sits below it).
 """
 
 from __future__ import annotations
@@ -45,18 +46,19 @@ def plan_recompute(
             rewrites[k] = recompute_origins(graph, groups[:k])
         return rewrites[k]
 
-    def plan_k(k: int) -> Program:
+    def plan_k(k: int, bound: float | None = None) -> Program:
         # only every layer's infeasibility reaches the caller: the others' are not named
-        return plan(rewrite(k)[0], arg_specs, name_least=k == layers, **kwargs)
+        graph_k = rewrite(k)[0]
+        return plan(graph_k, arg_specs, name_least=k == layers, known_bound=bound, **kwargs)
 
     if mode == "always":
         return plan_k(layers)
     tried: dict[int, Program | MemoryBudgetError] = {}
 
-    def attempt(k: int):
+    def attempt(k: int, bound: float | None):
         if k not in tried:
             try:
-                tried[k] = plan_k(k)
+                tried[k] = plan_k(k, bound)
             except MemoryBudgetError as e:  # any other error reaches the caller
                 tried[k] = e
         return tried[k]
@@ -73,14 +75,21 @@ def plan_recompute(
         except MemoryBudgetError:  # the training state alone does not fit
             return None
 
-    # the plan without recompute first: where it fits and costs within RECOMPUTE_GAP of
-    # the bound over every choice of recompute, no recomputing plan is worth more solves
-    none = attempt(0)
-    bound = bound_of_all() if isinstance(none, Program) else None
-    close = bound is not None and none.cost.total - bound <= RECOMPUTE_GAP * abs(none.cost.total)
+    # the bound over every choice of recompute first: each plan below takes it (none
+    # bounds its own tied parts again); None: the training state alone does not fit, so
+    # no plan does, and the plan recomputing every layer names the smallest budget
+    bound = bound_of_all()
+    if bound is None:
+        return plan_k(layers)  # raises MemoryBudgetError naming the smallest budget
+    # the plan without recompute: where it fits and costs within RECOMPUTE_GAP of the
+    # bound, no recomputing plan is worth more solves
+    none = attempt(0, bound)
+    close = isinstance(none, Program) and none.cost.total - bound <= RECOMPUTE_GAP * abs(
+        none.cost.total
+    )
     fits = [p for p in tried.values() if isinstance(p, Program)]
     if not close:
-        full = attempt(layers)
+        full = attempt(layers, bound)
         if isinstance(full, MemoryBudgetError):
             raise full  # names the smallest budget, every layer recomputed
         fits.append(full)
@@ -91,10 +100,6 @@ def plan_recompute(
         lo = 0 if isinstance(none, MemoryBudgetError) else -1
         fits += fewest_recomputed(follow, lo, layers, kwargs["memory_budget"])
     best = min(fits, key=lambda p: p.cost.total)
-    if bound is None:
-        bound = bound_of_all()
-    if bound is None:
-        bound = min(p.lower_bound for p in tried.values() if isinstance(p, Program))
     bound = min(bound, best.cost.total)
     if best.cost.total - bound > 1e-9 * abs(best.cost.total) and best.exact:
         method = f"exact for its recompute ({len(tried)} of {layers + 1} layer counts solved)"
