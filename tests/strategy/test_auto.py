@@ -340,6 +340,42 @@ def test_an_unproven_choice_never_costs_more_than_the_given_layouts(program, dat
     assert again.cost.total <= chosen.cost.total * (1 + 1e-12)
 
 
+def test_given_layouts_whose_state_exceeds_the_budget_are_not_planned(monkeypatch):
+    # an unproven choice (each solve's bound halved: still true) is compared with the
+    # given layouts' plan, unless their state alone is over the budget: no plan of them
+    # fits, so none is planned
+    import meshplan.strategy.programs._program as program_module
+
+    mesh = Mesh.create((4,), ("dp",))
+    specs = _mlp_specs(mesh)
+    prog = plan_program(mlp, *specs, requires_grad=GRAD)
+    real_solve = program_module.solve_lazily
+
+    def unproven(*a, **kw):
+        sol = real_solve(*a, **kw)
+        return attrs.evolve(sol, bound=sol.bound / 2, method=Method.LAGRANGIAN)
+
+    compared = []
+    real_given = program_module._never_worse_than_given
+    real_draft = program_module._given_cannot_win
+    monkeypatch.setattr(program_module, "solve_lazily", unproven)
+    monkeypatch.setattr(
+        program_module, "_never_worse_than_given", lambda *a: compared.append(a) or real_given(*a)
+    )
+    monkeypatch.setattr(
+        program_module, "_given_cannot_win", lambda *a: compared.append(a) or real_draft(*a)
+    )
+    budget = prog.memory.total * 0.6  # the given layouts replicate both weights
+    chosen = plan_graph(prog.graph, specs, choose=[1, 2], state_budget=budget)
+    assert not chosen.exact and compared == []
+    assert chosen.memory.total <= budget
+    assert chosen.lower_bound <= chosen.cost.total
+    # a budget the given layouts fit: they are compared (drafted or planned)
+    roomy = plan_graph(prog.graph, specs, choose=[1, 2], state_budget=2 * prog.memory.total)
+    assert not roomy.exact and compared
+    assert roomy.cost.total <= prog.cost.total * (1 + 1e-12)
+
+
 def test_a_budget_every_choice_fits_constrains_nothing():
     """A budget above the heaviest choice plans as no budget does (one unconstrained
     solve, not a branch and bound, even where the solve is not exact); one below the

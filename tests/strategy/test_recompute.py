@@ -207,6 +207,34 @@ def test_auto_under_a_budget_the_plan_without_recompute_meets_plans_no_recompute
     assert auto.lower_bound <= auto.cost.total <= 1.01 * auto.lower_bound + 1e-15
 
 
+def test_auto_bounds_every_recompute_choice_once_and_each_plan_takes_that_bound(monkeypatch):
+    # the bound over every choice (the plan without recompute under the state budget) is
+    # solved first and once; the plans of the search take it instead of their own parts'
+    import meshplan.strategy.programs._program as program_module
+
+    always, never = planned("always"), planned("never")
+    budget = (always.memory.peak + never.memory.peak) / 2
+    calls = []
+    real = program_module._plan_graph
+
+    def spy(graph, arg_specs, **kw):
+        out = real(graph, arg_specs, **kw)
+        calls.append((kw, out))
+        return out
+
+    monkeypatch.setattr(program_module, "_plan_graph", spy)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        program = plan_program(residual, *specs(), memory_budget=budget, choose=())
+    bounds = [out.lower_bound for kw, out in calls if kw.get("bound_only")]
+    assert len(bounds) == 1
+    (bound,) = bounds
+    solved = [kw for kw, _ in calls[:-1] if not kw.get("bound_only") and kw.get("follow") is None]
+    assert solved and all(kw.get("known_bound") == bound for kw in solved)
+    assert program.lower_bound == min(bound, program.cost.total)
+    assert program.lower_bound <= never.cost.total * (1 + 1e-9)
+
+
 @settings(max_examples=min(settings.default.max_examples, 50), deadline=None)
 @given(layers=st.integers(1, 80), data=st.data())
 def test_the_halving_search_finds_the_fewest_recomputed_layers_that_fit(layers, data):
