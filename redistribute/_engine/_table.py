@@ -155,7 +155,18 @@ def _build(ctx) -> Table:
     return Table(ids, edges, dist, hop)
 
 
-_KEEP = 32  # tables kept (least recently used dropped first; 536 states take 2.3 MB)
+#: the bytes of tables kept (least recently used dropped first): a table of ``n`` states
+#: holds two ``n x n`` arrays (12 bytes an entry) and its edges (about 150 bytes each).
+#: A count of 32 tables thrashed on Llama-3 70B's 105 contexts (783 builds, 25 s, where
+#: all 105 tables take 23 MB)
+KEEP_BYTES = 256 << 20
+
+
+def table_bytes(tab: Table) -> int:
+    """About how many bytes ``tab`` holds."""
+    n = len(tab.ids)
+    return 12 * n * n + 150 * sum(len(out) for out in tab.edges)
+
 
 TABLE_MODES = ("lazy", "eager", "off")
 """When a context builds its table: after :func:`lazy_pairs` pairs planned by search, at
@@ -163,13 +174,15 @@ once, or never (``Planner(tables=...)``)."""
 
 
 class Tables:
-    """The plan tables of a planner's contexts (the :data:`_KEEP` most recently used),
+    """The plan tables of a planner's contexts (the most recently used, within
+    :data:`KEEP_BYTES`),
     built as ``mode`` (one of :data:`TABLE_MODES`) says; ``lock``: the planner's."""
 
     def __init__(self, lock, mode: str = "lazy") -> None:
         self.lock = lock
         self.mode = mode
         self._tables: collections.OrderedDict = collections.OrderedDict()
+        self._bytes = 0
 
     def __contains__(self, ctx) -> bool:
         return ctx in self._tables
@@ -200,9 +213,13 @@ class Tables:
             return None
         tab = _build(ctx)
         with self.lock:
+            old = self._tables.pop(ctx, None)
+            if old is not None:  # (built twice at once: the first one's bytes go)
+                self._bytes -= table_bytes(old)
             self._tables[ctx] = tab
-            while len(self._tables) > _KEEP:
-                self._tables.popitem(last=False)
+            self._bytes += table_bytes(tab)
+            while self._bytes > KEEP_BYTES and len(self._tables) > 1:
+                self._bytes -= table_bytes(self._tables.popitem(last=False)[1])
         return tab
 
     def built(self, ctx) -> Table | None:
@@ -215,6 +232,7 @@ class Tables:
     def clear(self) -> None:
         with self.lock:
             self._tables.clear()
+            self._bytes = 0
 
 
 def _admitted(ctx, tab: Table, goal: int) -> list:
