@@ -214,6 +214,45 @@ def test_under_a_memory_budget_the_tied_bound_holds_and_the_budget_is_kept(share
         assert tied.cost.total >= untied.cost.total - eps
 
 
+@pytest.mark.parametrize("share", [0.3, 0.6])
+def test_a_tied_programs_bound_alone_branches_on_nothing_and_stays_true(share, monkeypatch):
+    # the bound over every recompute choice (recompute="auto") reads only the plan's
+    # bound, and a tied program's is its parts': its budget's search branches on nothing
+    from meshplan.strategy.programs import _program
+
+    mesh = Mesh.create((2,))
+    x = Spec(mesh, [Shard(0)], (8, 8), "float64")
+    w = Spec(mesh, [Replicate()], (8, 8), "float64")
+    ws = Spec(mesh, [Shard(0)], (8, 8), "float64")
+    specs, free = (x, *[w] * 4), (1, 2, 3, 4)
+    graph = _graph(_stack(4), specs)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        hi = _program._plan_graph(graph, specs).memory.total
+        lo = _program._plan_graph(graph, (x, *[ws] * 4)).memory.total
+        budget = lo + share * (hi - lo)
+        untied = _program._plan_graph(
+            graph, specs, choose=free, state_budget=budget, tie_layers=False
+        )
+        branched = []
+        real = _program.solve_lazily
+
+        def spy(*a, **kw):
+            branched.append(kw.get("branch", True))
+            return real(*a, **kw)
+
+        monkeypatch.setattr(_program, "solve_lazily", spy)
+        monkeypatch.setattr(_program, "UNTIE_LAYERS", 0)
+        bound = _program._plan_graph(
+            graph, specs, choose=free, state_budget=budget, max_factor=8, bound_only=True
+        )
+    assert "planned as one" in bound.method
+    assert branched == [False]
+    # a true bound is at most any plan's cost within the budget (the minimum where the
+    # untied plan is exact)
+    assert bound.lower_bound <= untied.cost.total * (1 + 1e-12)
+
+
 def test_every_layer_recomputed_ties_as_much_of_the_program_as_none_recomputed():
     # a recomputed layer's forward feeds only the next layer and its copies (its repeat
     # was placed one layer off, the free weights it reads then paired crosswise); and the
