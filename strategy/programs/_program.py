@@ -455,9 +455,9 @@ def _plan_graph(
     if peak_budget is not None:
         _check_peak_feasible(obj, peak_budget, program_of if name_least else None)
     # the bound's plan of a tied program: its parts bound it, and its choice is not kept
-    branch = not (bound_only and repeats is not None)
+    settle = not (bound_only and repeats is not None)
     sol = solve_lazily(
-        graph, obj, prices, budget=budget, progress=progress, branch=branch, **solve_args
+        graph, obj, prices, budget=budget, progress=progress, settle=settle, **solve_args
     )
     if repeats is not None:  # the tied problem's bound bounds only its own restriction
         if known_bound is None:

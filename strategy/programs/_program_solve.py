@@ -240,12 +240,13 @@ def solve_lazily(
     budget: float | None,
     seeds: Sequence[dict[int, int]],
     progress: Progress | None,
-    branch: bool = True,
+    settle: bool = True,
 ) -> Solution:
     """Solve, price exactly what the answer uses, and again, until the answer uses exact
-    prices only (or ``max_rounds`` rounds ran). ``branch=False``: a budget's last round
-    solves its relaxation and branches on nothing (for a caller that keeps neither the
-    choice's last improvements nor this bound: a tied program's bound is its parts').
+    prices only (or ``max_rounds`` rounds ran). ``settle=False``: the rounds end there,
+    the last answer a draft, without the settled round (a final solve and a budget's
+    branch and bound) that tightens the bound and improves the choice: for a caller that
+    keeps neither (a tied program's bound is its parts').
 
     The planner keeps each whole-program answer under the content of its objective
     (:func:`content_key`): the same objective planned again takes the exact prices and
@@ -256,19 +257,19 @@ def solve_lazily(
         budget = None  # every choice fits: the budget constrains nothing
     key = None
     if planning is Planning.WHOLE:
-        key = content_key(obj, prices, (max_factor, max_rounds, budget, seeds, branch))
+        key = content_key(obj, prices, (max_factor, max_rounds, budget, seeds, settle))
         known = _recall(obj, prices, key)
         if known is not None:
             report(progress, "solve", 1, 0)
             return known
-    args = (max_factor, max_rounds, budget, seeds, branch)
+    args = (max_factor, max_rounds, budget, seeds, settle)
     sol = _solve_rounds(obj, prices, planning, *args, progress)
     if key is not None:
         prices.owner().remember_program(key, (dict(prices.exact), sol))
     return sol
 
 
-def _solve_rounds(obj, prices, planning, max_factor, max_rounds, budget, seeds, branch, progress):
+def _solve_rounds(obj, prices, planning, max_factor, max_rounds, budget, seeds, settle, progress):
     """The rounds of :func:`solve_lazily`."""
     rounds = 0
     # a budget's branch and bound, and the tightening of the shared bound, run once the
@@ -284,7 +285,7 @@ def _solve_rounds(obj, prices, planning, max_factor, max_rounds, budget, seeds, 
             max_factor=max_factor,
             steps=30,
             draft=not settled,
-            max_branches=32 if settled and branch else 0,
+            max_branches=32 if settled else 0,
             gap=_GAP,
             max_seconds=BUDGET_SECONDS,
         )
@@ -292,7 +293,7 @@ def _solve_rounds(obj, prices, planning, max_factor, max_rounds, budget, seeds, 
         new = prices.learn_used(obj.at(prices), sol.choice)
         if rounds >= max_rounds:
             return _with_bound(sol, bound)
-        if not new and (settled or sol.exact):
+        if not new and (settled or sol.exact or not settle):
             return _with_bound(sol, bound)
         settled = settled or not new
         if sol.method is not Method.OP_BY_OP:  # a bound at prices at most the exact ones holds on

@@ -215,10 +215,11 @@ def test_under_a_memory_budget_the_tied_bound_holds_and_the_budget_is_kept(share
 
 
 @pytest.mark.parametrize("share", [0.3, 0.6])
-def test_a_tied_programs_bound_alone_branches_on_nothing_and_stays_true(share, monkeypatch):
+def test_a_tied_programs_bound_alone_skips_the_settled_round_and_stays_true(share, monkeypatch):
     # the bound over every recompute choice (recompute="auto") reads only the plan's
-    # bound, and a tied program's is its parts': its budget's search branches on nothing
-    from meshplan.strategy.programs import _program
+    # bound, and a tied program's is its parts': no settled round (a final solve and a
+    # budget's branch and bound) tightens the tied problem's own
+    from meshplan.strategy.programs import _program, _program_solve
 
     mesh = Mesh.create((2,))
     x = Spec(mesh, [Shard(0)], (8, 8), "float64")
@@ -234,20 +235,29 @@ def test_a_tied_programs_bound_alone_branches_on_nothing_and_stays_true(share, m
         untied = _program._plan_graph(
             graph, specs, choose=free, state_budget=budget, tie_layers=False
         )
-        branched = []
+        settled = []
         real = _program.solve_lazily
 
         def spy(*a, **kw):
-            branched.append(kw.get("branch", True))
+            settled.append(kw.get("settle", True))
             return real(*a, **kw)
 
+        drafts = []
+        real_round = _program_solve._solve_round
+
+        def round_spy(obj, prices, planning, options, *rest):
+            drafts.append(options.draft)
+            return real_round(obj, prices, planning, options, *rest)
+
         monkeypatch.setattr(_program, "solve_lazily", spy)
+        monkeypatch.setattr(_program_solve, "_solve_round", round_spy)
         monkeypatch.setattr(_program, "UNTIE_LAYERS", 0)
         bound = _program._plan_graph(
             graph, specs, choose=free, state_budget=budget, max_factor=8, bound_only=True
         )
     assert "planned as one" in bound.method
-    assert branched == [False]
+    assert settled == [False]
+    assert drafts and all(drafts)  # every round a draft: no final solve, no branching
     # a true bound is at most any plan's cost within the budget (the minimum where the
     # untied plan is exact)
     assert bound.lower_bound <= untied.cost.total * (1 + 1e-12)
