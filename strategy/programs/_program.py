@@ -454,11 +454,15 @@ def _plan_graph(
 
     if peak_budget is not None:
         _check_peak_feasible(obj, peak_budget, program_of if name_least else None)
-    # the bound's plan of a tied program: its parts bound it, and its choice is not kept
+    # a tied program's bound is its parts' (or the caller's): the bound's plan keeps no
+    # choice and runs no settled round (which tightens the solve's own bound and improves
+    # the choice); a plan with the caller's bound runs it unless within 1% of that bound
     settle = not (bound_only and repeats is not None)
+    known = known_bound if repeats is not None else None
     sol = solve_lazily(
-        graph, obj, prices, budget=budget, progress=progress, settle=settle, **solve_args
-    )
+        graph, obj, prices, budget=budget, progress=progress, settle=settle,
+        known_bound=known, **solve_args,
+    )  # fmt: skip
     if repeats is not None:  # the tied problem's bound bounds only its own restriction
         if known_bound is None:
             env = (fixed, prices.sid, obj.sinks, obj.free_grads)

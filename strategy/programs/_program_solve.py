@@ -241,12 +241,15 @@ def solve_lazily(
     seeds: Sequence[dict[int, int]],
     progress: Progress | None,
     settle: bool = True,
+    known_bound: float | None = None,
 ) -> Solution:
     """Solve, price exactly what the answer uses, and again, until the answer uses exact
     prices only (or ``max_rounds`` rounds ran). ``settle=False``: the rounds end there,
     the last answer a draft, without the settled round (a final solve and a budget's
     branch and bound) that tightens the bound and improves the choice: for a caller that
-    keeps neither (a tied program's bound is its parts').
+    keeps neither (a tied program's bound is its parts'). ``known_bound``: a true lower
+    bound of the minimum the caller holds; the settled round is skipped as well once the
+    answer at exact prices is within 1% of it (proven good enough without it).
 
     The planner keeps each whole-program answer under the content of its objective
     (:func:`content_key`): the same objective planned again takes the exact prices and
@@ -257,19 +260,22 @@ def solve_lazily(
         budget = None  # every choice fits: the budget constrains nothing
     key = None
     if planning is Planning.WHOLE:
-        key = content_key(obj, prices, (max_factor, max_rounds, budget, seeds, settle))
+        settings = (max_factor, max_rounds, budget, seeds, settle, known_bound)
+        key = content_key(obj, prices, settings)
         known = _recall(obj, prices, key)
         if known is not None:
             report(progress, "solve", 1, 0)
             return known
-    args = (max_factor, max_rounds, budget, seeds, settle)
+    args = (max_factor, max_rounds, budget, seeds, settle, known_bound)
     sol = _solve_rounds(obj, prices, planning, *args, progress)
     if key is not None:
         prices.owner().remember_program(key, (dict(prices.exact), sol))
     return sol
 
 
-def _solve_rounds(obj, prices, planning, max_factor, max_rounds, budget, seeds, settle, progress):
+def _solve_rounds(
+    obj, prices, planning, max_factor, max_rounds, budget, seeds, settle, known_bound, progress
+):
     """The rounds of :func:`solve_lazily`."""
     rounds = 0
     # a budget's branch and bound, and the tightening of the shared bound, run once the
@@ -293,7 +299,8 @@ def _solve_rounds(obj, prices, planning, max_factor, max_rounds, budget, seeds, 
         new = prices.learn_used(obj.at(prices), sol.choice)
         if rounds >= max_rounds:
             return _with_bound(sol, bound)
-        if not new and (settled or sol.exact or not settle):
+        enough = known_bound is not None and proven(sol.cost, known_bound, _GAP)
+        if not new and (settled or sol.exact or not settle or enough):
             return _with_bound(sol, bound)
         settled = settled or not new
         if sol.method is not Method.OP_BY_OP:  # a bound at prices at most the exact ones holds on
@@ -330,7 +337,7 @@ def content_key(obj: Objective, prices: Prices, settings: tuple) -> tuple:
         p.values,
         p.memory if budget is not None else None,
         obj.fixed_bytes if budget is not None else None,
-        (*settings[:3], tuple(tuple(sorted(s.items())) for s in seeds)),
+        (*settings[:3], tuple(tuple(sorted(s.items())) for s in seeds), *settings[4:]),
         tuple(prices.exact),  # the pairs priced before the solve (all of them, when few)
     )
 

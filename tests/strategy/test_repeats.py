@@ -272,6 +272,45 @@ def test_a_tied_programs_bound_alone_skips_the_settled_round_and_stays_true(shar
     assert bound.lower_bound <= untied.cost.total * (1 + 1e-12)
 
 
+def test_a_draft_answer_is_kept_apart_from_a_settled_one(monkeypatch):
+    # the planner keeps each whole-program answer under its objective's content and the
+    # solve's settings: the bound's draft (no settled round) is not the answer a plan that
+    # keeps its choice recalls
+    from meshplan.strategy.programs import _program, _program_solve
+
+    mesh = Mesh.create((2,))
+    x = Spec(mesh, [Shard(0)], (8, 8), "float64")
+    w = Spec(mesh, [Replicate()], (8, 8), "float64")
+    specs, free = (x, *[w] * 4), (1, 2, 3, 4)
+    graph = _graph(_stack(4), specs)
+    solved = []  # per solve_lazily call: (settle, whether its rounds ran)
+    real, real_rounds = _program.solve_lazily, _program_solve._solve_rounds
+    ran = []
+
+    def spy(*a, **kw):
+        ran.clear()
+        sol = real(*a, **kw)
+        solved.append((kw.get("settle", True), bool(ran)))
+        return sol
+
+    def rounds_spy(*a, **kw):
+        ran.append(1)
+        return real_rounds(*a, **kw)
+
+    monkeypatch.setattr(_program, "solve_lazily", spy)
+    monkeypatch.setattr(_program_solve, "_solve_rounds", rounds_spy)
+    monkeypatch.setattr(_program, "UNTIE_LAYERS", 0)
+    planner = Planner()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        args = dict(choose=free, max_factor=8, planner=planner)
+        _program._plan_graph(graph, specs, bound_only=True, **args)
+        _program._plan_graph(graph, specs, bound_only=True, **args)
+        _program._plan_graph(graph, specs, **args)
+    # the draft solved, recalled the second time; the settled plan's solve ran its rounds
+    assert solved[:3] == [(False, True), (False, False), (True, True)]
+
+
 def test_every_layer_recomputed_ties_as_much_of_the_program_as_none_recomputed():
     # a recomputed layer's forward feeds only the next layer and its copies (its repeat
     # was placed one layer off, the free weights it reads then paired crosswise); and the
