@@ -241,15 +241,14 @@ def solve_lazily(
     seeds: Sequence[dict[int, int]],
     progress: Progress | None,
     settle: bool = True,
-    known_bound: float | None = None,
 ) -> Solution:
     """Solve, price exactly what the answer uses, and again, until the answer uses exact
     prices only (or ``max_rounds`` rounds ran). ``settle=False``: the rounds end there,
     the last answer a draft, without the settled round (a final solve and a budget's
     branch and bound) that tightens the bound and improves the choice: for a caller that
-    keeps neither (a tied program's bound is its parts'). ``known_bound``: a true lower
-    bound of the minimum the caller holds; the settled round is skipped as well once the
-    answer at exact prices is within 1% of it (proven good enough without it).
+    keeps neither (a tied program's bound is its parts'). The answer is the cheapest of
+    those priced exactly throughout (a later round's choice, at prices it raised, may
+    cost more than an earlier one's), with the best bound of every round.
 
     The planner keeps each whole-program answer under the content of its objective
     (:func:`content_key`): the same objective planned again takes the exact prices and
@@ -260,29 +259,27 @@ def solve_lazily(
         budget = None  # every choice fits: the budget constrains nothing
     key = None
     if planning is Planning.WHOLE:
-        settings = (max_factor, max_rounds, budget, seeds, settle, known_bound)
-        key = content_key(obj, prices, settings)
+        key = content_key(obj, prices, (max_factor, max_rounds, budget, seeds, settle))
         known = _recall(obj, prices, key)
         if known is not None:
             report(progress, "solve", 1, 0)
             return known
-    args = (max_factor, max_rounds, budget, seeds, settle, known_bound)
+    args = (max_factor, max_rounds, budget, seeds, settle)
     sol = _solve_rounds(obj, prices, planning, *args, progress)
     if key is not None:
         prices.owner().remember_program(key, (dict(prices.exact), sol))
     return sol
 
 
-def _solve_rounds(
-    obj, prices, planning, max_factor, max_rounds, budget, seeds, settle, known_bound, progress
-):
+def _solve_rounds(obj, prices, planning, max_factor, max_rounds, budget, seeds, settle, progress):
     """The rounds of :func:`solve_lazily`."""
     rounds = 0
     # a budget's branch and bound, and the tightening of the shared bound, run once the
     # prices the solver sees are exact
     settled = False
     warm = Warm()  # what one solve leaves the next
-    bound = -math.inf  # the best bound of an earlier round (prices only rise)
+    bound = -math.inf  # the best bound of any round (prices only rise)
+    best = None  # the cheapest answer whose moves were all priced exactly (its cost final)
     while True:
         rounds += 1
         report(progress, "solve", rounds, 0)
@@ -297,14 +294,16 @@ def _solve_rounds(
         )
         sol = _solve_round(obj, prices, planning, options, budget, seeds, warm)
         new = prices.learn_used(obj.at(prices), sol.choice)
-        if rounds >= max_rounds:
-            return _with_bound(sol, bound)
-        enough = known_bound is not None and proven(sol.cost, known_bound, _GAP)
-        if not new and (settled or sol.exact or not settle or enough):
-            return _with_bound(sol, bound)
-        settled = settled or not new
         if sol.method is not Method.OP_BY_OP:  # a bound at prices at most the exact ones holds on
             bound = max(bound, sol.bound)
+        if not new and (best is None or sol.cost < best.cost):
+            best = sol
+        if rounds >= max_rounds:  # the last answer at the prices it raised, or the best
+            last = sol.cost if not new else obj.at(prices).evaluate(sol.choice)
+            return _with_bound(sol if best is None or last <= best.cost else best, bound)
+        if not new and (settled or sol.exact or not settle):
+            return _with_bound(best, bound)
+        settled = settled or not new
 
 
 def _with_bound(sol: Solution, bound: float) -> Solution:
