@@ -473,7 +473,10 @@ class _Restricted:
         import highspy
         import numpy as np
 
-        self.h.setOptionValue("time_limit", float(seconds))
+        # HiGHS's time limit counts every run of its instance (this LP's rounds, and the
+        # solves that warm-start from it): this run gets ``seconds`` of its own
+        spent = self.h.getRunTime() if hasattr(self.h, "getRunTime") else 0.0
+        self.h.setOptionValue("time_limit", spent + float(seconds))
         self.h.run()
         if self.h.getModelStatus() != highspy.HighsModelStatus.kOptimal:
             return None

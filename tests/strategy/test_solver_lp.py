@@ -124,3 +124,43 @@ def test_an_lp_stopped_early_keeps_a_true_bound_and_none_without_a_round(problem
     full = transport_lp(problem)
     assert short.bound <= full.bound + 1e-9 and short.bound <= best + 1e-9
     assert transport_lp(problem, seconds=0.0) is None
+
+
+def test_each_restricted_lp_run_gets_its_own_seconds():
+    # HiGHS's time limit counts the run time of every run of one instance: the column
+    # generation's late rounds (and a later solve's, warm-started from its LP) were cut at
+    # what was left of LP_SECONDS minus the earlier rounds' time, and lost (Llama-3 70B's
+    # tied bound: the last round of each part's LP stopped after 2-5 s, unsolved)
+    from meshplan.strategy.solver import Warm
+    from meshplan.strategy.solver._transport import _Restricted
+
+    problem = next(iter(_some_problems()))
+    warm = Warm()
+    assert transport_lp(problem, warm=warm) is not None
+    lp = warm.lp
+    limits = []
+
+    class Clocked:  # the same HiGHS instance, its time limit recorded
+        def __init__(self, h):
+            self.h = h
+
+        def __getattr__(self, name):
+            return getattr(self.h, name)
+
+        def setOptionValue(self, key, value):
+            if key == "time_limit":
+                limits.append((value, self.h.getRunTime()))
+            return self.h.setOptionValue(key, value)
+
+    lp.h = Clocked(lp.h)
+    assert isinstance(lp, _Restricted)
+    assert lp.run(7.0) is not None
+    ((limit, spent),) = limits
+    assert spent > 0  # the first solve's rounds ran on this instance
+    assert limit - spent == pytest.approx(7.0, abs=1e-9)
+
+
+def _some_problems():
+    from hypothesis import find
+
+    return [find(problems(max_ops=5, max_options=3), lambda p: bool(p.values))]
