@@ -114,10 +114,15 @@ def fewest_recomputed(
     (not known to fit; -1: nothing known) and ``hi`` (fits) tries, ``follow(k)`` giving
     the program recomputing ``k`` layers (None: none such); those whose peak fits
     ``budget``. Fewer recomputed layers hold more activations: the peak only grows as the
-    count falls, so the search ends at the fewest that fit."""
+    count falls, so the search ends at the fewest that fit. Nothing known (the plan without
+    recompute fit in its own layouts): the count 0 is tried first, and where it fits
+    (Llama-3 70B: its 80 layers in the layouts of the plan recomputing all) it is the
+    answer, one program assembled instead of seven."""
     out = []
+    first = lo == -1
     while hi - lo > 1:
-        mid = (lo + hi) // 2
+        mid = 0 if first else (lo + hi) // 2
+        first = False
         program = follow(mid)
         if program is not None and program.memory.peak <= budget * (1 + 1e-9):
             out.append(program)
