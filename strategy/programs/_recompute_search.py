@@ -119,10 +119,8 @@ def fewest_recomputed(
     (Llama-3 70B: its 80 layers in the layouts of the plan recomputing all) it is the
     answer, one program assembled instead of seven."""
     out = []
-    first = lo == -1
     while hi - lo > 1:
-        mid = 0 if first else (lo + hi) // 2
-        first = False
+        mid = 0 if lo == -1 else (lo + hi) // 2
         program = follow(mid)
         if program is not None and program.memory.peak <= budget * (1 + 1e-9):
             out.append(program)

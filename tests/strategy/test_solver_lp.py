@@ -131,10 +131,12 @@ def test_each_restricted_lp_run_gets_its_own_seconds():
     # generation's late rounds (and a later solve's, warm-started from its LP) were cut at
     # what was left of LP_SECONDS minus the earlier rounds' time, and lost (Llama-3 70B's
     # tied bound: the last round of each part's LP stopped after 2-5 s, unsolved)
+    from hypothesis import find
+
     from meshplan.strategy.solver import Warm
     from meshplan.strategy.solver._transport import _Restricted
 
-    problem = next(iter(_some_problems()))
+    problem = find(problems(max_ops=5, max_options=3), lambda p: bool(p.values))
     warm = Warm()
     assert transport_lp(problem, warm=warm) is not None
     lp = warm.lp
@@ -158,9 +160,3 @@ def test_each_restricted_lp_run_gets_its_own_seconds():
     ((limit, spent),) = limits
     assert spent > 0  # the first solve's rounds ran on this instance
     assert limit - spent == pytest.approx(7.0, abs=1e-9)
-
-
-def _some_problems():
-    from hypothesis import find
-
-    return [find(problems(max_ops=5, max_options=3), lambda p: bool(p.values))]
