@@ -51,7 +51,14 @@ from ._graph import Graph
 from ._memory import as_float, check_state_bytes_per_param, state_bytes, step_memory
 from ._program_assemble import assemble, chosen_specs
 from ._program_prices import Prices
-from ._program_solve import Planning, objective, solve_lazily, tied_bound, variables
+from ._program_solve import (
+    Planning,
+    objective,
+    solve_lazily,
+    tied_bound,
+    variables,
+    with_layer,
+)
 from ._program_value import Program, ProgramCost, ProgramOp, ProgramWarning
 from ._progress import Progress, check_progress, report
 from ._recompute import check_recompute, layer_groups
@@ -302,6 +309,7 @@ def _plan_graph(
     follow: Mapping[int, tuple] | None = None,
     bound_only: bool = False,
     known_bound: float | None = None,
+    answer: Program | None = None,
 ) -> Program:
     """:func:`plan_graph`; ``name_least=False``: a budget no plan meets raises without
     planning the lightest plan to name its peak (for a caller that drops the error).
@@ -311,7 +319,10 @@ def _plan_graph(
     (the recompute search's bound over every recompute choice): a tied program takes it
     instead of bounding its parts again.
     ``follow``: no solve, the program of the strategies given per call node (its input
-    and output specs; :func:`_choice_following`), None when a call has no such candidate."""
+    and output specs; :func:`_choice_following`), None when a call has no such candidate.
+    ``answer``: a plan of this graph the caller holds that fits ``memory_budget`` (the
+    plan over every recompute choice, where it fits with its activations): taken as the
+    solve's answer with ``known_bound``, only compared with the given layouts' plan."""
     limits = {
         "max_factor": max_factor,
         "max_options": max_options,
@@ -452,45 +463,52 @@ def _plan_graph(
         untied = [every_option[at[n]] for n in nodes_u]
         return objective(graph, untied, free, fixed, (outs, grads), prices, memory, var_u), untied
 
-    if peak_budget is not None:
-        _check_peak_feasible(obj, peak_budget, program_of if name_least else None)
-    # a tied program's bound is its parts' (or the caller's): no settled round (a final
-    # solve that tightens the tied problem's own bound, 40 s of the 70B case's, improving
-    # its choice by ~0.1%) where the caller holds the bound or reads only the bound
-    settle = repeats is None or not (bound_only or known_bound is not None)
-    sol = solve_lazily(
-        graph, obj, prices, budget=budget, progress=progress, settle=settle, **solve_args
-    )
-    if repeats is not None:  # the tied problem's bound bounds only its own restriction
-        if known_bound is None:
-            env = (fixed, prices.sid, obj.sinks, obj.free_grads)
-            priced = None if budget is None else (sol.multiplier, budget - obj.fixed_bytes)
-            args = (graph, obj, repeats, options, env, prices, max_factor, sol.choice, priced)
-            bound = tied_bound(*args)
-        else:
-            bound = known_bound
-        sol = attrs.evolve(sol, bound=min(bound, sol.cost), method=Method.TIED)
-        if repeats.layers <= UNTIE_LAYERS and not proven(
-            sol.cost, sol.bound, untie_gap(repeats.layers)
-        ):
-            # the parts' bound is loose: the untied problem's own solve bounds the same
-            # minimum (the larger of the two holds), and its plan may cost less
-            obj_u, untied = untie()
-            prices.price_all(obj_u.problem, max_priced, progress)
-            args_u = dict(solve_args, seeds=())
-            sol_u = solve_lazily(graph, obj_u, prices, budget=budget, progress=progress, **args_u)
-            if sol_u.bound > sol.bound:
-                bound_by = str(sol_u.method)
-            bound = max(sol.bound, sol_u.bound)
-            if sol_u.cost < sol.cost:  # the untied plan, with the better of the bounds
-                obj, options, repeats, sol = obj_u, untied, None, sol_u
-            bound = min(bound, sol.cost)
-            method = Method.EXACT if proven(sol.cost, bound) else sol.method
-            sol = attrs.evolve(sol, bound=bound, method=method)
-    report(progress, "moves", 0, len(calls))
-    program = program_of(sol)
-    if peak_budget is not None:
-        program = _fit_peak(program, obj, prices, peak_budget, program_of, solve_args)
+    if answer is not None:  # the caller's plan, which fits: nothing to solve
+        program = attrs.evolve(answer, lower_bound=min(known_bound, answer.cost.total))
+    else:
+        if peak_budget is not None:
+            _check_peak_feasible(obj, peak_budget, program_of if name_least else None)
+        # a tied program's bound is its parts' (or the caller's): no settled round (a final
+        # solve that tightens the tied problem's own bound, 40 s of the 70B case's, improving
+        # its choice by ~0.1%) where the caller holds the bound or reads only the bound
+        settle = repeats is None or not (bound_only or known_bound is not None)
+        sol = solve_lazily(
+            graph, obj, prices, budget=budget, progress=progress, settle=settle, **solve_args
+        )
+        if repeats is not None:  # the tied problem's bound bounds only its own restriction
+            if known_bound is None:
+                env = (fixed, prices.sid, obj.sinks, obj.free_grads)
+                priced = None if budget is None else (sol.multiplier, budget - obj.fixed_bytes)
+                args = (graph, obj, repeats, options, env, prices, max_factor, sol.choice, priced)
+                bound, layer = tied_bound(*args)
+                # every layer in the layer's plan the bound proves, where that costs less
+                sol = with_layer(obj, prices, sol, layer, budget)
+            else:
+                bound = known_bound
+            sol = attrs.evolve(sol, bound=min(bound, sol.cost), method=Method.TIED)
+            if repeats.layers <= UNTIE_LAYERS and not proven(
+                sol.cost, sol.bound, untie_gap(repeats.layers)
+            ):
+                # the parts' bound is loose: the untied problem's own solve bounds the same
+                # minimum (the larger of the two holds), and its plan may cost less
+                obj_u, untied = untie()
+                prices.price_all(obj_u.problem, max_priced, progress)
+                args_u = dict(solve_args, seeds=())
+                sol_u = solve_lazily(
+                    graph, obj_u, prices, budget=budget, progress=progress, **args_u
+                )
+                if sol_u.bound > sol.bound:
+                    bound_by = str(sol_u.method)
+                bound = max(sol.bound, sol_u.bound)
+                if sol_u.cost < sol.cost:  # the untied plan, with the better of the bounds
+                    obj, options, repeats, sol = obj_u, untied, None, sol_u
+                bound = min(bound, sol.cost)
+                method = Method.EXACT if proven(sol.cost, bound) else sol.method
+                sol = attrs.evolve(sol, bound=bound, method=method)
+        report(progress, "moves", 0, len(calls))
+        program = program_of(sol)
+        if peak_budget is not None:
+            program = _fit_peak(program, obj, prices, peak_budget, program_of, solve_args)
     if not free or planning is not Planning.WHOLE or program.exact or bound_only:
         return program
     if (

@@ -93,17 +93,20 @@ def parts_bound(
     solve_part,
     price,
     node_unary: dict | None = None,
-) -> tuple[float, int]:
-    """A lower bound of the untied program's minimum (see the module docstring) and the
-    number of parts solved. ``tied`` is ``(var, options, ins, outs, choice)``: each
-    node's tied variable, per variable its options and their spec numbers, and the
+) -> tuple[float, int, dict[int, int]]:
+    """A lower bound of the untied program's minimum (see the module docstring), the
+    number of parts solved, and the choice the linked run of alike layers' bound makes
+    for one layer (its calls' options by node; empty where it makes none: the layer's
+    best plan the bound proves, which the tied program can take for every layer).
+    ``tied`` is ``(var, options, ins, outs, choice)``: each node's tied variable, per variable its options and their spec numbers, and the
     tied program's choice; ``env`` is
     ``(fixed, sid, sinks, free_grads)``: the fixed nodes' specs, the spec numbering, the
     fixed targets ``(value, spec)`` and the free arguments' gradients ``(value, node)``;
     ``solve_part(problem, n, links=(), choice=())`` returns a lower bound of ``n`` parts
     alike ``problem`` (a :class:`.solver.Problem`, see :func:`_problem`) and, given
     ``links`` (their ``(copy, own)`` variable pairs) and the part's ``choice``, the
-    multipliers on them (see :func:`.solver.run_bound`); ``price`` prices a move of one
+    multipliers on them and the part's choice at the bound, or None (see
+    :func:`.solver.run_bound`); ``price`` prices a move of one
     spec number to another."""
     in_block = {n for b in blocks for n in b}
     free_nodes = [a for _, a in env[3]]
@@ -138,12 +141,14 @@ def parts_bound(
     # part takes the same multipliers on its copies and copied calls of those classes
     groups = sorted(alike.values(), key=len, reverse=True)
     chain = next((g for g in groups if _links(g[0], copied)), None)
-    total, lam = 0.0, {}
+    total, lam, layer = 0.0, {}, {}
     if chain is not None:
         links = _links(chain[0], copied)
         problem, x = _problem(chain[0], tied, price, None, node_unary)
-        bound, lams = solve_part(problem, len(chain), links=links, choice=x)
+        bound, lams, at_bound = solve_part(problem, len(chain), links=links, choice=x)
         total += bound
+        if at_bound is not None:
+            layer = {n: at_bound[chain[0].local[n]] for n in chain[0].own}
         lam = {
             chain[0].tied.get(q, q): m for q, m in zip(_linked(chain[0], copied), lams, strict=True)
         }
@@ -151,7 +156,7 @@ def parts_bound(
         if g is not chain:
             extra = _multipliers(g[0], lam, copied)
             total += solve_part(_problem(g[0], tied, price, extra, node_unary)[0], len(g))[0]
-    return total, len(alike)
+    return total, len(alike), layer
 
 
 def _linked(p: _Part, copied) -> list[int]:

@@ -37,7 +37,9 @@ def plan_recompute(
     without recompute (the copies add compute and moves; a value's readers split between
     the original and its copy move it at least as often), and its peak is at least its
     training state; so the plan without recompute under ``state_budget`` = the peak's
-    budget bounds every choice of recompute."""
+    budget bounds every choice of recompute. That bound's own plan is a plan without
+    recompute: where its whole step fits the budget, it is the plan recomputing none
+    (not solved again)."""
     layers = len(groups)
     rewrites: dict[int, tuple] = {0: (graph, tuple(range(len(graph.nodes))))}
 
@@ -65,24 +67,30 @@ def plan_recompute(
 
     relaxed = dict(kwargs, state_budget=kwargs["memory_budget"], memory_budget=None)
 
-    def bound_of_all() -> float | None:
+    def plan_of_all() -> Program | None:
         try:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore", ProgramWarning)  # warned above already
-                return plan(
-                    graph, arg_specs, name_least=False, bound_only=True, **relaxed
-                ).lower_bound
+                return plan(graph, arg_specs, name_least=False, bound_only=True, **relaxed)
         except MemoryBudgetError:  # the training state alone does not fit
             return None
 
     # the bound over every choice of recompute first: each plan below takes it (none
     # bounds its own tied parts again); None: the training state alone does not fit, so
     # no plan does, and the plan recomputing every layer names the smallest budget
-    bound = bound_of_all()
-    if bound is None:
+    of_all = plan_of_all()
+    if of_all is None:
         return plan_k(layers)  # raises MemoryBudgetError naming the smallest budget
+    bound = of_all.lower_bound
     # the plan without recompute: where it fits and costs within RECOMPUTE_GAP of the
-    # bound, no recomputing plan is worth more solves
+    # bound, no recomputing plan is worth more solves. Where the bound's own plan (no
+    # recompute, the training state budgeted) fits the budget with its activations, it
+    # is that plan's answer (the same objective, its budget's row slack in both): only
+    # compared with the given layouts, not solved again
+    if of_all.memory.peak <= kwargs["memory_budget"] * (1 + 1e-9):
+        tried[0] = plan(
+            graph, arg_specs, name_least=False, known_bound=bound, answer=of_all, **kwargs
+        )
     none = attempt(0, bound)
     close = isinstance(none, Program) and none.cost.total - bound <= RECOMPUTE_GAP * abs(
         none.cost.total

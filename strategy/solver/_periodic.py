@@ -32,9 +32,13 @@ def run_bound(
     choice: Sequence[int],
     steps: int = 40,
     lp: bool = True,
-) -> tuple[float, list]:
+) -> tuple[float, list, list[int] | None]:
     """``n`` times a lower bound of one part's minimum with the links priced by
-    multipliers, and the multipliers (per link, by option): see the module docstring.
+    multipliers, the multipliers (per link, by option), and the LP's choice of the part
+    (each variable's heaviest option, each copy taking its own call's; None without the
+    LP): see the module docstring. With the links as rows the LP's optimum is a
+    periodic plan of the layer, most often integral (Llama-3 8B and 70B: every option
+    weight 0 or 1), so that choice is the layer's best plan the bound proves.
     ``problem`` is one part's (a :class:`~._problem.Problem`), ``links``
     its ``(copy, own)`` variable pairs, ``choice`` a choice of the part whose copies
     agree with their own calls (the program's: its cost aims the steps). ``lp``: with
@@ -50,7 +54,10 @@ def run_bound(
         # multipliers, which its rows' duals are
         relaxed = transport_lp(problem, [choice], links=links)
         if relaxed is not None:
-            return n * relaxed.bound, relaxed.links
+            x = [int(row.argmax()) for row in relaxed.x]
+            for c, o in links:
+                x[c] = x[o]
+            return n * relaxed.bound, relaxed.links, x
     unary = problem.unary
     splits, weights = _splits(problem)
     able = [w > 0 for w in weights]
@@ -100,5 +107,5 @@ def run_bound(
     _, weights, lam, start = best
     if start is not None:  # the best point's bound, its passes run to convergence
         low, _, _ = at(weights, lam, start, 200)
-        return max(best[0], n * low), lam
-    return best[0], lam
+        return max(best[0], n * low), lam, None
+    return best[0], lam, None

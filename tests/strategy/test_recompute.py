@@ -207,6 +207,37 @@ def test_auto_under_a_budget_the_plan_without_recompute_meets_plans_no_recompute
     assert auto.lower_bound <= auto.cost.total <= 1.01 * auto.lower_bound + 1e-15
 
 
+def test_auto_keeps_the_bounds_own_plan_where_it_fits_not_solving_it_again(monkeypatch):
+    # the bound over every choice is the plan without recompute under the state budget;
+    # where that plan's whole step fits the budget it is the plan without recompute's
+    # answer too (the same objective): one solve in all, not two
+    import meshplan.strategy.programs._program as program_module
+
+    roomy = 4 * planned("never").memory.peak
+    solves, answers = [], []
+    real_solve, real_plan = program_module.solve_lazily, program_module._plan_graph
+
+    def solve_spy(*a, **kw):
+        solves.append(kw)
+        return real_solve(*a, **kw)
+
+    def plan_spy(graph, arg_specs, **kw):
+        out = real_plan(graph, arg_specs, **kw)
+        if kw.get("answer") is not None:
+            answers.append((kw["answer"], out))
+        return out
+
+    monkeypatch.setattr(program_module, "solve_lazily", solve_spy)
+    monkeypatch.setattr(program_module, "_plan_graph", plan_spy)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        auto = plan_program(residual, *specs(), recompute="auto", memory_budget=roomy, choose=())
+    assert len(solves) == 1 and len(answers) == 1
+    (bound_plan, kept), = answers
+    assert [op.output_specs for op in kept.ops] == [op.output_specs for op in bound_plan.ops]
+    assert auto.cost.total == kept.cost.total and auto.memory.peak <= roomy
+
+
 def test_auto_bounds_every_recompute_choice_once_and_each_plan_takes_that_bound(monkeypatch):
     # the bound over every choice (the plan without recompute under the state budget) is
     # solved first and once; the plans of the search take it instead of their own parts'
