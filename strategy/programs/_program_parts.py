@@ -26,7 +26,16 @@ from collections.abc import Sequence
 from ..solver import Problem, Reader, SharedValue
 from ._graph import Graph, Kind, Value
 
-__all__ = ["parts_bound"]
+__all__ = ["LP_SHARE", "REPRICE_ROUNDS", "parts_bound"]
+
+#: the linked layer's bounds after the first that :func:`parts_bound` runs at most, each
+#: with the moves the last one chose priced exactly
+REPRICE_ROUNDS = 4
+
+#: a layer alone holding at most 1/LP_SHARE of the linked run's layers is bounded
+#: without the transportation LP (Llama-3 70B: the first and last layers' LPs took 15 and
+#: 30 s, the 78 layers' 10 s; without them its bound is 0.07% of the plan lower)
+LP_SHARE = 16
 
 
 class _Part:
@@ -39,6 +48,7 @@ class _Part:
         self.copies: list[int] = []
         self.readers: dict[Value, list[Reader]] = {}
         self.share: dict[Value, float] = {}  # one over the number of parts reading it
+        self.layer = True  # a layer's calls (else the calls around the layers)
 
     def _var(self, node: int) -> int:
         if node not in self.local:
@@ -93,6 +103,7 @@ def parts_bound(
     solve_part,
     price,
     node_unary: dict | None = None,
+    reprice=None,
 ) -> tuple[float, int, dict[int, int]]:
     """A lower bound of the untied program's minimum (see the module docstring), the
     number of parts solved, and the choice the linked run of alike layers' bound makes
@@ -102,12 +113,18 @@ def parts_bound(
     tied program's choice; ``env`` is
     ``(fixed, sid, sinks, free_grads)``: the fixed nodes' specs, the spec numbering, the
     fixed targets ``(value, spec)`` and the free arguments' gradients ``(value, node)``;
-    ``solve_part(problem, n, links=(), choice=())`` returns a lower bound of ``n`` parts
+    ``solve_part(problem, n, links=(), choice=(), lp=True)`` returns a lower bound of ``n`` parts
     alike ``problem`` (a :class:`.solver.Problem`, see :func:`_problem`) and, given
     ``links`` (their ``(copy, own)`` variable pairs) and the part's ``choice``, the
     multipliers on them and the part's choice at the bound, or None (see
-    :func:`.solver.run_bound`); ``price`` prices a move of one
-    spec number to another."""
+    :func:`.solver.run_bound`); ``lp=False``: without the transportation LP (a layer
+    alone of at most 1/:data:`LP_SHARE` of the linked run's layers: its LP would take
+    as long as the run's for a small share of the bound); ``price`` prices a move of one
+    spec number to another. ``reprice(problem, choice)``: prices exactly the moves the
+    linked layer's choice makes in its ``problem`` and returns the new ``price`` (None
+    when all were exact): the layer is bounded again until its choice is priced exactly
+    (a move not yet planned is priced by a lower bound, which a layer's LP finds
+    cheapest where it is loosest), at most :data:`REPRICE_ROUNDS` times."""
     in_block = {n for b in blocks for n in b}
     free_nodes = [a for _, a in env[3]]
     rest = [n for n in (*graph.calls, *free_nodes) if n not in in_block]
@@ -121,6 +138,8 @@ def parts_bound(
             groups[where[grad_home[a]]].append(a)
             where[a] = where[grad_home[a]]
     parts = [_Part(graph, g, tie, env) for g in groups if g]
+    for p, g in zip(parts, (g for g in groups if g), strict=True):
+        p.layer = g is not rest
     # how many parts read each value: each pays that share of its moves
     for p in parts:
         p.build()
@@ -144,8 +163,13 @@ def parts_bound(
     total, lam, layer = 0.0, {}, {}
     if chain is not None:
         links = _links(chain[0], copied)
-        problem, x = _problem(chain[0], tied, price, None, node_unary)
-        bound, lams, at_bound = solve_part(problem, len(chain), links=links, choice=x)
+        for _ in range(1 + REPRICE_ROUNDS * (reprice is not None)):
+            problem, x = _problem(chain[0], tied, price, None, node_unary)
+            bound, lams, at_bound = solve_part(problem, len(chain), links=links, choice=x)
+            repriced = None if at_bound is None or reprice is None else reprice(problem, at_bound)
+            if repriced is None:
+                break
+            price = repriced
         total += bound
         if at_bound is not None:
             layer = {n: at_bound[chain[0].local[n]] for n in chain[0].own}
@@ -155,7 +179,10 @@ def parts_bound(
     for g in groups:
         if g is not chain:
             extra = _multipliers(g[0], lam, copied)
-            total += solve_part(_problem(g[0], tied, price, extra, node_unary)[0], len(g))[0]
+            # a layer alone beside a long run: its LP would cost as much as the run's
+            lp = chain is None or not g[0].layer or len(g) * LP_SHARE > len(chain)
+            part = _problem(g[0], tied, price, extra, node_unary)[0]
+            total += solve_part(part, len(g), lp=lp)[0]
     return total, len(alike), layer
 
 

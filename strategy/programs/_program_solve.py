@@ -386,22 +386,29 @@ def tied_bound(
     key = ("tied bound", content_key(obj, prices, (max_factor,)), tuple(choice), budget)
     known = prices.owner().programs.get(key)
     if known is None:
-        price = prices.frozen()
-        args = (graph, obj, repeats, options, env, price, max_factor, choice)
-        known = _tied_bound(*args, budget)
+
+        def reprice(part: Problem, choice) -> Any:
+            return prices.frozen() if prices.learn_used(part, choice) else None
+
+        args = (graph, obj, repeats, options, env, prices.frozen(), max_factor, choice)
+        known = _tied_bound(*args, budget, reprice)
         prices.owner().remember_program(key, known)
     return known
 
 
-def _tied_bound(graph, obj, repeats, options, env, price, max_factor, choice, budget) -> tuple:
+def _tied_bound(
+    graph, obj, repeats, options, env, price, max_factor, choice, budget, reprice=None
+) -> tuple:
     # the parts' dual steps each solve a pairwise problem: exact elimination of a wide
     # one costs more per step than message passing, for about the same bound
     max_factor = min(max_factor, 1 << 16)
 
-    def solve_part(part: Problem, n: int, links=(), choice=()) -> tuple[float, list, Any]:
+    linked = Warm()  # the linked layer's LP, bounded again at repriced moves
+
+    def solve_part(part: Problem, n: int, links=(), choice=(), lp=True) -> tuple[float, list, Any]:
         if links:  # the layers' links priced (see solver.run_bound)
-            return run_bound(part, links, n=n, max_factor=max_factor, choice=choice)
-        return n * solve_shared(part, Options(max_factor=max_factor)).bound, [], None
+            return run_bound(part, links, n=n, max_factor=max_factor, choice=choice, warm=linked)
+        return n * solve_shared(part, Options(max_factor=max_factor, lp=lp)).bound, [], None
 
     tied = (obj.var, options, obj.problem.ins, obj.problem.outs, choice)
     node_unary, taken = None, 0.0
@@ -418,7 +425,7 @@ def _tied_bound(graph, obj, repeats, options, env, price, max_factor, choice, bu
         node_unary.update({n: mu * w for n, w in obj.node_weights.items()})
         taken = mu * room
     parts = (graph, repeats.blocks, dict(repeats.tie), tied, env, solve_part, price, node_unary)
-    bound, _, layer = parts_bound(*parts)
+    bound, _, layer = parts_bound(*parts, reprice)
     return bound - taken, layer
 
 

@@ -32,6 +32,7 @@ def run_bound(
     choice: Sequence[int],
     steps: int = 40,
     lp: bool = True,
+    warm=None,
 ) -> tuple[float, list, list[int] | None]:
     """``n`` times a lower bound of one part's minimum with the links priced by
     multipliers, the multipliers (per link, by option), and the LP's choice of the part
@@ -43,7 +44,9 @@ def run_bound(
     its ``(copy, own)`` variable pairs, ``choice`` a choice of the part whose copies
     agree with their own calls (the program's: its cost aims the steps). ``lp``: with
     highspy installed, the transportation LP with the links as rows (the best
-    multipliers, and a tighter relaxation of the shared moves) instead of the steps."""
+    multipliers, and a tighter relaxation of the shared moves) instead of the steps;
+    ``warm``: a :class:`~._solution.Warm` the LP starts from and leaves its own in (the
+    same part bounded again at other prices)."""
     import numpy as np
 
     from ._sharing import _ascent, _at, _project, _splits, pairwise_min
@@ -52,7 +55,7 @@ def run_bound(
     if lp and has_lp() and (problem.values or problem.pairs):
         # the links as rows of the transportation LP: its minimum is the best over the
         # multipliers, which its rows' duals are
-        relaxed = transport_lp(problem, [choice], links=links)
+        relaxed = transport_lp(problem, [choice], links=links, warm=warm)
         if relaxed is not None:
             x = [int(row.argmax()) for row in relaxed.x]
             for c, o in links:
