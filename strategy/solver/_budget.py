@@ -349,6 +349,15 @@ class _Search:
         cost = abs(self.best.cost)
         return self.best.cost - bound <= max(gap * cost, 1e-12 * max(cost, 1e-30))
 
+    def _lightest_choice(self) -> list[int]:
+        import numpy as np
+
+        out = []
+        for u, w, least in zip(self.un, self.w, self.lightest, strict=True):
+            light = np.flatnonzero(np.asarray(w) <= least + 1e-12 * max(abs(least), 1.0))
+            out.append(int(light[np.argmin(np.asarray(u)[light])]))
+        return out
+
     def _offer(self, p: _Point) -> None:
         if p.memory <= self.budget * (1 + 1e-12):
             self.fits[p.choice] = None
@@ -359,13 +368,11 @@ class _Search:
         """The search tree's root: the dual's maximum, and (``final``: the solver's
         options) one solve at its multiplier whose bound holds beside the tree's."""
         root, lam, lo, hi = self.dual({})
-        if self.best is None:  # only an inexact solver misses the lightest choice
-            raise InfeasibleBudget(
-                "the solver found no choice within the memory budget although the lightest "
-                "fits; raise max_factor so that it solves exactly",
-                self.budget,
-                min_memory_choice(self.w),
-            )
+        if self.best is None:
+            # an inexact solver can miss every choice within the budget (the heaviest
+            # penalty still leaving a heavier option cheapest in its draft): the lightest
+            # choice fits (check_room), each variable's cheapest of its lightest options
+            self._costed(self._lightest_choice())
         proven = self.at(lam, {}, final)[1] if final is not None else -math.inf
         # frontier entries: (bound, tie-break, branch, multiplier, lo, hi, refined); floor:
         # the least bound of the branches left without a proof

@@ -270,3 +270,20 @@ def test_the_lp_alone_bounds_below_the_milp_minimum(problem):
     sol = solve_lp(problem)
     assert sol.bound <= best + 1e-7 * max(1.0, abs(best))
     assert sol.cost >= best - 1e-7 * max(1.0, abs(best))
+
+
+def test_an_inexact_search_that_misses_every_fitting_choice_answers_the_lightest():
+    # the budget leaves room for the lightest choice only; the draft solver of the
+    # Lagrangian search (no exact elimination, no LP) never proposes it, and the search
+    # answered with an error: it takes the lightest choice, which fits by construction
+    problem = Problem(
+        [np.array([0.0]), np.array([0.0, 0.0])],
+        values=[SharedValue(1, 0, -1, (Reader(-1, 0, 1),))],
+        ins=[[()], [(), ()]],
+        outs=[[(0,)], [(0,), (0,)]],
+        price=lambda a, b: 0.0 if a == b else 1.0,
+        memory=[MemoryRow(0, [0.0]), MemoryRow(1, [1.0, 0.0])],
+        budget=0.0,
+    )
+    _check(problem, Options(max_factor=1, lp=False))
+    assert solve(problem, Options(max_factor=1, lp=False)).choice == (0, 1)
