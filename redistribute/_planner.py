@@ -392,6 +392,8 @@ def price_bound(
     >>> price == lower == plan_cost(a, b)
     True
     """
+    if not (isinstance(src, Spec) and isinstance(dst, Spec)):
+        check_plannable(src, dst)  # names the one that is not a Spec (before any lookup)
     model = as_model(cost_model)
     planner = _planner_of(planner)
     key = (src, dst, model)

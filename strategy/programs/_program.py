@@ -28,28 +28,35 @@ reduce-scattered once, and a row-parallel partial sum is reduced once.
 
 from __future__ import annotations
 
-import math
-import sys
-import warnings
 from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Any
 
 import attrs
 
-from meshplan.errors import MemoryBudgetError, StrategyError
-from meshplan.layout._ints import brief
-from meshplan.placement import Replicate, Spec
+from meshplan.errors import StrategyError
+from meshplan.placement import Spec
 from meshplan.redistribute._steps import grad_spec
 
 from ..rules._ruleset import RuleSet
-from ..selection._price import check_model, check_planner, redistribute_bound
-from ..solver import Method, Options, Solution, min_memory_choice, proven, solve
+from ..selection._price import check_model, check_planner
+from ..solver import Method, Solution, proven
 from ._auto import free_options, resolve_choose
 from ._candidates import ComputeModel, Option, is_float
 from ._candidates import options as candidate_options
 from ._graph import Graph
-from ._memory import as_float, check_state_bytes_per_param, state_bytes, step_memory
-from ._program_assemble import assemble, chosen_specs
+from ._memory import check_state_bytes_per_param, step_memory
+from ._program_assemble import assemble, choice_following, chosen_specs
+from ._program_checks import (
+    check_budget,
+    check_graph_arguments,
+    check_ruleset,
+    check_specs,
+    check_traced,
+    report_missing,
+    result_specs,
+)
+from ._program_fit import check_peak_feasible, cut_moves, fit_peak, with_cut_pairs
+from ._program_given import given_cannot_win, given_state, never_worse_than_given
 from ._program_prices import Prices
 from ._program_solve import (
     Planning,
@@ -78,19 +85,6 @@ __all__ = [
 
 
 # -- planning -------------------------------------------------------------------------------
-
-
-def _check_specs(fn_name: str, what: str, specs: Sequence[Any]) -> tuple[Spec, ...]:
-    out = []
-    for i, s in enumerate(specs):
-        if not isinstance(s, Spec):
-            raise StrategyError(
-                f"{fn_name}: {what} {i} is {s!r}, not a Spec; describe each tensor with "
-                "Spec(mesh, placements, shape, dtype)",
-                value=s,
-            )
-        out.append(s)
-    return tuple(out)
 
 
 def plan_program(
@@ -181,7 +175,7 @@ def plan_program(
     """
     from ._trace import trace
 
-    arg_specs = _check_specs("plan_program", "argument", arg_specs)
+    arg_specs = check_specs("plan_program", "argument", arg_specs)
     if not arg_specs:
         raise StrategyError("plan_program needs at least one argument spec", value=arg_specs)
     mesh = arg_specs[0].mesh
@@ -319,7 +313,8 @@ def _plan_graph(
     (the recompute search's bound over every recompute choice): a tied program takes it
     instead of bounding its parts again.
     ``follow``: no solve, the program of the strategies given per call node (its input
-    and output specs; :func:`_choice_following`), None when a call has no such candidate.
+    and output specs; :func:`._program_assemble.choice_following`), None when a call has
+    no such candidate.
     ``answer``: a plan of this graph the caller holds that fits ``memory_budget`` (the
     plan over every recompute choice, where it fits with its activations): taken as the
     solve's answer with ``known_bound``, only compared with the given layouts' plan."""
@@ -329,7 +324,7 @@ def _plan_graph(
         "max_rounds": max_rounds,
         "max_priced": max_priced,
     }
-    arg_specs = _check_graph_arguments(graph, arg_specs, solver, limits)
+    arg_specs = check_graph_arguments(graph, arg_specs, solver, limits)
     planning = Planning(solver)
     check_progress(progress)
     model = check_model(cost_model)
@@ -338,15 +333,15 @@ def _plan_graph(
     if not isinstance(compute, ComputeModel):
         raise StrategyError(f"compute must be a ComputeModel, got {compute!r}", value=compute)
     mesh = arg_specs[0].mesh
-    _check_traced(graph, arg_specs)
-    outs = _out_specs(graph, mesh, out_specs)
+    check_traced(graph, arg_specs)
+    outs = result_specs(graph, mesh, out_specs)
     # an argument the function writes into gets its new value in its own (chosen) spec
     outs += tuple(arg_specs[k] for k in graph.writes)
     cots = tuple(grad_spec(s) for s in outs[: graph.n_results])
     grads = _grad_specs(graph, arg_specs)
     free = resolve_choose(choose, len(arg_specs))
-    peak_budget = _check_budget(memory_budget)
-    budget = peak_budget if peak_budget is not None else _check_budget(state_budget, "state")
+    peak_budget = check_budget(memory_budget)
+    budget = peak_budget if peak_budget is not None else check_budget(state_budget, "state")
     if peak_budget is not None and state_budget is not None:
         raise StrategyError(
             f"give memory_budget= (the step's peak, {memory_budget!r}) or state_budget= (the "
@@ -358,7 +353,7 @@ def _plan_graph(
         k: s for i, (k, s) in enumerate(zip(graph.args, arg_specs, strict=True)) if i not in free
     }
     fixed.update(zip(graph.cotangents, cots, strict=True))
-    ruleset = _check_ruleset(ruleset)
+    ruleset = check_ruleset(ruleset)
     mode = check_recompute(recompute)
     if mode == "always" and planning is not Planning.WHOLE:
         raise StrategyError(
@@ -408,7 +403,7 @@ def _plan_graph(
 
     prices = Prices(model, planner)
     if follow is not None:
-        sol = _choice_following(follow, options, nodes)
+        sol = choice_following(follow, options, nodes)
         if sol is None:
             return None
         chosen, fixed = chosen_specs(graph, arg_specs, free, options, var, sol, fixed)
@@ -452,9 +447,9 @@ def _plan_graph(
             program = attrs.evolve(program, method=method)
         cut = {(prices.table[a], prices.table[b]) for a, b in prices.cut}
         if prices.owner().cut_plans:  # (no plan of this planner was ever cut: none here)
-            cut |= _cut_moves(program, model, planner)
+            cut |= cut_moves(program, model, planner)
         if cut:
-            program = _with_cut_pairs(program, sol.bound, program.method, len(cut))
+            program = with_cut_pairs(program, sol.bound, program.method, len(cut))
         return attrs.evolve(program, memory=step_memory(program, per_param))
 
     def untie() -> tuple:
@@ -467,7 +462,7 @@ def _plan_graph(
         program = attrs.evolve(answer, lower_bound=min(known_bound, answer.cost.total))
     else:
         if peak_budget is not None:
-            _check_peak_feasible(obj, peak_budget, program_of if name_least else None)
+            check_peak_feasible(obj, peak_budget, program_of if name_least else None)
         # a tied program's bound is its parts' (or the caller's): no settled round (a final
         # solve that tightens the tied problem's own bound, 40 s of the 70B case's, improving
         # its choice by ~0.1%) where the caller holds the bound or reads only the bound
@@ -508,37 +503,26 @@ def _plan_graph(
         report(progress, "moves", 0, len(calls))
         program = program_of(sol)
         if peak_budget is not None:
-            program = _fit_peak(program, obj, prices, peak_budget, program_of, solve_args)
+            program = fit_peak(program, obj, prices, peak_budget, program_of, solve_args)
     if not free or planning is not Planning.WHOLE or program.exact or bound_only:
         return program
     if (
         budget is not None
-        and _given_state(graph, arg_specs, free, per_param) + obj.fixed_bytes > budget
+        and given_state(graph, arg_specs, free, per_param) + obj.fixed_bytes > budget
     ):
         return program  # the given layouts' state alone exceeds the budget: no plan of them fits
     # the given layouts' plan may untie the layers: bounded untied (where that is cheap:
     # the untied draft of 32 layers of Llama-3 8B took 56 s, more than the given plan)
     if repeats is None or repeats.layers <= UNTIE_LAYERS:
         whole = (obj, options) if repeats is None else untie()
-        if _given_cannot_win(program, graph, arg_specs, free, whole, prices, max_factor):
+        if given_cannot_win(program, graph, arg_specs, free, whole, prices, max_factor):
             return program
     again = dict(out_specs=out_specs, cost_model=model, compute=compute, ruleset=ruleset)
     again.update(limits, memory_budget=memory_budget, planner=planner, tie_layers=tie_layers)
     again.update(state_budget=state_budget, recompute="never")
-    return _never_worse_than_given(program, graph, arg_specs, state_bytes_per_param, again)
-
-
-def _choice_following(follow: Mapping[int, tuple], options, nodes) -> Solution | None:
-    """The choice taking, per variable, the option whose input and output specs ``follow``
-    gives for its node (None when one has none such, or a node none)."""
-    choice = []
-    for n, opts in zip(nodes, options, strict=True):
-        want = follow.get(n)
-        k = next((k for k, o in enumerate(opts) if (o.input_specs, o.output_specs) == want), None)
-        if k is None:
-            return None
-        choice.append(k)
-    return Solution(tuple(choice), 0.0, -math.inf, Method.OP_BY_OP)
+    return never_worse_than_given(
+        _plan_graph, program, graph, arg_specs, state_bytes_per_param, again
+    )
 
 
 def _ties(graph: Graph, repeats) -> dict[int, int] | None:
@@ -581,190 +565,6 @@ def untie_gap(layers: int) -> float:
     return UNTIE_GAP if layers <= UNTIE_SHALLOW else UNTIE_GAP_DEEP
 
 
-def _cut_moves(program: Program, model, planner) -> set:
-    """The ``(source, target)`` specs of ``program``'s moves that run a plan whose search
-    the planner's budget cut (the planner remembers each pair's proven lower price)."""
-    moves = [m for op in program.ops for m in op.moves]
-    moves += [*program.out_moves, *program.grad_moves]
-    pairs = {(m.src, m.dst) for m in moves if m is not None}
-    return {pair for pair in pairs if _is_cut(*redistribute_bound(*pair, model, planner))}
-
-
-def _is_cut(price: float, lower: float) -> bool:
-    return lower < price
-
-
-def _with_cut_pairs(program: Program, bound: float, method: str, cut: int) -> Program:
-    """``program`` priced with ``cut`` redistribution plans whose search the planner's
-    budget cut: its bound is ``bound`` (the solve's, at those pairs' proven lower prices;
-    its cost runs the plans found), and unless the cost meets it, its method is not
-    "exact"."""
-    bound = min(bound, program.cost.total)
-    if program.cost.total <= bound * (1 + 1e-12):
-        return attrs.evolve(program, lower_bound=bound)
-    method = (
-        f"{method} at proven prices; {cut} redistribution plan(s) cut by the planner's "
-        "budget (raise Planner(max_states=...))"
-    )
-    return attrs.evolve(program, lower_bound=bound, method=method, exact=False)
-
-
-def _given_cannot_win(program, graph, arg_specs, free, whole, prices, max_factor) -> bool:
-    """Whether the layouts given cost at least ``program`` whatever their plan: a lower
-    bound of the problem with each free argument held to its given layout (a draft solve
-    of the objective at hand, every other option of theirs charged ``program``'s cost
-    twice over: any choice away from the given costs more than ``program``, so the bound
-    is one of the given layouts' minimum or of something dearer than ``program``) at
-    least ``program``'s cost. ``whole``: the untied objective and its options per
-    variable. False where a given spec is not a candidate (then the given layouts are
-    planned whole)."""
-    import numpy as np
-
-    obj, options = whole
-    held: dict[int, int] = {}
-    for i in free:
-        v = obj.var[graph.args[i]]
-        ks = [k for k, o in enumerate(options[v]) if o.output_specs[0] == arg_specs[i]]
-        if not ks or held.setdefault(v, ks[0]) != ks[0]:
-            return False
-    cost = program.cost.total
-    penalty = 2.0 * abs(cost) + 1e-30
-    unary = [np.array(u, dtype=float) for u in obj.problem.unary]
-    for v, k in held.items():
-        away = np.full(len(unary[v]), penalty)
-        away[k] = 0.0
-        unary[v] = unary[v] + away
-    problem = attrs.evolve(obj.at(prices), unary=tuple(unary), budget=None)
-    draft = Options(max_factor=max_factor, steps=0, draft=True, lp=False)
-    return solve(problem, draft).bound >= cost
-
-
-def _given_state(graph: Graph, arg_specs, free, per_param) -> float:
-    """The free arguments' state bytes in their given layouts (a part of any peak of the
-    plan keeping them)."""
-    return sum(state_bytes(arg_specs[i], graph.grads[i] is not None, per_param) for i in free)
-
-
-def _never_worse_than_given(program: Program, graph, arg_specs, per_param, options) -> Program:
-    """An unproven choice of layouts, or the layouts given planned as fixed ones
-    (``plan_graph`` with ``options``), whichever costs less (the free problem's bound
-    holds for both)."""
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", ProgramWarning)  # warned above already
-            given_plan = _plan_graph(
-                graph, arg_specs, state_bytes_per_param=per_param, name_least=False, **options
-            )
-    except StrategyError:  # the given layouts do not fit the budget
-        return program
-    if given_plan.cost.total >= program.cost.total:
-        return program
-    return attrs.evolve(
-        given_plan, lower_bound=program.lower_bound, method=program.method, exact=program.exact
-    )
-
-
-def _check_peak_feasible(obj, budget: float, program_of) -> None:
-    """Raise when no plan can fit ``budget``: the separable estimate of the peak (state,
-    inputs, saved activations) at its lightest exceeds it. The message names the peak of
-    the lightest such plan: a budget known to be feasible."""
-    least = obj.fixed_bytes + min_memory_choice(obj.problem.weights())
-    if least <= budget:
-        return
-    _raise_infeasible(obj, budget, least, program_of)
-
-
-def _raise_infeasible(obj, budget: float, least: float, program_of) -> None:
-    """Raise: ``budget`` is below ``least``; the message names the peak of the lightest plan
-    too (``program_of`` None: not planned, only ``least`` named)."""
-    if program_of is None:
-        raise MemoryBudgetError(
-            f"memory_budget={budget:.0f} bytes per rank is infeasible: the smallest feasible "
-            f"budget for this program is at least {least:.0f} bytes",
-            value=budget,
-            least=least,
-        )
-    lightest = tuple(int(w.argmin()) for w in obj.problem.weights())
-    sol = Solution(lightest, 0.0, 0.0, Method.OP_BY_OP)
-    peak = program_of(sol).memory.peak
-    raise MemoryBudgetError(
-        f"memory_budget={budget:.0f} bytes per rank is infeasible: the smallest feasible "
-        f"budget for this program is at least {least:.0f} bytes (state, inputs and saved "
-        f"activations at their lightest layouts) and at most {max(peak, least):.0f} bytes "
-        "(the peak of the plan with every layout at its lightest); raise the budget, free "
-        "more arguments (choose=) or shorten the batch",
-        value=budget,
-        least=least,
-        most=max(peak, least),
-    )
-
-
-def _fit_peak(program, obj, prices, budget: float, program_of, solve_args) -> Program:
-    """``program`` if its whole step's peak fits ``budget``; else the plan of a solve
-    whose separable estimate leaves room for what the estimate leaves out (moved copies,
-    transients), tightened until the peak fits. The first solve's bound stays: it bounds
-    the peak's constrained minimum (the estimate never exceeds the peak)."""
-    inner = budget
-    bound = program.lower_bound
-    least = obj.fixed_bytes + min_memory_choice(obj.problem.weights())
-    for _ in range(8):
-        if program.memory.peak <= budget * (1 + 1e-9):
-            break
-        inner -= program.memory.peak - budget
-        if inner < least:
-            _raise_infeasible(obj, budget, least, program_of)
-        sol = solve_lazily(program.graph, obj, prices, budget=inner, progress=None, **solve_args)
-        program = program_of(sol)
-    else:
-        if program.memory.peak > budget * (1 + 1e-9):
-            _raise_infeasible(obj, budget, least, program_of)
-    cost = program.cost.total
-    if cost - bound <= 1e-12 * max(abs(cost), 1e-300):
-        return program
-    method = "peak fitted, estimate's bound" if program.exact else program.method
-    return attrs.evolve(program, lower_bound=min(bound, cost), method=method, exact=False)
-
-
-def _check_graph_arguments(graph, arg_specs, solver, limits: dict[str, Any]) -> tuple[Spec, ...]:
-    """``plan_graph``'s graph, argument specs, solver and size limits, checked."""
-    if solver not in ("whole", "op_by_op"):
-        raise StrategyError(f"solver must be 'whole' or 'op_by_op', got {solver!r}", value=solver)
-
-    if not isinstance(graph, Graph):
-        raise StrategyError(
-            f"plan_graph plans a traced Graph (see plan_program), got {graph!r:.80}", value=graph
-        )
-    if isinstance(arg_specs, Spec) or not isinstance(arg_specs, Sequence):
-        raise StrategyError(
-            f"arg_specs must be a sequence of Specs, one per argument, got {arg_specs!r:.80}",
-            value=arg_specs,
-        )
-    arg_specs = _check_specs("plan_graph", "argument", arg_specs)
-    if len(arg_specs) != len(graph.args) or not arg_specs:
-        raise StrategyError(
-            f"the graph takes {len(graph.args)} arguments, got {len(arg_specs)} specs",
-            value=arg_specs,
-        )
-    for name, value in limits.items():
-        if (
-            isinstance(value, bool)
-            or not isinstance(value, int)
-            or value < 0
-            or (name != "max_priced" and value < 1)
-        ):
-            raise StrategyError(f"{name} must be a positive int, got {value!r}", value=value)
-    return arg_specs
-
-
-def _check_traced(graph: Graph, arg_specs: Sequence[Spec]) -> None:
-    for i, (k, spec) in enumerate(zip(graph.args, arg_specs, strict=True)):
-        m = graph.nodes[k].metas[0]
-        if m.shape != spec.shape or m.dtype != spec.dtype:
-            raise StrategyError(
-                f"argument {i}'s spec {spec} disagrees with the traced tensor {m}", value=spec
-            )
-
-
 def _grad_specs(graph: Graph, arg_specs: Sequence[Spec]) -> tuple[Spec | None, ...]:
     """Each differentiated argument's gradient spec (None for the others)."""
     return tuple(
@@ -785,85 +585,6 @@ def _options(graph, mesh, compute, max_options, ruleset, strict, progress):
         if fb:
             fallbacks.append(call.target)
         options.append(opts)
-    _report_missing(fallbacks, strict)
+    report_missing(fallbacks, strict)
     return options, fallbacks
 
-
-def _check_budget(value, name: str = "memory") -> float | None:
-    """``value`` as a float of bytes per rank, None for no limit; a StrategyError naming
-    it and the range otherwise (an int beyond a float's range too)."""
-    if value is None:
-        return None
-    number = as_float(value)
-    if number is None or not number > 0:
-        raise StrategyError(
-            f"{name}_budget={brief(value)} must be a number of bytes per rank > 0 and <= "
-            f"{sys.float_info.max:.2g} (or None: no limit)",
-            value=value,
-        )
-    return number
-
-
-def _check_ruleset(ruleset: Any) -> RuleSet:
-    if ruleset is None:
-        return RuleSet.default()
-    if not isinstance(ruleset, RuleSet):
-        raise StrategyError(
-            f"ruleset= takes a RuleSet (e.g. RuleSet.default().with_rule(op, rule, "
-            f"outputs=...)), got {ruleset!r:.80}",
-            value=ruleset,
-        )
-    return ruleset
-
-
-def _report_missing(fallbacks: Sequence[str], strict: bool) -> None:
-    """Every op without a rule, with how often it occurs: an error when ``strict``, else
-    one warning (they run replicated)."""
-    if not fallbacks:
-        return
-    counts: dict[str, int] = {}
-    for t in fallbacks:
-        counts[t] = counts.get(t, 0) + 1
-    listing = ", ".join(f"{t} (x{n})" for t, n in sorted(counts.items()))
-    add = (
-        "add a rule with RuleSet.default().with_rule(op, rule, outputs=...) and pass "
-        "ruleset= (op: the name after 'aten.', e.g. 'roll')"
-    )
-    if strict:
-        raise StrategyError(
-            f"no sharding rule for {len(counts)} ops ({len(fallbacks)} calls): {listing}; "
-            f"{add}, or pass strict=False to run them replicated",
-            value=tuple(sorted(counts)),
-        )
-    warnings.warn(
-        f"no sharding rule for {len(counts)} ops, {len(fallbacks)} calls run replicated: "
-        f"{listing}. Each rank runs such an op on the whole tensors; that is correct only "
-        "if the op is deterministic and pure (writes no input and reads no state beyond "
-        "its arguments), which is not checked (random ops draw one stream on every "
-        f"rank), and may be slow; {add}, or pass strict=True to refuse",
-        ProgramWarning,
-        stacklevel=5,
-    )
-
-
-def _out_specs(graph: Graph, mesh, out_specs) -> tuple[Spec, ...]:
-    """The specs of the function's own outputs (not of the arguments it writes)."""
-    metas = [graph.meta(v) for v in graph.outputs[: graph.n_results]]
-    if out_specs is None:
-        return tuple(Spec(mesh, [Replicate()] * mesh.ndim, m.shape, m.dtype) for m in metas)
-    if isinstance(out_specs, Spec):
-        out_specs = (out_specs,)
-    out_specs = _check_specs("plan_program", "output spec", out_specs)
-    if len(out_specs) != len(metas):
-        raise StrategyError(
-            f"out_specs has {len(out_specs)} specs but the function returns {len(metas)} tensors",
-            value=out_specs,
-        )
-    for i, (s, m) in enumerate(zip(out_specs, metas, strict=True)):
-        if s.shape != m.shape or s.dtype != m.dtype or s.mesh != mesh:
-            raise StrategyError(
-                f"output {i}'s spec {s} disagrees with what the function returns ({m}); give "
-                "a spec of that shape and dtype on the arguments' mesh",
-                value=s,
-            )
-    return out_specs

@@ -8,16 +8,17 @@ summing the moves' communication and the calls' compute into a :class:`Program`.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import math
+from collections.abc import Mapping, Sequence
 
 from meshplan.placement import Spec
 
 from ..selection._price import _plan
-from ..solver import Solution
+from ..solver import Method, Solution
 from ._graph import Graph, Value
 from ._program_value import Program, ProgramCost, ProgramOp
 
-__all__ = ["assemble", "chosen_specs"]
+__all__ = ["assemble", "choice_following", "chosen_specs"]
 
 
 def chosen_specs(
@@ -117,3 +118,16 @@ def assemble(
         tuple(sorted(set(fallbacks))),
         exact=sol.exact,
     )
+
+
+def choice_following(follow: Mapping[int, tuple], options, nodes) -> Solution | None:
+    """The choice taking, per variable, the option whose input and output specs ``follow``
+    gives for its node (None when one has none such, or a node none)."""
+    choice = []
+    for n, opts in zip(nodes, options, strict=True):
+        want = follow.get(n)
+        k = next((k for k, o in enumerate(opts) if (o.input_specs, o.output_specs) == want), None)
+        if k is None:
+            return None
+        choice.append(k)
+    return Solution(tuple(choice), 0.0, -math.inf, Method.OP_BY_OP)

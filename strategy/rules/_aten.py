@@ -20,11 +20,12 @@ back to full replication for them.
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import attrs
 
+from meshplan.errors import StrategyError
 from meshplan.placement import Partial, Replicate
 
 from ._rule import DimStrategy, Meta, Placeholder, call_rule, check_strategies
@@ -33,6 +34,34 @@ __all__ = ["Call", "aten_strategies", "has_rule", "SIZE_ARGS", "ATEN_RULES", "PO
 
 R = Replicate()
 PSUM = Partial("sum")
+
+
+def _check_target(value: Any) -> None:
+    if not isinstance(value, str):
+        raise StrategyError(
+            f"a Call's target is an op overload's name such as 'aten.mm.default', got "
+            f"{value!r:.80}",
+            value=value,
+        )
+
+
+def _collection(value: Any, what: str, kind: type) -> Any:
+    """``value`` as a ``kind`` (tuple or frozenset); a StrategyError for a non-iterable."""
+    if isinstance(value, str | bytes) or not isinstance(value, Iterable):
+        raise StrategyError(
+            f"a Call's {what} must be a sequence, got {value!r:.80}", value=value
+        )
+    return kind(value)
+
+
+def _keywords(value: Any) -> tuple:
+    try:
+        return tuple(sorted(dict(value).items()))
+    except (TypeError, ValueError) as e:
+        raise StrategyError(
+            f"a Call's kwargs must be a mapping of argument names, got {value!r:.80}",
+            value=value,
+        ) from e
 
 
 @attrs.frozen
@@ -51,13 +80,17 @@ class Call:
     ['S?(0), R -> S?(0)', 'S?(1), S?(0) -> P(sum)', 'R, S?(1) -> S?(1)']
     """
 
-    target: str
-    inputs: tuple[Meta, ...] = attrs.field(converter=tuple)
-    outputs: tuple[Meta | None, ...] = attrs.field(converter=tuple)
-    args: tuple[Any, ...] = attrs.field(converter=tuple)
-    kwargs: Any = attrs.field(converter=lambda d: tuple(sorted(dict(d).items())))
-    tags: frozenset[str] = attrs.field(converter=frozenset)
-    names: tuple[str, ...] = attrs.field(default=(), converter=tuple)
+    target: str = attrs.field(validator=lambda _, a, v: _check_target(v))
+    inputs: tuple[Meta, ...] = attrs.field(converter=lambda v: _collection(v, "inputs", tuple))
+    outputs: tuple[Meta | None, ...] = attrs.field(
+        converter=lambda v: _collection(v, "outputs", tuple)
+    )
+    args: tuple[Any, ...] = attrs.field(converter=lambda v: _collection(v, "args", tuple))
+    kwargs: Any = attrs.field(converter=lambda d: _keywords(d))
+    tags: frozenset[str] = attrs.field(converter=lambda v: _collection(v, "tags", frozenset))
+    names: tuple[str, ...] = attrs.field(
+        default=(), converter=lambda v: _collection(v, "names", tuple)
+    )
 
     @property
     def op(self) -> str:

@@ -97,3 +97,12 @@ def test_plan_between_two_meshes_of_one_shape_fails_in_milliseconds(other):
     # listing the 2**24 ranks (the old wording) took 1.3 GB and 80 s
     assert peak < 1 << 20, f"{peak / 2**20:.1f} MiB"
     assert len(str(info.value)) < 400, str(info.value)
+
+
+@pytest.mark.parametrize("src, dst", [(None, []), ([], None), ("S(0)", "R")])
+def test_pricing_something_that_is_not_a_spec_names_it(src, dst):
+    from meshplan.errors import PlanError
+    from meshplan.redistribute import plan_cost
+
+    with pytest.raises(PlanError, match="plan needs Specs"):
+        plan_cost(src, dst)

@@ -356,14 +356,14 @@ def test_given_layouts_whose_state_exceeds_the_budget_are_not_planned(monkeypatc
         return attrs.evolve(sol, bound=sol.bound / 2, method=Method.LAGRANGIAN)
 
     compared = []
-    real_given = program_module._never_worse_than_given
-    real_draft = program_module._given_cannot_win
+    real_given = program_module.never_worse_than_given
+    real_draft = program_module.given_cannot_win
     monkeypatch.setattr(program_module, "solve_lazily", unproven)
     monkeypatch.setattr(
-        program_module, "_never_worse_than_given", lambda *a: compared.append(a) or real_given(*a)
+        program_module, "never_worse_than_given", lambda *a: compared.append(a) or real_given(*a)
     )
     monkeypatch.setattr(
-        program_module, "_given_cannot_win", lambda *a: compared.append(a) or real_draft(*a)
+        program_module, "given_cannot_win", lambda *a: compared.append(a) or real_draft(*a)
     )
     budget = prog.memory.total * 0.6  # the given layouts replicate both weights
     chosen = plan_graph(prog.graph, specs, choose=[1, 2], state_budget=budget)

@@ -299,3 +299,21 @@ def test_an_op_whose_output_shape_depends_on_the_data_is_named_with_the_fix(fn, 
     assert op in text and "depends on the data" in text, text
     assert "mask instead" in text and "locally" in text, text
     assert "argument specs" not in text, text
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        (None, (), (), (), {}, ()),  # no target
+        ("aten.mm.default", None, (), (), {}, ()),  # no inputs
+        ("aten.mm.default", (), 3, (), {}, ()),
+        ("aten.mm.default", (), (), None, {}, ()),
+        ("aten.mm.default", (), (), (), [1, 2], ()),  # kwargs not a mapping
+        ("aten.mm.default", (), (), (), {}, None),  # no tags
+    ],
+)
+def test_a_malformed_call_is_named_not_a_type_error(args):
+    from meshplan.strategy import Call
+
+    with pytest.raises(StrategyError, match="a Call's"):
+        Call(*args)
