@@ -110,14 +110,14 @@ def parts_bound(
     number of parts solved, and the choice the linked run of alike layers' bound makes
     for one layer (its calls' options by node; empty where it makes none: the layer's
     best plan the bound proves, which the tied program can take for every layer).
-    ``tied`` is ``(var, options, ins, outs, choice)``: each node's tied variable, per variable its options and their spec numbers, and the
-    tied program's choice; ``env`` is
-    ``(fixed, sid, sinks, free_grads)``: the fixed nodes' specs, the spec numbering, the
-    fixed targets ``(value, spec)`` and the free arguments' gradients ``(value, node)``;
-    ``solve_part(problem, n, links=(), choice=(), lp=True)`` returns a lower bound of ``n`` parts
-    alike ``problem`` (a :class:`.solver.Problem`, see :func:`_problem`) and, given
-    ``links`` (their ``(copy, own)`` variable pairs) and the part's ``choice``, the
-    multipliers on them and the part's choice at the bound, or None (see
+    ``tied`` is ``(var, options, ins, outs, choice)``: each node's tied variable, per
+    variable its options and their spec numbers, and the tied program's choice; ``env``
+    is ``(fixed, sid, sinks, free_grads)``: the fixed nodes' specs, the spec numbering,
+    the fixed targets ``(value, spec)`` and the free arguments' gradients ``(value,
+    node)``; ``solve_part(problem, n, links=(), choice=(), lp=True)`` returns a lower
+    bound of ``n`` parts alike ``problem`` (a :class:`.solver.Problem`, see
+    :func:`_problem`) and, given ``links`` (their ``(copy, own)`` variable pairs) and the
+    part's ``choice``, the multipliers on them and the part's choice at the bound, or None (see
     :func:`.solver.run_bound`); ``lp=False``: without the transportation LP (a layer
     alone of at most 1/:data:`LP_SHARE` of the linked run's layers: its LP would take
     as long as the run's for a small share of the bound); ``price`` prices a move of one

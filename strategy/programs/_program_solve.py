@@ -378,11 +378,11 @@ def tied_bound(
     """A true lower bound of the program's minimum when ``obj`` ties its repeated layers
     (``repeats``, see :mod:`._program_parts`): the parts' bounds summed; ``choice``
     the tied program's. With it, the options the bound's layer takes by call node
-    (empty: none; see :func:`with_layer`). ``budget``: ``(multiplier, bytes)``, a memory budget left to the
-    free arguments and a Lagrange multiplier for it: each free argument's state bytes
-    times the multiplier join its part, and the multiplier times the budget is taken
-    off (a true bound of the budgeted minimum for any multiplier >= 0). Kept by the
-    planner, as solves are (:func:`solve_lazily`)."""
+    (empty: none; see :func:`with_layer`). ``budget``: ``(multiplier, bytes)``, a memory
+    budget left to the free arguments and a Lagrange multiplier for it: each free
+    argument's state bytes times the multiplier join its part, and the multiplier times
+    the budget is taken off (a true bound of the budgeted minimum for any multiplier
+    >= 0). Kept by the planner, as solves are (:func:`solve_lazily`)."""
     key = ("tied bound", content_key(obj, prices, (max_factor,)), tuple(choice), budget)
     known = prices.owner().programs.get(key)
     if known is None:
