@@ -17,7 +17,7 @@ collectives until a timeout. So, unless ``ProcessGroups(mesh, check_specs=False)
   every rank raises before anything runs: the rank at fault its own error, the others
   one naming it (instead of waiting for it until their timeout).
 
-Cost: one 16-byte all_reduce per distinct plan per :class:`ProcessGroups`, the first
+Cost: one 32-byte all_reduce per distinct plan per :class:`ProcessGroups`, the first
 time it runs (tens of microseconds within a node), and hashing the plan's text once;
 nothing on later runs of the same plan. One 24-byte all_reduce per ``run_program`` call.
 
@@ -107,26 +107,56 @@ def _vote(groups: Any, values: list[int], what: str, value: Any) -> list[int]:
     return [int(v) for v in votes]
 
 
-def check_same_plan(plan: Any, groups: Any) -> None:
-    """Raise :class:`RuntimeShellError` on every rank unless every rank of the mesh runs
-    ``plan`` (checked once per plan and ``groups``)."""
+def check_same_plan(plan: Any, groups: Any) -> Any:
+    """The plan every rank of the mesh runs in place of ``plan`` (checked once per plan
+    and ``groups``): ``plan`` itself where every rank has it. Where the ranks' plans
+    differ but their source and target specs agree, the plans are two answers to one
+    question (a search the planner's budget cut, which counts each process's CPU time,
+    stopped at different points on a loaded machine): every rank runs the plan of the
+    mesh's lowest rank, sent to the others. Where the specs differ, a
+    :class:`RuntimeShellError` on every rank."""
     agreed = groups._agreed_plans
-    if plan in agreed or groups.mesh.size() == 1:
-        return
+    if groups.mesh.size() == 1:
+        return plan
+    known = agreed.get(plan)
+    if known is not None:
+        return known
     mine = plan_fingerprint(plan)
-    high, low = _vote(groups, [mine, -mine], "plan", plan)
-    low = -low
+    specs = _fingerprint([repr(plan.src.mesh), str(plan.src), str(plan.dst)])
+    high, low, specs_high, specs_low = _vote(groups, [mine, -mine, specs, -specs], "plan", plan)
+    low, specs_low = -low, -specs_low
+    runs = plan
     if high != low:
-        raise RuntimeShellError(
-            f"ranks of {groups.mesh} run different plans (fingerprints from {low} to {high}; "
-            f"rank {groups.rank} runs {plan.src} -> {plan.dst}, fingerprint {mine}): their "
-            "specs disagree (e.g. another global shape with the same local size); build "
-            "every rank's specs from the same values",
-            value=plan,
-        )
+        if specs_high != specs_low:
+            raise RuntimeShellError(
+                f"ranks of {groups.mesh} run different plans (fingerprints from {low} to "
+                f"{high}; rank {groups.rank} runs {plan.src} -> {plan.dst}, fingerprint "
+                f"{mine}): their specs disagree (e.g. another global shape with the same "
+                "local size); build every rank's specs from the same values",
+                value=plan,
+            )
+        runs = _first_ranks_plan(plan, groups)
     if len(agreed) >= _REMEMBERED:
         agreed.clear()
-    agreed.add(plan)
+    agreed[plan] = runs
+    return runs
+
+
+def _first_ranks_plan(plan: Any, groups: Any) -> Any:
+    """The plan of the mesh's lowest rank, on every rank of the mesh (one object
+    broadcast over its group)."""
+    import torch.distributed as dist
+
+    box = [plan]
+    try:
+        dist.broadcast_object_list(box, src=min(groups.mesh.ranks), group=groups.get(None).pg)
+    except (RuntimeError, ValueError) as e:
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise RuntimeShellError(
+            f"agreeing on one plan over {groups.mesh} failed on rank {groups.rank}: {first}",
+            value=plan,
+        ) from e
+    return box[0]
 
 
 def check_same_call(

@@ -83,9 +83,10 @@ class ProcessGroups:
     outside the mesh call ``create``); with ``local=True`` only the mesh's ranks do (see
     the module docs for when that is safe). ``check_specs`` (default on): ``run`` (and so
     ``redistribute``) checks once per plan that every rank of the mesh runs the same
-    plan, raising :class:`RuntimeShellError` on every rank otherwise, and
+    plan, raising :class:`RuntimeShellError` on every rank where their specs differ (and
+    running the lowest rank's plan where only the plans differ), and
     ``run_program`` that every rank runs the same program on arguments that fit it:
-    one 16-byte all_reduce the first time each plan runs, one 24-byte all_reduce per
+    one 32-byte all_reduce the first time each plan runs, one 24-byte all_reduce per
     ``run_program`` call (see :mod:`meshplan.runtime._agree`). ``check_specs=False``
     saves them; then ranks that disagree wait on each other until ``timeout`` or
     exchange wrong data. ``cost_model`` and ``objective`` are what
@@ -137,7 +138,7 @@ class ProcessGroups:
             )
         self.mesh = mesh
         self.check_specs = check_specs
-        self._agreed_plans: set[Any] = set()
+        self._agreed_plans: dict[Any, Any] = {}  # each plan checked: the plan every rank runs
         self._runs: dict[Any, Any] = {}  # plan -> its steps with their groups (see _run)
         self.timeout = float(timeout)
         self.backend = backend

@@ -114,7 +114,13 @@ def run(plan: Plan | Step, local: torch.Tensor, groups: ProcessGroups) -> torch.
         if resolved is None:
             _prepare_every(groups)
     if groups.check_specs:
-        check_same_plan(plan, groups)
+        agreed = check_same_plan(plan, groups)
+        if agreed is not plan:  # the plan every rank runs, where the ranks' plans differed
+            plan = agreed
+            with fail_stop():
+                resolved = groups._runs.get(plan)
+                if resolved is None:
+                    _prepare_every(groups)
     # the data, not its autograd history (``redistribute`` is the differentiable form): a
     # parameter's buffers may not be written in place under grad mode
     data = local.detach()

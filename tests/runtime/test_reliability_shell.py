@@ -85,6 +85,36 @@ def test_ranks_that_agree_run_as_before_with_check_specs(pool4):
     assert pool4.run(_run_with, shapes, True) == [("ok", (4, 6))] * 4
 
 
+def _run_other_plans():
+    """Ranks 1 and 3 run another plan between the same specs (as a search cut by its CPU
+    budget at another point would give): every rank runs rank 0's, and the data is right."""
+    import torch.distributed as dist
+
+    from meshplan.placement import shard, unshard
+    from meshplan.redistribute import Plan
+
+    rank = dist.get_rank()
+    src = Spec(GLOO, (Shard(0), Shard(1)), (4, 4), "float32")
+    dst = Spec(GLOO, (Replicate(), Replicate()), (4, 4), "float32")
+    mid = Spec(GLOO, (Shard(1), Shard(0)), (4, 4), "float32")
+    p = plan(src, dst)
+    if rank in (1, 3):
+        p = Plan(src, dst, plan(src, mid).steps + plan(mid, dst).steps)
+    groups = ProcessGroups(GLOO, timeout=30)
+    whole = torch.arange(16, dtype=torch.float32).reshape(4, 4)
+    local = shard(whole, src)[rank]
+    out = run(p, local, groups)
+    again = run(p, local, groups)  # agreed once: the same plan runs again unchecked
+    ok = torch.equal(out, unshard({r: out for r in range(4)}, dst)) and torch.equal(out, whole)
+    return ok and torch.equal(again, whole), len(groups._agreed_plans[p].steps)
+
+
+def test_ranks_whose_plans_differ_between_the_same_specs_run_the_lowest_ranks(pool4):
+    results = pool4.run(_run_other_plans, timeout=120)
+    assert [ok for ok, _ in results] == [True] * 4
+    assert {steps for _, steps in results} == {2}  # rank 0's plan: two all_gathers
+
+
 # -- the check is on by default ----------------------------------------------------------
 
 
