@@ -82,7 +82,7 @@ def _bench(rounds: int, calls: int):
         run(p, local, on)  # agreed once
 
         def first(p=p):
-            on._agreed_plans.pop(p, None)
+            on._agreed_plans.pop((p.src, p.dst), None)
             check_same_plan(p, on)
 
         times = {

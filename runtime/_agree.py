@@ -21,9 +21,9 @@ Cost: one 32-byte all_reduce per distinct plan per :class:`ProcessGroups`, the f
 time it runs (tens of microseconds within a node), and hashing the plan's text once;
 nothing on later runs of the same plan. One 24-byte all_reduce per ``run_program`` call.
 
-Limit: a plan already agreed on is not checked again, so a rank that runs it while
-another rank runs a plan new to it is not caught by the check (the collectives then
-fail at the groups' timeout, or exchange wrong data).
+Limit: specs already agreed on are not checked again (their agreed plan runs), so a
+rank that runs them while another rank runs specs new to it is not caught by the check
+(the collectives then fail at the groups' timeout, or exchange wrong data).
 """
 
 from __future__ import annotations
@@ -118,7 +118,10 @@ def check_same_plan(plan: Any, groups: Any) -> Any:
     agreed = groups._agreed_plans
     if groups.mesh.size() == 1:
         return plan
-    known = agreed.get(plan)
+    # kept by source and target: ranks whose searches stopped at other points hold
+    # other plans between the same specs, and must skip (or vote) alike
+    key = (plan.src, plan.dst)
+    known = agreed.get(key)
     if known is not None:
         return known
     mine = plan_fingerprint(plan)
@@ -138,7 +141,7 @@ def check_same_plan(plan: Any, groups: Any) -> Any:
         runs = _first_ranks_plan(plan, groups)
     if len(agreed) >= _REMEMBERED:
         agreed.clear()
-    agreed[plan] = runs
+    agreed[key] = runs
     return runs
 
 

@@ -138,7 +138,8 @@ class ProcessGroups:
             )
         self.mesh = mesh
         self.check_specs = check_specs
-        self._agreed_plans: dict[Any, Any] = {}  # each plan checked: the plan every rank runs
+        # per (source, target) checked: the plan every rank runs between them
+        self._agreed_plans: dict[Any, Any] = {}
         self._runs: dict[Any, Any] = {}  # plan -> its steps with their groups (see _run)
         self.timeout = float(timeout)
         self.backend = backend

@@ -103,10 +103,15 @@ def _run_other_plans():
     groups = ProcessGroups(GLOO, timeout=30)
     whole = torch.arange(16, dtype=torch.float32).reshape(4, 4)
     local = shard(whole, src)[rank]
+    other = Plan(src, dst, plan(src, mid).steps + plan(mid, dst).steps)
     out = run(p, local, groups)
     again = run(p, local, groups)  # agreed once: the same plan runs again unchecked
+    # the other ranks now hold the other plan: the specs were agreed on, so no rank votes
+    # again (a rank voting alone would wait for the others until the timeout)
+    swapped = run(other if rank in (0, 2) else plan(src, dst), local, groups)
     ok = torch.equal(out, unshard({r: out for r in range(4)}, dst)) and torch.equal(out, whole)
-    return ok and torch.equal(again, whole), len(groups._agreed_plans[p].steps)
+    ok = ok and torch.equal(again, whole) and torch.equal(swapped, whole)
+    return ok, len(groups._agreed_plans[(src, dst)].steps)
 
 
 def test_ranks_whose_plans_differ_between_the_same_specs_run_the_lowest_ranks(pool4):
