@@ -89,7 +89,7 @@ def _bench(rounds: int, calls: int):
             "off": best(lambda p=p, local=local: run(p, local, off)),
             "on": best(lambda p=p, local=local: run(p, local, on)),
             "first": best(first),
-            # what "on" adds to "off" once the plan is agreed on: a set lookup, no message
+            # what "on" adds to "off" once the plan is agreed on: a dict lookup, no message
             "agreed": best(lambda p=p: check_same_plan(p, on)),
         }
         rows.append(
