@@ -432,3 +432,53 @@ def test_the_rounds_answer_the_cheapest_choice_priced_exactly(monkeypatch):
     rounds, learned = iter(script[:3]), {}
     sol = _program_solve._solve_rounds(Obj(), Prices(), planning, 8, 3, None, (), True, None)
     assert (sol.choice, sol.cost) == ((1,), 1.10)
+
+
+def test_the_linked_layer_is_bounded_again_while_its_choice_learns_prices(monkeypatch):
+    # the tied bound's linked layer: each time pricing its choice's moves exactly gives
+    # new prices the layer is bounded again at them, and the loop ends where it gives none
+    from meshplan.strategy.programs import _program_parts, _program_solve
+    from meshplan.strategy.solver import has_lp
+
+    if not has_lp():
+        pytest.skip("the linked layer's choice is its transportation LP's")
+    calls = []  # per tied bound, what its linked layer went through
+    real = _program_parts.parts_bound
+
+    def spy(*args):
+        *head, reprice = args
+        solve_part = head[5]
+        events = []
+        calls.append(events)
+
+        def solve_spy(problem, n, links=(), choice=(), lp=True):
+            out = solve_part(problem, n, links=links, choice=choice, lp=lp)
+            if links:
+                events.append("solve")
+            return out
+
+        def reprice_spy(problem, choice):
+            new = reprice(problem, choice)
+            events.append("new prices" if new is not None else "exact")
+            return new
+
+        head[5] = solve_spy
+        return real(*head, reprice_spy)
+
+    monkeypatch.setattr(_program_solve, "parts_bound", spy)
+    mesh = Mesh.create((2, 2))
+    x = Spec(mesh, [Shard(0), Replicate()], (8, 8), "float64")
+    w = Spec(mesh, [Replicate(), Replicate()], (8, 8), "float64")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        tied = _tied_only(_stack(6), x, *[w] * 6, choose=range(1, 7), planner=Planner())
+    assert "planned as one" in tied.method
+    assert calls and all(events and events[0] == "solve" for events in calls)
+    for events in calls:
+        solves = events.count("solve")
+        assert 1 <= solves <= 1 + _program_parts.REPRICE_ROUNDS
+        # solve, then reprice; a solve again only after new prices; the end: exact, or the
+        # rounds ran out
+        for a, b in zip(events, events[1:], strict=False):
+            assert (a, b) in {("solve", "new prices"), ("solve", "exact"), ("new prices", "solve")}
+        assert events[-1] == "exact" or solves == 1 + _program_parts.REPRICE_ROUNDS
