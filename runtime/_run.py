@@ -110,17 +110,12 @@ def run(plan: Plan | Step, local: torch.Tensor, groups: ProcessGroups) -> torch.
     # rank at once
     with fail_stop():
         _check_local(local, plan.src, groups)
+    if groups.check_specs:  # the plan every rank runs (the lowest rank's, where theirs differ)
+        plan = check_same_plan(plan, groups)
+    with fail_stop():
         resolved = None if torch.compiler.is_compiling() else groups._runs.get(plan)
         if resolved is None:
             _prepare_every(groups)
-    if groups.check_specs:
-        agreed = check_same_plan(plan, groups)
-        if agreed is not plan:  # the plan every rank runs, where the ranks' plans differed
-            plan = agreed
-            with fail_stop():
-                resolved = groups._runs.get(plan)
-                if resolved is None:
-                    _prepare_every(groups)
     # the data, not its autograd history (``redistribute`` is the differentiable form): a
     # parameter's buffers may not be written in place under grad mode
     data = local.detach()

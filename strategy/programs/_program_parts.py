@@ -42,14 +42,14 @@ LP_SHARE = 64
 class _Part:
     """One part's problem, numbered locally: own calls first, then copies."""
 
-    def __init__(self, graph: Graph, nodes: Sequence[int], tied: dict, env) -> None:
+    def __init__(self, graph: Graph, nodes: Sequence[int], tied: dict, env, layer: bool) -> None:
         self.graph, self.tied, self.env = graph, tied, env
+        self.layer = layer  # a layer's calls (else the calls around the layers)
         self.own = {n: k for k, n in enumerate(nodes)}
         self.local: dict[int, int] = dict(self.own)
         self.copies: list[int] = []
         self.readers: dict[Value, list[Reader]] = {}
         self.share: dict[Value, float] = {}  # one over the number of parts reading it
-        self.layer = True  # a layer's calls (else the calls around the layers)
 
     def _var(self, node: int) -> int:
         if node not in self.local:
@@ -138,9 +138,7 @@ def parts_bound(
             groups[where[a]].remove(a)
             groups[where[grad_home[a]]].append(a)
             where[a] = where[grad_home[a]]
-    parts = [_Part(graph, g, tie, env) for g in groups if g]
-    for p, g in zip(parts, (g for g in groups if g), strict=True):
-        p.layer = g is not rest
+    parts = [_Part(graph, g, tie, env, g is not rest) for g in groups if g]
     # how many parts read each value: each pays that share of its moves
     for p in parts:
         p.build()

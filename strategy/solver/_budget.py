@@ -32,6 +32,7 @@ __all__ = [
     "InfeasibleBudget",
     "budget_binds",
     "check_room",
+    "lightest_choice",
     "min_memory_choice",
     "solve_within",
 ]
@@ -50,6 +51,18 @@ class InfeasibleBudget(ValueError):
 def min_memory_choice(weights: Sequence[Sequence[float]]) -> float:
     """The least memory any choice takes (each variable at its lightest option)."""
     return float(sum(min(w) for w in weights))
+
+
+def lightest_choice(problem: Problem) -> list[int]:
+    """Each variable's lightest option (of those, its cheapest alone): a choice within
+    any budget that any choice fits."""
+    import numpy as np
+
+    out = []
+    for u, w in zip(problem.unary, problem.weights(), strict=True):
+        light = np.flatnonzero(w <= w.min() + 1e-12 * max(abs(float(w.min())), 1.0))
+        out.append(int(light[np.argmin(np.asarray(u)[light])]))
+    return out
 
 
 def budget_binds(weights: Sequence[Sequence[float]], budget: float | None) -> bool:
@@ -349,15 +362,6 @@ class _Search:
         cost = abs(self.best.cost)
         return self.best.cost - bound <= max(gap * cost, 1e-12 * max(cost, 1e-30))
 
-    def _lightest_choice(self) -> list[int]:
-        import numpy as np
-
-        out = []
-        for u, w, least in zip(self.un, self.w, self.lightest, strict=True):
-            light = np.flatnonzero(np.asarray(w) <= least + 1e-12 * max(abs(least), 1.0))
-            out.append(int(light[np.argmin(np.asarray(u)[light])]))
-        return out
-
     def _offer(self, p: _Point) -> None:
         if p.memory <= self.budget * (1 + 1e-12):
             self.fits[p.choice] = None
@@ -372,7 +376,7 @@ class _Search:
             # an inexact solver can miss every choice within the budget (the heaviest
             # penalty still leaving a heavier option cheapest in its draft): the lightest
             # choice fits (check_room), each variable's cheapest of its lightest options
-            self._costed(self._lightest_choice())
+            self._costed(lightest_choice(self.problem))
         proven = self.at(lam, {}, final)[1] if final is not None else -math.inf
         # frontier entries: (bound, tie-break, branch, multiplier, lo, hi, refined); floor:
         # the least bound of the branches left without a proof

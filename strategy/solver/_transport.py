@@ -36,6 +36,7 @@ from typing import Any
 
 import attrs
 
+from ._budget import lightest_choice
 from ._local_search import Searcher
 from ._problem import Problem
 from ._solution import Effort, Method, Solution
@@ -519,7 +520,7 @@ def transport_lp(
         warm.lp = lp
     first = list(starts) or [[0] * len(problem.sizes)]
     if model.mem is not None:  # a choice within the budget: the restricted LP is feasible
-        first.append(_lightest(problem))
+        first.append(lightest_choice(problem))
     lp.add(np.unique(np.concatenate([model.units_of(c) for c in first])))
     best, rounds, dual, lam, col = -np.inf, 0, None, 0.0, None
     deadline = time.monotonic() + seconds
@@ -580,18 +581,6 @@ def solve_lp(
     bound = min(relaxed.bound, cost)
     method = Method.EXACT if cost - bound <= 1e-9 * max(abs(cost), 1e-300) else Method.TRANSPORT_LP
     return Solution(choice, cost, bound, method, effort)
-
-
-def _lightest(problem: Problem) -> list[int]:
-    """Each variable's lightest option (of those, its cheapest alone): a choice within
-    any budget that any choice fits."""
-    import numpy as np
-
-    out = []
-    for u, w in zip(problem.unary, problem.weights(), strict=True):
-        light = np.flatnonzero(w <= w.min() + 1e-12 * max(abs(float(w.min())), 1.0))
-        out.append(int(light[np.argmin(np.asarray(u)[light])]))
-    return out
 
 
 def mip_choice(
@@ -665,7 +654,7 @@ def solve_lp_within(
     if not has_lp():
         return None
     fit = [list(s) for s in starts if problem.fits(s)]
-    fit.append(_lightest(problem))
+    fit.append(lightest_choice(problem))
     best = min(((problem.evaluate(s), s) for s in fit), key=lambda t: t[0])
     relaxed = transport_lp(problem, [*fit, *starts], target=best[0], warm=warm)
     if relaxed is None:
