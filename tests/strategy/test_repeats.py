@@ -446,7 +446,7 @@ def test_the_linked_layer_is_bounded_again_while_its_choice_learns_prices(monkey
     real = _program_parts.parts_bound
 
     def spy(*args):
-        *head, reprice = args
+        *head, reprice, target = args
         solve_part = head[5]
         events = []
         calls.append(events)
@@ -463,7 +463,7 @@ def test_the_linked_layer_is_bounded_again_while_its_choice_learns_prices(monkey
             return new
 
         head[5] = solve_spy
-        return real(*head, reprice_spy)
+        return real(*head, reprice_spy, target)
 
     monkeypatch.setattr(_program_solve, "parts_bound", spy)
     mesh = Mesh.create((2, 2))
@@ -482,3 +482,37 @@ def test_the_linked_layer_is_bounded_again_while_its_choice_learns_prices(monkey
         for a, b in zip(events, events[1:], strict=False):
             assert (a, b) in {("solve", "new prices"), ("solve", "exact"), ("new prices", "solve")}
         assert events[-1] == "exact" or solves == 1 + _program_parts.REPRICE_ROUNDS
+
+
+@pytest.mark.slow
+def test_the_parts_alone_beside_the_run_bounded_as_one_tighten_the_bound_and_keep_it_true():
+    # a 4-layer encoder on (2, 2): its first and last layers and the calls around them,
+    # bounded apart, left the bound 4.9% under the tied plan (the moves between those
+    # parts split between them unpriced); bounded as one part, the bound meets the plan.
+    # Either way it stays below the untied program's cost (a true bound of its minimum)
+    from meshplan.strategy.programs import _program, _program_solve
+
+    mesh = Mesh.create((2, 2))
+    model = make("encoder", layers=4)
+    ids, _ = batch()
+    b = Spec(mesh, [Shard(0), Replicate()], ids.shape, "int64")
+    specs = param_specs(model, 2)
+    out = {}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for merge_gap in (2.0, -1.0):  # never merged, merged whatever the gap
+            with pytest.MonkeyPatch.context() as patch:
+                patch.setattr(_program_solve, "MERGE_GAP", merge_gap)
+                patch.setattr(_program, "UNTIE_LAYERS", 0)  # the tied plan alone
+                program = plan_module(model, b, b, specs=specs, planner=Planner()).program
+            assert "4 layers planned as one" in program.method
+            out[merge_gap] = program
+        untied = plan_module(model, b, b, specs=specs, tie_layers=False).program
+    apart, merged = out[2.0], out[-1.0]
+    cost = merged.cost.total
+    eps = 1e-12 * cost
+    assert apart.cost.total == pytest.approx(cost, rel=1e-12)
+    assert apart.lower_bound < cost * (1 - 0.02)
+    assert merged.lower_bound >= apart.lower_bound - eps
+    assert merged.lower_bound >= cost * (1 - 0.005)
+    assert merged.lower_bound <= untied.cost.total + eps
