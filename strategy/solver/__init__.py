@@ -36,15 +36,8 @@ from ._problem import MemoryRow, Problem, Reader, SharedValue
 from ._shared import Split, reader_weights, solve_exact, solve_shared, split
 from ._solution import Effort, Method, Options, Solution, Warm, proven
 from ._solve import solve
-from ._transport import (
-    LPRelaxation,
-    has_lp,
-    mip_choice,
-    mix_within,
-    solve_lp,
-    solve_lp_within,
-    transport_lp,
-)
+from ._transport import LPRelaxation, has_lp, solve_lp, transport_lp
+from ._transport_mip import mip_choice, mix_within, solve_lp_within
 
 __all__ = [
     "Effort",

@@ -125,7 +125,7 @@ def solve_within(
     (its spread of costs sets the multiplier that makes memory decide; default:
     ``problem``). ``mix(problem, choices)``: a choice within the budget combining the
     choices the root's search saw (on both sides of the budget; see
-    :func:`._transport.mix_within`), kept where it costs less, before any branching.
+    :func:`._transport_mip.mix_within`), kept where it costs less, before any branching.
 
     >>> from meshplan.strategy.solver import MemoryRow, solve
     >>> p = Problem([[0.0, 5.0]], memory=[MemoryRow(0, [10.0, 1.0])], budget=4.0)

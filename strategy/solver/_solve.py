@@ -12,7 +12,8 @@ from ._eliminate import solve_pairwise
 from ._problem import Problem
 from ._shared import Split, solve_shared, split
 from ._solution import Method, Options, Solution, Warm, proven
-from ._transport import has_lp, mix_within, solve_lp_within
+from ._transport import has_lp
+from ._transport_mip import mix_within, solve_lp_within
 
 __all__ = ["solve"]
 
@@ -88,7 +89,7 @@ def better(a: Solution, b: Solution) -> Solution:
 
 
 #: the most options in all a budgeted problem with shared moves has for the
-#: transportation LP with its memory row to solve it first (:func:`._transport.solve_lp_within`;
+#: transportation LP with its memory row to solve it first (:func:`._transport_mip.solve_lp_within`;
 #: past that its column generation costs more than the Lagrangian search)
 LP_WITHIN = 2000
 
