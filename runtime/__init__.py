@@ -41,7 +41,7 @@ _LAZY = {
     "redistribute_dtensor": "_interop",
     "run_program": "_program",
     "parallelize": "_parallelize",
-    "ParallelModule": "_parallelize",
+    "ParallelModule": "_parallel_module",
     "run_unsharded": "_program",
     "simulate_program": "_program",
 }
