@@ -60,7 +60,18 @@ def save_local(
         except BaseException:
             discard_save(directory, save_id, by_rank)  # a failed save removes its files
             raise
+    _sweep_after(directory)
     return meta
+
+
+def _sweep_after(directory: str) -> None:
+    """Sweep once this process's save is over (its claim released). A save that commits
+    while an earlier one is still live keeps the earlier one's files (a live save's files
+    are never swept), and that save, superseded, releases its claim after: without this,
+    its files stayed until the next commit (three processes saving into one directory
+    together: a superseded save's shard files left over)."""
+    with contextlib.suppress(OSError), commit_lock(directory):
+        sweep_locked(directory)
 
 
 def save_sole(state: Mapping[str, Sharded], directory: str) -> Metadata:

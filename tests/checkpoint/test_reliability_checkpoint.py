@@ -40,6 +40,29 @@ def _leftovers(path):
     return sorted(names) + sorted(f".meshplan/{n}" for n in inner)
 
 
+def test_a_save_superseded_while_it_was_live_leaves_no_files(tmp_path, monkeypatch):
+    # save A commits; save B commits while A still holds its claim (B's sweep keeps a live
+    # save's files); A ends after: its files, superseded, are swept once its claim is
+    # released (they were left until the next commit: the concurrent-saves test below
+    # found them under load)
+    from meshplan.checkpoint import _protocol
+
+    real = _protocol._commit
+    nested = []
+
+    def commit(directory, meta, save_id):
+        real(directory, meta, save_id)
+        if not nested:  # A has committed and is still live: B saves now
+            nested.append(save_id)
+            save_all(_states(2), directory)
+
+    monkeypatch.setattr(_protocol, "_commit", commit)
+    save_all(_states(1), tmp_path)
+    assert nested
+    assert _value(tmp_path) == 2  # B committed last
+    assert _leftovers(tmp_path) == []
+
+
 # -- 1. concurrent saves ------------------------------------------------------------------
 
 
