@@ -46,12 +46,16 @@ def _check_target(value: Any) -> None:
 
 
 def _collection(value: Any, what: str, kind: type) -> Any:
-    """``value`` as a ``kind`` (tuple or frozenset); a StrategyError for a non-iterable."""
+    """``value`` as a ``kind`` (tuple or frozenset); a StrategyError for what is not a
+    collection (a string, a non-iterable, or an iterable that refuses iteration, such as
+    a 0-d tensor)."""
+    error = StrategyError(f"a Call's {what} must be a sequence, got {value!r:.80}", value=value)
     if isinstance(value, str | bytes) or not isinstance(value, Iterable):
-        raise StrategyError(
-            f"a Call's {what} must be a sequence, got {value!r:.80}", value=value
-        )
-    return kind(value)
+        raise error
+    try:
+        return kind(value)
+    except TypeError:  # a 0-d tensor, or an unhashable member of a frozenset
+        raise error from None
 
 
 def _keywords(value: Any) -> tuple:
@@ -86,7 +90,7 @@ class Call:
         converter=lambda v: _collection(v, "outputs", tuple)
     )
     args: tuple[Any, ...] = attrs.field(converter=lambda v: _collection(v, "args", tuple))
-    kwargs: Any = attrs.field(converter=lambda d: _keywords(d))
+    kwargs: Any = attrs.field(converter=_keywords)
     tags: frozenset[str] = attrs.field(converter=lambda v: _collection(v, "tags", frozenset))
     names: tuple[str, ...] = attrs.field(
         default=(), converter=lambda v: _collection(v, "names", tuple)

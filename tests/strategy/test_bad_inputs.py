@@ -310,6 +310,8 @@ def test_an_op_whose_output_shape_depends_on_the_data_is_named_with_the_fix(fn, 
         ("aten.mm.default", (), (), None, {}, ()),
         ("aten.mm.default", (), (), (), [1, 2], ()),  # kwargs not a mapping
         ("aten.mm.default", (), (), (), {}, None),  # no tags
+        ("aten.mm.default", torch.tensor(3), (), (), {}, ()),  # iterable, refuses iteration
+        ("aten.mm.default", (), (), (), {}, [[1]]),  # a tag that cannot be hashed
     ],
 )
 def test_a_malformed_call_is_named_not_a_type_error(args):
