@@ -45,6 +45,7 @@ from ._candidates import ComputeModel, Option, is_float
 from ._candidates import options as candidate_options
 from ._graph import Graph
 from ._memory import check_state_bytes_per_param, step_memory
+from ._peak_rows import PeakRows
 from ._program_assemble import assemble, choice_following, chosen_specs
 from ._program_checks import (
     check_budget,
@@ -503,7 +504,12 @@ def _plan_graph(
         report(progress, "moves", 0, len(calls))
         program = program_of(sol)
         if peak_budget is not None:
-            program = fit_peak(program, obj, prices, peak_budget, program_of, solve_args)
+            # the rows' bounds bound this program's minimum: not a tied restriction's, nor
+            # (a caller's bound given) the minimum over every choice of recompute
+            own = repeats is None and known_bound is None
+            fit = (prices, peak_budget, program_of, solve_args, PeakRows(graph, options, obj.var))
+            fit += (own,)
+            program = fit_peak(program, obj, *fit)
     if not free or planning is not Planning.WHOLE or program.exact or bound_only:
         return program
     if (

@@ -8,7 +8,7 @@ import attrs
 from meshplan.errors import MemoryBudgetError
 
 from ..selection._price import redistribute_bound
-from ..solver import Method, Solution, min_memory_choice
+from ..solver import MemoryRow, Method, Solution, min_memory_choice
 from ._program_solve import solve_lazily
 from ._program_value import Program
 
@@ -78,27 +78,125 @@ def _raise_infeasible(obj, budget: float, least: float, program_of) -> None:
     )
 
 
-def fit_peak(program, obj, prices, budget: float, program_of, solve_args) -> Program:
+def fit_peak(
+    program, obj, prices, budget: float, program_of, solve_args, rows=None, untied=False
+) -> Program:
     """``program`` if its whole step's peak fits ``budget``; else the plan of a solve
     whose separable estimate leaves room for what the estimate leaves out (moved copies,
-    transients), tightened until the peak fits. The first solve's bound stays: it bounds
-    the peak's constrained minimum (the estimate never exceeds the peak)."""
-    inner = budget
+    transients), tightened until the peak fits, or a plan the rows' solves met that fits
+    and costs less. The first solve's bound stays: it bounds the peak's constrained
+    minimum (the estimate never exceeds the peak).
+
+    ``rows`` (:class:`._peak_rows.PeakRows`, with ``untied``: the objective has a variable
+    per call, so its bounds are the program's): the step's live bytes op by op, each a
+    separable lower bound of the peak. Solves within weighted sums of the rows of the ops
+    where the plans peak bound the constrained minimum more tightly (see
+    :func:`_bound_by_rows`); the larger bound holds."""
     bound = program.lower_bound
     least = obj.fixed_bytes + min_memory_choice(obj.problem.weights())
-    for _ in range(8):
-        if program.memory.peak <= budget * (1 + 1e-9):
+    met: list = []
+    by_rows = rows is not None and untied and not _proven(program, bound)
+    if by_rows:
+        bound, met = _bound_by_rows(program, obj, prices, budget, program_of, solve_args, rows)
+    best = _fit_estimate(program, obj, prices, budget, program_of, solve_args, least)
+    for plan in met:
+        if plan.cost.total < best.cost.total:
+            best = plan
+    cost = best.cost.total
+    bound = min(bound, cost)
+    if _proven(best, bound):
+        return attrs.evolve(best, lower_bound=bound) if best.lower_bound != bound else best
+    method = best.method
+    if best.exact:
+        by = "the step's rows" if by_rows else "the estimate"
+        method = f"peak fitted, bound by {by}"
+    return attrs.evolve(best, lower_bound=bound, method=method, exact=False)
+
+
+def _fits(program, budget: float) -> bool:
+    return program.memory.peak <= budget * (1 + 1e-9)
+
+
+def _proven(program, bound: float) -> bool:
+    cost = program.cost.total
+    return cost - bound <= 1e-12 * max(abs(cost), 1e-300)
+
+
+#: the solves within weighted sums of the step's rows a fit runs at most (each bounds)
+ROW_SOLVES = 3
+
+
+def _bound_by_rows(program, obj, prices, budget, program_of, solve_args, rows):
+    """A bound of the step's constrained minimum and the plans met that fit: a surrogate
+    search over the rows of the ops where the plans peak.
+
+    Each solve is within a weighted sum of those rows (weights summing to 1: a choice
+    within every row is within the sum, so each solve's bound holds); after each, a row
+    its plan exceeds weighs more, a row it leaves room in less."""
+    import math
+
+    bound = program.lower_bound
+    met, weights = [rows.top(program)], [1.0]
+    fitting = [program] if _fits(program, budget) else []
+    for _ in range(ROW_SOLVES):
+        if fitting and _proven_within(min(fitting, key=_cost), bound):
             break
+        within = _within(obj, rows, met, weights)
+        sol = solve_lazily(program.graph, within, prices, budget=budget, progress=None, **solve_args)
+        bound = max(bound, sol.bound)
+        plan = program_of(sol)
+        if _fits(plan, budget):
+            fitting.append(plan)
+        top = rows.top(plan)
+        if top not in met:
+            met.append(top)
+            weights.append(sum(weights) / len(weights))
+        live = rows.live(plan)
+        base = plan.memory.total + plan.memory.inputs
+        over = [base + float(live[t]) - budget for t in met]
+        scale = max(abs(x) for x in over) or 1.0
+        weights = [w * math.exp(2.0 * x / scale) for w, x in zip(weights, over, strict=True)]
+        weights = [w / sum(weights) for w in weights]
+    return bound, fitting
+
+
+def _cost(program) -> float:
+    return program.cost.total
+
+
+def _proven_within(program, bound: float) -> bool:
+    """Whether ``program``'s cost is within the planner's budget gap of ``bound``."""
+    from ._program_solve import _GAP
+
+    cost = program.cost.total
+    return cost - bound <= _GAP * abs(cost)
+
+
+def _within(obj, rows, met, weights):
+    """``obj`` whose memory rows are its free arguments' state and, per call variable, the
+    ``weights``-weighted sum of what its option holds at the ops ``met`` (weights summing
+    to 1: a relaxation of every one of those rows)."""
+    calls = {obj.var[n] for n in obj.calls}
+    kept = [r for r in obj.problem.memory if r.variable not in calls]
+    summed: dict[int, object] = {}
+    for t, w in zip(met, weights, strict=True):
+        for v, row in rows.by_variable(t).items():
+            summed[v] = summed[v] + w * row if v in summed else w * row
+    kept += [MemoryRow(v, row) for v, row in sorted(summed.items())]
+    return attrs.evolve(obj, problem=attrs.evolve(obj.problem, memory=tuple(kept)))
+
+
+def _fit_estimate(program, obj, prices, budget, program_of, solve_args, least) -> Program:
+    """The estimate's budget tightened until the plan's peak fits."""
+    inner = budget
+    for _ in range(8):
+        if _fits(program, budget):
+            return program
         inner -= program.memory.peak - budget
         if inner < least:
             _raise_infeasible(obj, budget, least, program_of)
         sol = solve_lazily(program.graph, obj, prices, budget=inner, progress=None, **solve_args)
         program = program_of(sol)
-    else:
-        if program.memory.peak > budget * (1 + 1e-9):
-            _raise_infeasible(obj, budget, least, program_of)
-    cost = program.cost.total
-    if cost - bound <= 1e-12 * max(abs(cost), 1e-300):
-        return program
-    method = "peak fitted, estimate's bound" if program.exact else program.method
-    return attrs.evolve(program, lower_bound=min(bound, cost), method=method, exact=False)
+    if not _fits(program, budget):
+        _raise_infeasible(obj, budget, least, program_of)
+    return program
