@@ -91,17 +91,21 @@ def fit_peak(
     per call, so its bounds are the program's): the step's live bytes op by op, each a
     separable lower bound of the peak. Solves within weighted sums of the rows of the ops
     where the plans peak bound the constrained minimum more tightly (see
-    :func:`_bound_by_rows`); the larger bound holds."""
+    :func:`_bound_by_rows`); the larger bound holds. Where one of their plans fits, the
+    cheapest such is the plan (the solve of a model closer to the peak, in the budget
+    itself), and the estimate is not tightened."""
     bound = program.lower_bound
     least = obj.fixed_bytes + min_memory_choice(obj.problem.weights())
     met: list = []
-    by_rows = rows is not None and untied and not _proven(program, bound)
+    done = _fits(program, budget) and _proven(program, bound)
+    by_rows = rows is not None and untied and not done
     if by_rows:
         bound, met = _bound_by_rows(program, obj, prices, budget, program_of, solve_args, rows)
-    best = _fit_estimate(program, obj, prices, budget, program_of, solve_args, least)
-    for plan in met:
-        if plan.cost.total < best.cost.total:
-            best = plan
+    if met:  # the cheapest of the rows' relaxations that fits: the estimate's fit, in a
+        # tighter budget of a looser model, is not solved
+        best = min(met, key=_cost)
+    else:
+        best = _fit_estimate(program, obj, prices, budget, program_of, solve_args, least)
     cost = best.cost.total
     bound = min(bound, cost)
     if _proven(best, bound):
@@ -123,7 +127,7 @@ def _proven(program, bound: float) -> bool:
 
 
 #: the solves within weighted sums of the step's rows a fit runs at most (each bounds)
-ROW_SOLVES = 3
+ROW_SOLVES = 4
 
 
 def _bound_by_rows(program, obj, prices, budget, program_of, solve_args, rows):
@@ -131,12 +135,14 @@ def _bound_by_rows(program, obj, prices, budget, program_of, solve_args, rows):
     search over the rows of the ops where the plans peak.
 
     Each solve is within a weighted sum of those rows (weights summing to 1: a choice
-    within every row is within the sum, so each solve's bound holds); after each, a row
-    its plan exceeds weighs more, a row it leaves room in less."""
+    within every row is within the sum, so each solve's bound holds). Two rows: the
+    first's weight is halved towards the row the last plan exceeds more; more: each row's
+    weight grows with what the plan exceeds it by, and shrinks with the room it leaves."""
     import math
 
     bound = program.lower_bound
     met, weights = [rows.top(program)], [1.0]
+    span = [0.0, 1.0]  # two rows: where the first's weight is still searched
     fitting = [program] if _fits(program, budget) else []
     for _ in range(ROW_SOLVES):
         if fitting and _proven_within(min(fitting, key=_cost), bound):
@@ -150,12 +156,19 @@ def _bound_by_rows(program, obj, prices, budget, program_of, solve_args, rows):
         top = rows.top(plan)
         if top not in met:
             met.append(top)
-            weights.append(sum(weights) / len(weights))
+            weights.append(0.0 if len(met) == 2 else sum(weights) / len(weights))
+        elif len(met) == 1:
+            break  # the plan peaks where the row it was solved in: no other row to weigh
         live = rows.live(plan)
         base = plan.memory.total + plan.memory.inputs
         over = [base + float(live[t]) - budget for t in met]
+        if len(met) == 2:
+            span[0 if over[0] >= over[1] else 1] = weights[0]
+            w = (span[0] + span[1]) / 2
+            weights = [w, 1.0 - w]
+            continue
         scale = max(abs(x) for x in over) or 1.0
-        weights = [w * math.exp(2.0 * x / scale) for w, x in zip(weights, over, strict=True)]
+        weights = [w * math.exp(x / scale) for w, x in zip(weights, over, strict=True)]
         weights = [w / sum(weights) for w in weights]
     return bound, fitting
 
@@ -186,17 +199,41 @@ def _within(obj, rows, met, weights):
     return attrs.evolve(obj, problem=attrs.evolve(obj.problem, memory=tuple(kept)))
 
 
+#: the solves a fit runs at most to tighten the estimate's budget until the peak fits
+FIT_ROUNDS = 8
+#: the solves halving the estimate's budget between the tightest known not to fit and
+#: the loosest known to fit, once a plan fits (a looser budget's plan may cost less)
+FIT_HALVINGS = 1
+
+
 def _fit_estimate(program, obj, prices, budget, program_of, solve_args, least) -> Program:
-    """The estimate's budget tightened until the plan's peak fits."""
-    inner = budget
-    for _ in range(8):
+    """The estimate's budget tightened until the plan's peak fits (each time by what the
+    peak exceeds the budget by), then halved between the two budgets on either side: the
+    cheapest plan that fits."""
+    inner, over = budget, None  # over: the tightest estimate budget whose plan did not fit
+    for _ in range(FIT_ROUNDS):
         if _fits(program, budget):
-            return program
+            break
+        over = inner
         inner -= program.memory.peak - budget
         if inner < least:
             _raise_infeasible(obj, budget, least, program_of)
-        sol = solve_lazily(program.graph, obj, prices, budget=inner, progress=None, **solve_args)
-        program = program_of(sol)
+        program = _solved(program, obj, prices, inner, program_of, solve_args)
     if not _fits(program, budget):
         _raise_infeasible(obj, budget, least, program_of)
-    return program
+    best = program
+    for _ in range(FIT_HALVINGS if over is not None else 0):
+        mid = (inner + over) / 2
+        plan = _solved(program, obj, prices, mid, program_of, solve_args)
+        if _fits(plan, budget):
+            inner = mid
+            best = plan if plan.cost.total < best.cost.total else best
+        else:
+            over = mid
+    return best
+
+
+def _solved(program, obj, prices, inner: float, program_of, solve_args) -> Program:
+    """The plan of a solve within the estimate's budget ``inner``."""
+    sol = solve_lazily(program.graph, obj, prices, budget=inner, progress=None, **solve_args)
+    return program_of(sol)
