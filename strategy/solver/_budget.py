@@ -25,6 +25,7 @@ from collections.abc import Callable, Sequence
 
 import attrs
 
+from ._local_search import repair_within
 from ._problem import Problem
 from ._solution import Method, Options, Solution, Warm
 
@@ -38,6 +39,7 @@ __all__ = [
 ]
 
 _MIX = 24  # the last choices the search saw that a mix combines
+_REPAIRED = 3  # the cheapest choices over the budget a search brings within it
 
 
 class InfeasibleBudget(ValueError):
@@ -146,6 +148,8 @@ def solve_within(
         for seed in seeds:
             search.at(0.0, {v: frozenset({k}) for v, k in seed.items()})
         tree = search.start(final)
+    if options.repair:
+        search.repair()
     if mix is not None:  # before any branching: a mix that meets the bound ends it
         mixed = mix(problem, list(search.seen)[-_MIX:])
         if mixed is not None:
@@ -216,6 +220,17 @@ class _Search:
         self.deadline = (
             math.inf if options.max_seconds is None else time.process_time() + options.max_seconds
         )
+
+    def repair(self, count: int = _REPAIRED) -> None:
+        """The cheapest ``count`` choices the relaxation returned over the budget, each
+        brought within it a variable at a time and improved there
+        (:func:`._local_search.repair_within`): the Lagrangian's minimizers jump from
+        over the budget to far under it, and a plan just within it lies between."""
+        over = [c for c in self.seen if c not in self.fits]
+        for choice in sorted(over, key=self.cost)[:count]:
+            fixed = repair_within(self.problem, choice)
+            if fixed is not None:
+                self._costed(fixed)
 
     def late(self) -> bool:
         """Whether the search's time (``options.max_seconds`` of CPU) is spent."""

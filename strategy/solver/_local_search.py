@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-__all__ = ["Searcher", "local_search"]
+__all__ = ["Searcher", "local_search", "repair_within"]
 
 
 class _Value:
@@ -100,6 +100,77 @@ class Searcher:
                 self.touching.setdefault(c, []).append(len(self.tables) - 1)
                 self.near.setdefault(c, set()).update(ops)
 
+    def option_costs(self, choice, states, unary, c: int):
+        """What each option of variable ``c`` costs given the others at ``choice`` (its
+        unary row, its pairwise terms, the shared values it touches)."""
+        import numpy as np
+
+        size, orig = len(unary[c]), choice[c]
+        cost = np.array(unary[c], dtype=float)
+        for i in self.touching.get(c, ()):
+            cost += self.tables[i].costs(states[i], c, orig, size)
+        for w, m, first in self.pairs.get(c, ()):
+            cost += m[:, choice[w]] if first else m[choice[w], :]
+        return cost
+
+    def within(self, choice: Sequence[int], unary, weights, room: float) -> list[int] | None:
+        """``choice`` brought within ``room`` bytes (``weights[v][k]``: option ``k`` of
+        ``v``'s), one variable at a time, each step the one whose cost rises least per byte
+        it saves (given the others); then each variable re-chosen to its cheapest option
+        that keeps the choice within ``room``, until nothing improves. None when the steps
+        run out of options that save bytes."""
+        import numpy as np
+
+        choice = list(choice)
+        states = [t.start(choice) for t in self.tables]
+        heavy = [v for v, w in enumerate(weights) if len(w) > 1 and np.ptp(w) > 0]
+        held = float(sum(float(w[k]) for w, k in zip(weights, choice, strict=True)))
+        costs = {v: self.option_costs(choice, states, unary, v) for v in heavy}
+
+        def set_option(c: int, new: int) -> None:
+            nonlocal held
+            old = choice[c]
+            held += float(weights[c][new] - weights[c][old])
+            choice[c] = new
+            for i in self.touching.get(c, ()):
+                states[i] = self.tables[i].move(states[i], c, old, new)
+            near = {*self.near.get(c, ()), *(w for w, _, _ in self.pairs.get(c, ())), c}
+            for u in near & costs.keys():
+                costs[u] = self.option_costs(choice, states, unary, u)
+
+        limit = sum(len(w) for w in weights)  # each step lightens one variable
+        while held > room * (1 + 1e-12) + 1e-9 and limit:
+            limit -= 1
+            step = None  # (cost per byte saved, bytes saved, variable, option): of equal
+            # rates the smaller saving, so the last step overshoots the room least
+            for v, cost in costs.items():
+                w, k = weights[v], choice[v]
+                saved = w[k] - w
+                ok = saved > 0
+                if not ok.any():
+                    continue
+                ratio = np.where(ok, (cost - cost[k]) / np.where(ok, saved, 1.0), np.inf)
+                j = int(np.argmin(ratio))
+                key = (float(ratio[j]), float(saved[j]), v, j)
+                step = key if step is None or key < step else step
+            if step is None:
+                return None
+            set_option(step[2], step[3])
+        if held > room * (1 + 1e-12) + 1e-9:
+            return None
+        for _ in range(4):  # improve within the room
+            moved = False
+            for v, cost in list(costs.items()):
+                k = choice[v]
+                fits = held - weights[v][k] + np.asarray(weights[v]) <= room * (1 + 1e-12) + 1e-9
+                best = int(np.argmin(np.where(fits, cost, np.inf)))
+                if cost[best] < cost[k] - 1e-12 * max(abs(float(cost[k])), 1e-30):
+                    set_option(v, best)
+                    moved = True
+            if not moved:
+                break
+        return choice
+
     def __call__(self, choice: Sequence[int], unary, max_visits: int | None = None) -> list[int]:
         from collections import deque
 
@@ -158,3 +229,20 @@ def local_search(problem, choice: Sequence[int], max_visits: int | None = None) 
     [1, 0]
     """
     return Searcher(problem)(choice, problem.unary, max_visits)
+
+
+def repair_within(problem, choice: Sequence[int]) -> list[int] | None:
+    """``choice`` brought within ``problem.budget`` by :meth:`Searcher.within` (each step
+    the variable whose cost rises least per byte saved), then improved within it; None
+    when no step saves bytes, or without a budget.
+
+    >>> from meshplan.strategy.solver import MemoryRow, Problem
+    >>> p = Problem([[0.0, 1.0, 5.0], [0.0, 2.0]], budget=3.0,
+    ...             memory=[MemoryRow(0, [4.0, 2.0, 0.0]), MemoryRow(1, [2.0, 1.0])])
+    >>> repair_within(p, [0, 0]), p.evaluate([1, 1])
+    ([1, 1], 3.0)
+    """
+    if problem.budget is None:
+        return None
+    weights = problem.weights()
+    return Searcher(problem).within(choice, problem.unary, weights, float(problem.budget))

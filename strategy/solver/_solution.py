@@ -93,7 +93,11 @@ class Options:
     the sharing dual's steps run instead without it); ``max_seconds``: a memory budget's
     search (its multiplier's and its branches' solves) starts no solve past this many
     seconds of the process's CPU time, and answers with the best choice and bound it has
-    (None: no limit)."""
+    (None: no limit); ``repair``: a memory budget's search also brings the cheapest
+    choices it met over the budget within it a variable at a time
+    (:func:`._local_search.repair_within`): where the memory rows are what binds, plans
+    just within the budget the Lagrangian's jumps miss (off where the rows are a lower
+    estimate of what binds, a whole step's peak: a plan at their edge may not fit)."""
 
     max_factor: int = 1 << 21
     steps: int = 30
@@ -103,6 +107,7 @@ class Options:
     gap: float = 0.0
     lp: bool = True
     max_seconds: float | None = None
+    repair: bool = True
 
     def __attrs_post_init__(self) -> None:
         if not (isinstance(self.gap, int | float) and 0 <= self.gap < 1):
