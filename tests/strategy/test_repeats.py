@@ -409,6 +409,8 @@ def test_the_rounds_answer_the_cheapest_choice_priced_exactly(monkeypatch):
     learned = {}
 
     class Obj:
+        node_weights: dict = {}  # no whole-step budget
+
         def at(self, prices):
             return self
 
