@@ -30,7 +30,9 @@ def test_planning_costing_and_explaining_on_2_30_ranks_takes_milliseconds(shape,
     )
     tracemalloc.start()
     try:
-        start = time.perf_counter()
+        # this thread's CPU time: a worker descheduled on a loaded machine (26.8 s of wall
+        # time in one clean-clone run, 0.2 s alone) is not slow planning
+        start = time.thread_time()
         for src, dst in _PAIRS:
             src = (src + (Replicate(),) * mesh.ndim)[: mesh.ndim]
             dst = (dst + (Replicate(),) * mesh.ndim)[: mesh.ndim]
@@ -38,11 +40,11 @@ def test_planning_costing_and_explaining_on_2_30_ranks_takes_milliseconds(shape,
                      cost_model=model)
             assert cost(p, model).total > 0
             assert "total:" in p.explain(model)
-        took = time.perf_counter() - start
+        took = time.thread_time() - start
         peak = tracemalloc.get_traced_memory()[1]
     finally:
         tracemalloc.stop()
-    assert took < 2.0, f"{took:.2f} s"  # milliseconds once warm; seconds of slack for CI
+    assert took < 2.0, f"{took:.2f} s of CPU"  # milliseconds once warm; seconds of slack
     assert peak < 64 << 20, f"{peak / 2**20:.0f} MiB"
 
 
