@@ -92,6 +92,16 @@ def held_values(graph: Graph, free: frozenset = frozenset()) -> tuple[Held, ...]
             src = at.get(v.node)
             if src is not None and (src < n_fwd) == fwd:
                 last[v] = max(last.get(v, t), t)
+
+    def stop_of(v: Value, t: int) -> int:
+        """The last op value ``v`` (made at op ``t``) is live at: a saved value's is the
+        step's end, a forward output's at least the forward's, the rest their last read."""
+        if v in saved:
+            return end
+        if v in outputs and t < n_fwd:
+            return max(last.get(v, t), n_fwd - 1)
+        return last.get(v, t)
+
     out: list[Held] = []
     for t, node in enumerate(order):
         n = graph.nodes[node]
@@ -101,14 +111,8 @@ def held_values(graph: Graph, free: frozenset = frozenset()) -> tuple[Held, ...]
             v = Value(node, j)
             if (j == 0 and _is_view(graph, node)) or v in grads:
                 continue
-            if v in saved:
-                stop = end
-            elif v in outputs and t < n_fwd:
-                stop = max(last.get(v, t), n_fwd - 1)
-            else:
-                stop = last.get(v, t)
-            out.append(Held(node, j, t, stop))
-    out += _view_tails(graph, order, at, last, saved, outputs, n_fwd, grads)
+            out.append(Held(node, j, t, stop_of(v, t)))
+    out += _view_tails(graph, order, at, stop_of, grads)
     out += _moved_reads(graph, order, free)
     return tuple(out)
 
@@ -132,18 +136,10 @@ def _moved_reads(graph, order, free: frozenset) -> list[Held]:
     return out
 
 
-def _view_tails(graph, order, at, last, saved, outputs, n_fwd, grads) -> list[Held]:
+def _view_tails(graph, order, at, stop_of, grads) -> list[Held]:
     """Per value viewed (a call's output, not a view's), the storage its views keep after
-    its last read: at each op one view alive there, read in its own input layout."""
-    end = len(order) - 1
-
-    def stop_of(v: Value, t: int) -> int:
-        if v in saved:
-            return end
-        if v in outputs and t < n_fwd:
-            return max(last.get(v, t), n_fwd - 1)
-        return last.get(v, t)
-
+    its last read: at each op one view alive there, read in its own input layout
+    (``stop_of(value, op)``: the last op a value made at ``op`` is live at)."""
     root: dict[int, Value] = {}  # a countable view's value viewed
     spans: dict[Value, list[tuple[int, int, int]]] = {}  # value -> (first, stop, view)
     for t, node in enumerate(order):
@@ -234,15 +230,9 @@ class PeakRows:
         nbytes = [h.nbytes(ops[h.node]) for h in self.helds]
         return live_rows(self.helds, nbytes, self.n_ops)
 
-    def top(self, program) -> int:
-        """The op whose row ``program`` fills most."""
-        return int(self.live(program).argmax()) if self.n_ops else 0
-
-    def modeled(self, program) -> float:
-        """The peak the rows bound at ``program``: its state and inputs and its largest row."""
-        m = program.memory
-        live = self.live(program)
-        return m.total + m.inputs + (float(live.max()) if live.size else 0.0)
+    def top(self, live) -> int:
+        """The op whose row is fullest, of each op's bytes ``live`` (:meth:`live`)."""
+        return int(live.argmax()) if live.size else 0
 
     def by_variable(self, t: int) -> dict:
         """Row ``t`` per variable: the bytes each option holds there (tied calls summed)."""

@@ -9,7 +9,7 @@ from meshplan.errors import MemoryBudgetError
 
 from ..selection._price import redistribute_bound
 from ..solver import MemoryRow, Method, Solution, min_memory_choice
-from ._program_solve import solve_lazily
+from ._program_solve import _GAP, solve_lazily
 from ._program_value import Program
 
 __all__ = ["check_peak_feasible", "cut_moves", "fit_peak", "with_cut_pairs"]
@@ -141,7 +141,7 @@ def _bound_by_rows(program, obj, prices, budget, program_of, solve_args, rows):
     import math
 
     bound = program.lower_bound
-    met, weights = [rows.top(program)], [1.0]
+    met, weights = [rows.top(rows.live(program))], [1.0]
     span = [0.0, 1.0]  # two rows: where the first's weight is still searched
     fitting = [program] if _fits(program, budget) else []
     for _ in range(ROW_SOLVES):
@@ -153,13 +153,13 @@ def _bound_by_rows(program, obj, prices, budget, program_of, solve_args, rows):
         plan = program_of(sol)
         if _fits(plan, budget):
             fitting.append(plan)
-        top = rows.top(plan)
+        live = rows.live(plan)
+        top = rows.top(live)
         if top not in met:
             met.append(top)
             weights.append(0.0 if len(met) == 2 else sum(weights) / len(weights))
         elif len(met) == 1:
             break  # the plan peaks where the row it was solved in: no other row to weigh
-        live = rows.live(plan)
         base = plan.memory.total + plan.memory.inputs
         over = [base + float(live[t]) - budget for t in met]
         if len(met) == 2:
@@ -179,8 +179,6 @@ def _cost(program) -> float:
 
 def _proven_within(program, bound: float) -> bool:
     """Whether ``program``'s cost is within the planner's budget gap of ``bound``."""
-    from ._program_solve import _GAP
-
     cost = program.cost.total
     return cost - bound <= _GAP * abs(cost)
 
