@@ -21,8 +21,10 @@ from ._store import Planner, SearchBudget
 __all__ = [
     "GREEDY_ROOM",
     "GREEDY_TIME",
+    "LEG_SHARE",
     "bounded_search",
     "deadline_of",
+    "leg_budget",
     "past_budget",
     "proven_lower",
     "through_common_prefix",
@@ -105,6 +107,19 @@ GREEDY_ROOM = 10_000
 GREEDY_TIME = 2.0
 """The greedy search's time, in the budget's seconds (its heuristic costs as much a
 state as the search's: it visits fewer states, not cheaper ones)."""
+
+
+LEG_SHARE = 0.25
+"""Each leg's share of the budget's seconds in the plan through the common prefix (two legs,
+each with its greedy search: a plan past its budget takes at most ``1 + GREEDY_TIME +
+2 * LEG_SHARE * (1 + GREEDY_TIME)`` times the budget's seconds)."""
+
+
+def leg_budget(budget: SearchBudget) -> SearchBudget:
+    """The budget of each leg of the plan through the common prefix: the same moves,
+    :data:`LEG_SHARE` of the time (the first search and its greedy search spent theirs)."""
+    seconds = None if budget.seconds is None else budget.seconds * LEG_SHARE
+    return SearchBudget(budget.states, seconds)
 
 
 def deadline_of(budget: SearchBudget, start: float, times: float = 1.0) -> float | None:

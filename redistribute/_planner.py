@@ -47,7 +47,8 @@ Effort is bounded: a search generates at most ``Planner(max_states=...)`` moves
 CPU time (``_store.SECONDS_BUDGET``, so a plan takes about a second on any input; a
 permute hub with more targets than the time left buys is not listed); past either a
 greedy search finds a plan (or, if none in twice that time, the plan through the shard
-orders' common prefixes: gather, then slice) and ``plan``
+orders' common prefixes: gather, then slice, each leg planned in a quarter of the budget,
+``_budgeted.leg_budget``) and ``plan``
 warns (:class:`~meshplan.errors.BudgetWarning`) with its proven gap to the cheapest, the
 distance from its price to the least rank left in the first search's queue (or raises a
 :class:`PlanError` naming the limit, with ``on_budget="raise"``).
@@ -76,7 +77,14 @@ from meshplan.placement import (
 )
 
 from ._aliases import alias_dims, alias_named
-from ._budgeted import bounded_search, deadline_of, past_budget, proven_lower, through_common_prefix
+from ._budgeted import (
+    bounded_search,
+    deadline_of,
+    leg_budget,
+    past_budget,
+    proven_lower,
+    through_common_prefix,
+)
 from ._cost import OBJECTIVES, _plan_cost, collective_weight
 from ._engine._encoding import R, universe_of
 from ._engine._family import family_of
@@ -88,7 +96,7 @@ from ._merge import merge_plan, warn_missed
 from ._plan import Plan
 from ._profile import CostModel, as_model
 from ._sizes import padded_local_bytes
-from ._store import Planner, default_planner
+from ._store import Planner, SearchBudget, default_planner
 
 __all__ = ["plan", "plan_cost", "price_bound", "check_plannable", "clear_plan_cache", "Planner"]
 
@@ -154,11 +162,15 @@ def _min_cost_plan(
     bound,
     objective: str = "time",
     merge: bool = True,
+    budget: SearchBudget | None = None,
 ) -> tuple[Plan, tuple]:
     """The cheapest plan of single-dim steps, permutes and (with ``merge``) steps merged
     onto the mesh's aliases, to ``dst`` or another spec of its layout (``_goals.goal_class``),
     its steps' prices, and None, or where the budget cut the search, the price every plan
-    costs at least (the plan is then the best found, not proven the cheapest)."""
+    costs at least (the plan is then the best found, not proven the cheapest). ``budget``:
+    the search's effort (the planner's by default; the legs of a plan past it get
+    :func:`~._budgeted.leg_budget`, so the whole plan's time stays bounded)."""
+    budget = planner.budget if budget is None else budget
     start_state, goal_state = planner.state(src), planner.state(dst)
     if start_state == goal_state or (
         _may_share_layout(start_state[0], goal_state[0], 0 in src.shape) and same_layout(src, dst)
@@ -170,13 +182,17 @@ def _min_cost_plan(
         src.mesh, src.shape, src.dtype, model, shards, ptargets, bound, objective, merge
     )
     goals = goal_class(goal_state, src.shape, src.mesh.shape, shards)
-    moves, over = _moves_to(planner, problem, start_state, goals)
+    moves, over = _moves_to(planner, problem, start_state, goals, budget)
     lower = None
     if over is not None:
         lower = proven_lower(over)
         if moves is None:  # (the greedy search found none in its time either)
             legs = through_common_prefix(
-                lambda a, b: _planned(planner, a, b, model, merge, bound, objective)[0], src, dst
+                lambda a, b: _min_cost_plan(
+                    planner, a, b, model, bound, objective, merge, leg_budget(budget)
+                )[0],
+                src,
+                dst,
             )
             if legs is not None:
                 past_budget(planner, src, dst, over, _plan_cost(legs, model).total)
@@ -228,15 +244,17 @@ def _path_price(moves) -> float | None:
     return None if moves is None else sum(edge.price for _, edge, _ in moves)
 
 
-def _moves_to(planner: Planner, problem: Problem, start_state, goals: tuple):
+def _moves_to(
+    planner: Planner, problem: Problem, start_state, goals: tuple, budget: SearchBudget
+):
     """The cheapest path from ``start_state`` to the nearest of ``goals`` (states of one
     layout) as ``[(state, edge, next state)]`` (None: none within the memory
     bound): shared across the tensor sizes of a family (no context needed), else the
     context's table (once it has planned enough pairs) or a search; and None, or the
     :class:`OverBudget` of a search past the planner's budget (the path then the best
-    a greedy search found, not proven the cheapest)."""
+    a greedy search found, not proven the cheapest); every search within ``budget``."""
     key = goals[0] if len(goals) == 1 else ("layout", goals)  # the pair's key in a family
-    deadline = deadline_of(planner.budget, time.thread_time())  # (one for every search)
+    deadline = deadline_of(budget, time.thread_time())  # (one for every search)
     ctx = planner.context(problem)
     fam = ctx.family
     if fam is False:  # (not known yet: once per context)
@@ -248,7 +266,7 @@ def _moves_to(planner: Planner, problem: Problem, start_state, goals: tuple):
         moves = families.shared(fam, size, start_state, key)
         if moves is not None:
             return moves, None
-        if _extend(planner, fam, ctx, start_state, goals, key, deadline):
+        if _extend(planner, fam, ctx, start_state, goals, key, budget.states, deadline):
             moves = families.shared(fam, size, start_state, key)
             if moves is not None:
                 return moves, None
@@ -262,7 +280,7 @@ def _moves_to(planner: Planner, problem: Problem, start_state, goals: tuple):
         if tab is not None:
             found = walk(ctx, tab, start, goal)
         else:
-            found, over = bounded_search(planner.budget, ctx, start, goal, deadline)
+            found, over = bounded_search(budget, ctx, start, goal, deadline)
             if found is not None and fam is not None and over is None:
                 families.record(fam, ctx, start_state, key, found)
         if found is None:
@@ -278,7 +296,7 @@ def _interned(ctx, goals: tuple):
     return tuple(ctx.intern(g) for g in goals)
 
 
-def _extend(planner: Planner, fam, ctx, start_state, goals, key, deadline) -> bool:
+def _extend(planner: Planner, fam, ctx, start_state, goals, key, states, deadline) -> bool:
     """Plan the pair (``key``: its key in the family, ``goals``: its goal states) at the
     smallest or largest size of family ``fam`` (``ctx``: a context of it) too, when
     ``Families.extremes`` asks (each on its own context, under its own lock); whether it
@@ -292,7 +310,7 @@ def _extend(planner: Planner, fam, ctx, start_state, goals, key, deadline) -> bo
             other.trim()
             start, goal = other.intern(start_state), _interned(other, goals)
             try:
-                found = search(other, start, goal, budget=planner.budget.states, deadline=deadline)
+                found = search(other, start, goal, budget=states, deadline=deadline)
             except OverBudget:
                 continue  # (the pair is planned on its own context then)
             if found is not None:

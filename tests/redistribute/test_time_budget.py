@@ -23,11 +23,11 @@ SECONDS = 6.0
 
 
 def _timed_plan(a, b, planner):
-    start = time.process_time()
+    start = time.thread_time()
     with warnings.catch_warnings(record=True) as record:
         warnings.simplefilter("always")
         p = plan(a, b, planner=planner)
-    spent = time.process_time() - start
+    spent = time.thread_time() - start
     gaps = [w.message for w in record if issubclass(w.category, BudgetWarning)]
     return p, spent, gaps
 
