@@ -508,7 +508,7 @@ def _plan_graph(
             # (a caller's bound given) the minimum over every choice of recompute
             own = repeats is None and known_bound is None
             fit = (prices, peak_budget, program_of, solve_args, PeakRows(graph, options, obj.var))
-            fit += (own,)
+            fit += (own, sol.choice)
             program = fit_peak(program, obj, *fit)
     if not free or planning is not Planning.WHOLE or program.exact or bound_only:
         return program

@@ -8,7 +8,15 @@ import attrs
 from meshplan.errors import MemoryBudgetError
 
 from ..selection._price import redistribute_bound
-from ..solver import MemoryRow, Method, Solution, min_memory_choice
+from ..solver import (
+    Limit,
+    MemoryRow,
+    Method,
+    Solution,
+    has_lp,
+    min_memory_choice,
+    solve_lp_within,
+)
 from ._program_solve import _GAP, solve_lazily
 from ._program_value import Program
 
@@ -63,9 +71,7 @@ def _raise_infeasible(obj, budget: float, least: float, program_of) -> None:
             value=budget,
             least=least,
         )
-    lightest = tuple(int(w.argmin()) for w in obj.problem.weights())
-    sol = Solution(lightest, 0.0, 0.0, Method.OP_BY_OP)
-    peak = program_of(sol).memory.peak
+    peak = _lightest_plan(obj, program_of).memory.peak
     raise MemoryBudgetError(
         f"memory_budget={budget:.0f} bytes per rank is infeasible: the smallest feasible "
         f"budget for this program is at least {least:.0f} bytes (state, inputs and saved "
@@ -78,9 +84,16 @@ def _raise_infeasible(obj, budget: float, least: float, program_of) -> None:
     )
 
 
+def _lightest_plan(obj, program_of) -> Program:
+    """The plan with every layout at its lightest (under the separable estimate)."""
+    lightest = tuple(int(w.argmin()) for w in obj.problem.weights())
+    return program_of(Solution(lightest, 0.0, 0.0, Method.OP_BY_OP))
+
+
 def fit_peak(
-    program, obj, prices, budget: float, program_of, solve_args, rows=None, untied=False
-) -> Program:
+    program, obj, prices, budget: float, program_of, solve_args, rows=None, untied=False,
+    choice=None,
+) -> Program:  # fmt: skip
     """``program`` if its whole step's peak fits ``budget``; else the plan of a solve
     whose separable estimate leaves room for what the estimate leaves out (moved copies,
     transients), tightened until the peak fits, or a plan the rows' solves met that fits
@@ -93,14 +106,25 @@ def fit_peak(
     where the plans peak bound the constrained minimum more tightly (see
     :func:`_bound_by_rows`); the larger bound holds. Where one of their plans fits, the
     cheapest such is the plan (the solve of a model closer to the peak, in the budget
-    itself), and the estimate is not tightened."""
+    itself), and the estimate is not tightened. Where that leaves a gap, the transportation
+    LP within the rows of the ops where plans peak bounds it more tightly still, and its MIP
+    chooses (:func:`_by_limits`; ``choice``: ``program``'s, a start)."""
     bound = program.lower_bound
     least = obj.fixed_bytes + min_memory_choice(obj.problem.weights())
     met: list = []
     done = _fits(program, budget) and _proven(program, bound)
     by_rows = rows is not None and untied and not done
     if by_rows:
-        bound, met = _bound_by_rows(program, obj, prices, budget, program_of, solve_args, rows)
+        bound, met, chosen, seen = _bound_by_rows(
+            program, obj, prices, budget, program_of, solve_args, rows
+        )
+        if choice is not None and _fits(program, budget):
+            chosen.append(tuple(choice))
+        best_met = min(met, key=_cost) if met else None
+        if best_met is None or not _proven_within(best_met, bound):
+            lim_bound, lim_plans = _by_limits(obj, prices, budget, program_of, rows, chosen, seen)
+            bound = max(bound, lim_bound)
+            met += lim_plans
     if met:  # the cheapest of the rows' relaxations that fits: the estimate's fit, in a
         # tighter budget of a looser model, is not solved
         best = min(met, key=_cost)
@@ -131,8 +155,8 @@ ROW_SOLVES = 4
 
 
 def _bound_by_rows(program, obj, prices, budget, program_of, solve_args, rows):
-    """A bound of the step's constrained minimum and the plans met that fit: a surrogate
-    search over the rows of the ops where the plans peak.
+    """A bound of the step's constrained minimum, the plans met that fit and their choices,
+    and every plan met: a surrogate search over the rows of the ops where the plans peak.
 
     Each solve is within a weighted sum of those rows (weights summing to 1: a choice
     within every row is within the sum, so each solve's bound holds). Two rows: the
@@ -144,15 +168,21 @@ def _bound_by_rows(program, obj, prices, budget, program_of, solve_args, rows):
     met, weights = [rows.top(rows.live(program))], [1.0]
     span = [0.0, 1.0]  # two rows: where the first's weight is still searched
     fitting = [program] if _fits(program, budget) else []
+    chosen: list = []  # the choices of the solves' plans that fit
+    seen = [program]  # every plan met
     for _ in range(ROW_SOLVES):
         if fitting and _proven_within(min(fitting, key=_cost), bound):
             break
         within = _within(obj, rows, met, weights)
-        sol = solve_lazily(program.graph, within, prices, budget=budget, progress=None, **solve_args)
+        sol = solve_lazily(
+            program.graph, within, prices, budget=budget, progress=None, **solve_args
+        )
         bound = max(bound, sol.bound)
         plan = program_of(sol)
+        seen.append(plan)
         if _fits(plan, budget):
             fitting.append(plan)
+            chosen.append(tuple(sol.choice))
         live = rows.live(plan)
         top = rows.top(live)
         if top not in met:
@@ -170,7 +200,7 @@ def _bound_by_rows(program, obj, prices, budget, program_of, solve_args, rows):
         scale = max(abs(x) for x in over) or 1.0
         weights = [w * math.exp(x / scale) for w, x in zip(weights, over, strict=True)]
         weights = [w / sum(weights) for w in weights]
-    return bound, fitting
+    return bound, fitting, chosen, seen
 
 
 def _cost(program) -> float:
@@ -197,6 +227,65 @@ def _within(obj, rows, met, weights):
     return attrs.evolve(obj, problem=attrs.evolve(obj.problem, memory=tuple(kept)))
 
 
+#: the ops whose rows the LP of :func:`_by_limits` keeps to (the fullest under the plans met)
+LIMIT_OPS = 32
+#: the MIP's seconds over the LP's columns in each round of :func:`_by_limits`
+LIMIT_MIP_SECONDS = 20.0
+#: the rounds of :func:`_by_limits` (each tightens the rows' budget by what the last
+#: plan's walked peak exceeded its fullest row by)
+LIMIT_ROUNDS = 3
+
+
+def _by_limits(obj, prices, budget, program_of, rows, starts, plans):
+    """A bound of the step's constrained minimum and the plans found that fit: the
+    transportation LP of ``obj`` at the prices known (each at most its exact price)
+    within the rows of the :data:`LIMIT_OPS` ops fullest under ``plans`` (each row a
+    :class:`~.solver.Limit`: every choice whose step fits ``budget`` fits each row, so the
+    LP's bound holds), and a MIP over its columns for the choice (from ``starts``: the
+    choices of plans that fit). What a plan's walked peak exceeds its fullest row by
+    (moved copies held between two readers, a gather's buffers) the next round takes off
+    the rows' budget, so the next choice leaves that room; the first round's bound stays.
+    ``((-inf, [])`` without highspy or a fitting start.)"""
+    import math
+
+    import numpy as np
+
+    if not has_lp() or not starts or not plans:
+        return -math.inf, []
+    calls = {obj.var[n] for n in obj.calls}
+    state = [r for r in obj.problem.memory if r.variable not in calls]
+    lives = [rows.live(p) for p in plans]
+    fullest = np.max(np.stack(lives), axis=0)
+    ops = [int(t) for t in np.argsort(-fullest, kind="stable")[:LIMIT_OPS]]
+    by_op = {t: [MemoryRow(v, row) for v, row in sorted(rows.by_variable(t).items())] for t in ops}
+    room = budget - obj.fixed_bytes
+    bound, found, margin = -math.inf, [], 0.0
+    starts = list(dict.fromkeys(starts))
+    for k in range(LIMIT_ROUNDS):
+        limits = [Limit((*state, *by_op[t]), room - margin) for t in ops]
+        problem = attrs.evolve(obj.at(prices), budget=room, limits=limits)
+        # (each round's LP afresh: started from the last round's columns and basis, the
+        # MIP found no plan that fit where a fresh one did, Llama 1 layer on (2, 4))
+        sol = solve_lp_within(problem, starts, time_limit=LIMIT_MIP_SECONDS)
+        if sol is None:
+            break
+        if k == 0:
+            bound = sol.bound
+        prices.learn_used(obj.at(prices), sol.choice)
+        cost = obj.at(prices).evaluate(sol.choice)
+        plan = program_of(Solution(sol.choice, cost, bound, Method.TRANSPORT_LP))
+        live = rows.live(plan)
+        over = plan.memory.peak - budget
+        if over <= budget * 1e-9:
+            found.append(plan)
+            starts.append(tuple(sol.choice))
+            break
+        # the room the rows leave out at this plan, off the next round's budget
+        fixed = plan.memory.total + plan.memory.inputs
+        margin = max(margin, plan.memory.peak - (fixed + float(live.max())))
+    return bound, found
+
+
 #: the solves a fit runs at most to tighten the estimate's budget until the peak fits
 FIT_ROUNDS = 8
 #: the solves halving the estimate's budget between the tightest known not to fit and
@@ -215,10 +304,15 @@ def _fit_estimate(program, obj, prices, budget, program_of, solve_args, least) -
         over = inner
         inner -= program.memory.peak - budget
         if inner < least:
-            _raise_infeasible(obj, budget, least, program_of)
+            break
         program = _solved(program, obj, prices, inner, program_of, solve_args)
     if not _fits(program, budget):
-        _raise_infeasible(obj, budget, least, program_of)
+        # the tightening ran out (of rounds, or below the estimate's least): the plan with
+        # every layout at its lightest, where it fits, else no plan does that we know of
+        program = _lightest_plan(obj, program_of)
+        if not _fits(program, budget):
+            _raise_infeasible(obj, budget, least, program_of)
+        return program
     best = program
     for _ in range(FIT_HALVINGS if over is not None else 0):
         mid = (inner + over) / 2

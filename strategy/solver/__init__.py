@@ -2,7 +2,8 @@
 
 Decides one option per variable of a typed, frozen :class:`Problem` (variables and
 their domains, unary costs, pair tables with each edge once, shared moves: a value
-moved once to every layout its readers want, memory rows under a budget) so that
+moved once to every layout its readers want, memory rows under a budget, more rows
+under limits of their own) so that
 :meth:`Problem.evaluate` is least, and proves how close it got: :func:`solve` returns a
 :class:`Solution` (the choice, its cost, a true lower bound, the :class:`Method` that
 bounded it and the :class:`Effort` spent). The methods, each a function of a problem:
@@ -32,7 +33,7 @@ from ._eliminate import elimination_order, solve_pairwise, total, work
 from ._local_search import Searcher, local_search
 from ._messages import Relaxation, lp_bound
 from ._periodic import run_bound
-from ._problem import MemoryRow, Problem, Reader, SharedValue
+from ._problem import Limit, MemoryRow, Problem, Reader, SharedValue
 from ._shared import Split, reader_weights, solve_exact, solve_shared, split
 from ._solution import Effort, Method, Options, Solution, Warm, proven
 from ._solve import solve
@@ -43,6 +44,7 @@ __all__ = [
     "Effort",
     "InfeasibleBudget",
     "LPRelaxation",
+    "Limit",
     "MemoryRow",
     "Method",
     "Options",

@@ -11,7 +11,11 @@ layout) to minimize the sum of its terms:
   in, ``outs[v][k][j]`` the layout it writes output ``j`` in, and ``price(a, b)`` the
   price of moving layout ``a`` to layout ``b`` (0 when equal);
 * ``memory``: rows of bytes per option (:class:`MemoryRow`) whose sum over the chosen
-  options must stay within ``budget`` (None: no budget).
+  options must stay within ``budget`` (None: no budget);
+* ``limits``: more such constraints (:class:`Limit`), each its rows within its own
+  budget (a step's live bytes op by op). The transportation LP and its MIP keep to every
+  one; the other methods relax them (their bounds hold), and :meth:`Problem.fits` checks
+  them.
 
 :meth:`Problem.evaluate` is the objective every method minimizes.
 """
@@ -23,7 +27,7 @@ from typing import Any
 
 import attrs
 
-__all__ = ["MemoryRow", "Problem", "Reader", "SharedValue"]
+__all__ = ["Limit", "MemoryRow", "Problem", "Reader", "SharedValue"]
 
 
 @attrs.frozen
@@ -68,6 +72,36 @@ class MemoryRow:
 
     variable: int
     bytes: tuple[float, ...] = attrs.field(converter=lambda b: tuple(float(x) for x in b))
+
+
+@attrs.frozen
+class Limit:
+    """Rows of bytes per option whose sum over the chosen options must stay within
+    ``budget``: one constraint beside a problem's own budget (see :class:`Problem`).
+
+    >>> Limit([MemoryRow(0, [4.0, 2.0]), MemoryRow(1, [1.0, 3.0])], 5.0).used((1, 1))
+    5.0
+    """
+
+    memory: tuple[MemoryRow, ...] = attrs.field(converter=tuple)
+    budget: float = attrs.field(converter=float)
+
+    def used(self, choice: Sequence[int]) -> float:
+        """The bytes ``choice`` holds in these rows."""
+        return float(sum(row.bytes[choice[row.variable]] for row in self.memory))
+
+    def fits(self, choice: Sequence[int]) -> bool:
+        return self.used(choice) <= self.budget * (1 + 1e-12)
+
+
+def summed_bytes(memory: Sequence[MemoryRow], sizes: Sequence[int]) -> list:
+    """Each variable's bytes per option in ``memory``'s rows, summed (zeros without any)."""
+    import numpy as np
+
+    w = [np.zeros(k) for k in sizes]
+    for row in memory:
+        w[row.variable] = w[row.variable] + np.asarray(row.bytes)
+    return w
 
 
 def _arrays(rows: Sequence[Any]) -> tuple:
@@ -120,6 +154,7 @@ class Problem:
     price: Callable[[int, int], float] = _no_price
     memory: tuple[MemoryRow, ...] = attrs.field(default=(), converter=tuple)
     budget: float | None = None
+    limits: tuple[Limit, ...] = attrs.field(default=(), converter=tuple)
 
     def __attrs_post_init__(self) -> None:
         n = len(self.unary)
@@ -134,7 +169,7 @@ class Problem:
                 f"a problem with shared values needs ins and outs per variable ({n}), got "
                 f"{len(self.ins)} and {len(self.outs)}"
             )
-        for row in self.memory:
+        for row in (*self.memory, *(r for lim in self.limits for r in lim.memory)):
             if not 0 <= row.variable < n or len(row.bytes) != len(self.unary[row.variable]):
                 raise ValueError(f"memory row {row!r} does not fit variables of sizes {self.sizes}")
 
@@ -165,24 +200,23 @@ class Problem:
 
     def weights(self) -> list:
         """Each variable's bytes per option: its memory rows summed (zeros without any)."""
-        import numpy as np
-
-        w = [np.zeros(len(u)) for u in self.unary]
-        for row in self.memory:
-            w[row.variable] = w[row.variable] + np.asarray(row.bytes)
-        return w
+        return summed_bytes(self.memory, self.sizes)
 
     def memory_of(self, choice: Sequence[int]) -> float:
         """The bytes ``choice`` holds (its memory rows summed)."""
         return float(sum(row.bytes[choice[row.variable]] for row in self.memory))
 
     def fits(self, choice: Sequence[int]) -> bool:
-        """Whether ``choice`` stays within the budget (always, without one)."""
-        return self.budget is None or self.memory_of(choice) <= self.budget * (1 + 1e-12)
+        """Whether ``choice`` stays within the budget (always, without one) and every
+        limit."""
+        if self.budget is not None and self.memory_of(choice) > self.budget * (1 + 1e-12):
+            return False
+        return all(lim.fits(choice) for lim in self.limits)
 
     def with_unary(self, unary: Sequence[Any]) -> Problem:
         """The same problem with other unary rows (a multiplier's, a branch's exclusions)."""
         return attrs.evolve(self, unary=unary)
 
     def without_budget(self) -> Problem:
-        return attrs.evolve(self, budget=None)
+        """The same problem without its budget and its limits."""
+        return attrs.evolve(self, budget=None, limits=())

@@ -38,7 +38,7 @@ import attrs
 
 from ._budget import lightest_choice
 from ._local_search import Searcher
-from ._problem import Problem
+from ._problem import Problem, summed_bytes
 from ._solution import Effort, Method, Solution
 
 __all__ = ["LPRelaxation", "has_lp", "solve_lp", "transport_lp"]
@@ -240,27 +240,33 @@ class _Model:
         )
 
     def memory_row(self, problem: Problem) -> None:
-        """Under a budget, the memory row ``sum mem[x] * x <= room``: each option's bytes
-        over its variable's lightest, divided by the largest of those (the row's right side
-        ``room``: the budget's room over the lightest choice, in those units);
-        ``out`` marks the options heavier than that room (no choice in budget takes
-        them: they are held at 0, which leaves the budgeted minimum alone)."""
+        """Under a budget (and per limit, see :class:`~._problem.Limit`) a memory row
+        ``sum mem[k, x] * x <= room[k]``: each option's bytes over its variable's lightest,
+        divided by the largest of those (the row's right side ``room[k]``: its budget's room
+        over the lightest choice, in those units; ``norm[k]``: the unit); ``out`` marks the
+        options heavier than some row's room (no choice in budget takes them: they are held
+        at 0, which leaves the budgeted minimum alone). ``mem`` is None without any row."""
         import numpy as np
 
         self.mem = None
         self.out = np.zeros(self.nx, dtype=bool)
-        self.room, self.norm = 0.0, 1.0
-        if problem.budget is None or not problem.memory:
+        self.room, self.norm = np.zeros(0), np.ones(0)
+        sides = [(problem.weights(), problem.budget)] if _budgeted(problem) else []
+        sides += [(summed_bytes(lim.memory, problem.sizes), lim.budget) for lim in problem.limits]
+        if not sides:
             return
-        w = problem.weights()
-        light = [float(x.min()) if len(x) else 0.0 for x in w]
-        over = np.concatenate([x - m for x, m in zip(w, light, strict=True)]) if w else []
-        room = float(problem.budget) - sum(light)
-        norm = float(np.max(over, initial=0.0))
-        norm = norm if norm > 0 else 1.0
-        self.mem = np.asarray(over, dtype=float) / norm
-        self.room, self.norm = room / norm, norm
-        self.out = self.mem > self.room * (1 + 1e-12) + 1e-12
+        mem, room, norm = [], [], []
+        for w, budget in sides:
+            light = [float(x.min()) if len(x) else 0.0 for x in w]
+            over = np.concatenate([x - m for x, m in zip(w, light, strict=True)]) if w else []
+            unit = float(np.max(over, initial=0.0))
+            unit = unit if unit > 0 else 1.0
+            mem.append(np.asarray(over, dtype=float) / unit)
+            room.append((float(budget) - sum(light)) / unit)
+            norm.append(unit)
+        self.mem = np.array(mem).reshape(len(sides), self.nx)
+        self.room, self.norm = np.array(room), np.array(norm)
+        self.out = (self.mem > self.room[:, None] * (1 + 1e-12) + 1e-12).any(axis=0)
 
     def rescale(self, scale: float) -> None:
         """Costs divided by ``scale`` (the simplex works best near 1)."""
@@ -303,9 +309,9 @@ class _Model:
             es.append(base + a * nb + b)
         return np.unique(self.unit[np.array(es, dtype=np.int64)]) if es else np.zeros(0, int)
 
-    def terms(self, dual, lam: float = 0.0):
+    def terms(self, dual, lam=0.0):
         """Per unit its Lagrangian term at the row duals ``dual`` (each ``<= 0``), and the
-        ``x``'s reduced costs (``lam >= 0``: the memory row's multiplier, see
+        ``x``'s reduced costs (``lam >= 0``: the memory rows' multipliers, see
         :meth:`memory_row`)."""
         import numpy as np
 
@@ -313,20 +319,25 @@ class _Model:
         gain = np.where(self.ushared[self.unit], np.maximum(g, 0.0), g)
         paid = np.bincount(self.unit, weights=gain, minlength=len(self.ucost))
         xrc = self.xcost - np.bincount(self.xc, weights=self.xv * dual[self.xr], minlength=self.nx)
-        if self.mem is not None and lam > 0:
-            xrc = xrc + lam * self.mem
+        if self.mem is not None and np.any(lam):
+            xrc = xrc + np.asarray(lam, dtype=float) @ self.mem
         return np.minimum(self.ucost - paid, 0.0), xrc
 
-    def bound(self, dual, lam: float = 0.0) -> float:
-        """The Lagrangian dual at ``dual`` and the memory row's multiplier ``lam >= 0``
+    def bound(self, dual, lam=0.0) -> float:
+        """The Lagrangian dual at ``dual`` and the memory rows' multipliers ``lam >= 0``
         (see the module docstring), in the problem's units: a true lower bound of the
         problem's minimum (within its budget) for any ``dual`` and ``lam``."""
         import numpy as np
 
         units, xrc = self.terms(dual, lam)
         xs = np.minimum(xrc, 0.0)[~self.out].sum()  # options out of budget held at 0
-        taken = lam * self.room if self.mem is not None else 0.0
+        taken = float(np.asarray(lam, dtype=float) @ self.room) if self.mem is not None else 0.0
         return float((self.rhs @ dual - taken + xs + units.sum()) * self.scale)
+
+
+def _budgeted(problem: Problem) -> bool:
+    """Whether ``problem``'s own budget gives the LP a memory row (its first)."""
+    return problem.budget is not None and bool(problem.memory)
 
 
 @functools.cache
@@ -362,19 +373,21 @@ class _Restricted:
         h = highspy.Highs()
         h.setOptionValue("output_flag", False)
         lp = highspy.HighsLp()
-        # under a budget, its memory row follows the model's own rows
-        budgeted = model.mem is not None
-        xr, xc, xv = model.xr, model.xc, model.xv
-        if budgeted:
-            at = np.flatnonzero(model.mem)
-            xr = np.concatenate([xr, np.full(len(at), model.rows)])
-            xc, xv = np.concatenate([xc, at]), np.concatenate([xv, model.mem[at]])
+        # under a budget, its memory rows follow the model's own rows
+        budgeted = 0 if model.mem is None else len(model.mem)
+        xr, xc, xv = [model.xr], [model.xc], [model.xv]
+        for k in range(budgeted):
+            at = np.flatnonzero(model.mem[k])
+            xr.append(np.full(len(at), model.rows + k))
+            xc.append(at)
+            xv.append(model.mem[k][at])
+        xr, xc, xv = (np.concatenate(z) for z in (xr, xc, xv))
         lp.num_col_, lp.num_row_ = model.nx, model.rows + budgeted
         lp.col_cost_ = model.xcost
         lp.col_lower_ = np.zeros(model.nx)
         lp.col_upper_ = np.where(model.out, 0.0, self.inf)
         lp.row_lower_ = np.concatenate([model.rhs, [-self.inf] * budgeted])
-        lp.row_upper_ = np.concatenate([model.rhs, [max(model.room, 0.0)] * budgeted])
+        lp.row_upper_ = np.concatenate([model.rhs, np.maximum(model.room, 0.0)])
         order = np.argsort(xc, kind="stable")
         lp.a_matrix_.format_ = highspy.MatrixFormat.kColwise
         lp.a_matrix_.start_ = np.searchsorted(xc[order], np.arange(model.nx + 1)).astype(np.int32)
@@ -403,7 +416,8 @@ class _Restricted:
             xs = np.arange(model.nx, dtype=np.int32)
             upper = np.where(model.out, 0.0, self.inf)
             self.h.changeColsBounds(model.nx, xs, np.zeros(model.nx), upper)
-            self.h.changeRowBounds(model.rows, -self.inf, max(model.room, 0.0))
+            for k, room in enumerate(model.room):
+                self.h.changeRowBounds(model.rows + k, -self.inf, max(float(room), 0.0))
 
     def add(self, units) -> None:
         """Add ``units`` (those not added yet): their entries' columns, each shared
@@ -477,7 +491,7 @@ class _Restricted:
 
     def run(self, seconds: float = math.inf):
         """Solve within ``seconds`` (wall); the duals of the model's own rows and the memory
-        row's multiplier (>= 0; 0 without a budget), or None unless optimal."""
+        rows' multipliers (each >= 0; none without a budget), or None unless optimal."""
         import highspy
         import numpy as np
 
@@ -489,7 +503,7 @@ class _Restricted:
         if self.h.getModelStatus() != highspy.HighsModelStatus.kOptimal:
             return None
         dual = np.asarray(self.h.getSolution().row_dual)
-        lam = max(0.0, -float(dual[self.m.rows])) if self.m.mem is not None else 0.0
+        lam = np.maximum(0.0, -dual[self.m.rows : self.m.rows + len(self.m.room)])
         return dual[: self.m.rows], lam
 
 
@@ -530,7 +544,7 @@ def transport_lp(
     if model.mem is not None:  # a choice within the budget: the restricted LP is feasible
         first.append(lightest_choice(problem))
     lp.add(np.unique(np.concatenate([model.units_of(c) for c in first])))
-    best, rounds, dual, lam, col = -np.inf, 0, None, 0.0, None
+    best, rounds, dual, lam, col = -np.inf, 0, None, np.zeros(0), None
     deadline = time.process_time() + seconds
     while rounds < max_rounds:
         left = deadline - time.process_time()
@@ -559,8 +573,8 @@ def transport_lp(
     iterations = int(lp.h.getInfo().simplex_iteration_count)
     links_lam = [-dual[r] * model.scale for r in model.link_rows]
     per_byte = 0.0
-    if model.mem is not None:  # the memory row's multiplier in cost per byte
-        per_byte = lam * model.scale / model.norm
+    if _budgeted(problem):  # the budget's memory row's multiplier in cost per byte
+        per_byte = float(lam[0]) * model.scale / float(model.norm[0])
     return LPRelaxation(float(best), x, iterations, rounds, links_lam, per_byte, lp)
 
 

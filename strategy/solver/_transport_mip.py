@@ -81,13 +81,14 @@ def solve_lp_within(
     memory row (its bound: the Lagrangian dual at the simplex's duals and the row's
     multiplier, true for any of them) and a MIP over the LP's columns (:func:`mip_choice`)
     for the choice (within ``time_limit`` seconds, default :data:`MIP_SECONDS`), from the
-    lightest choice and the ``starts`` that fit; None without highspy or when the LP does
-    not solve. The budget must leave room for the lightest choice (see
-    :func:`._budget.solve_within`)."""
+    lightest choice and the ``starts`` that fit (the budget and every limit); None without
+    highspy, when the LP does not solve, or when none of those fits."""
     if not has_lp():
         return None
-    fit = [list(s) for s in starts if problem.fits(s)]
-    fit.append(lightest_choice(problem))
+    light = lightest_choice(problem)
+    fit = [list(s) for s in (*starts, light) if problem.fits(s)]
+    if not fit:  # (limits the lightest choice exceeds, and no start within them)
+        return None
     best = min(((problem.evaluate(s), s) for s in fit), key=lambda t: t[0])
     relaxed = transport_lp(problem, [*fit, *starts], target=best[0], warm=warm)
     if relaxed is None:

@@ -95,3 +95,36 @@ def test_a_budgeted_plan_fits_and_the_rows_bound_it_at_least_as_tightly(monkeypa
     assert plan.memory.peak <= budget * (1 + 1e-9)
     assert plan.cost.total <= alone.cost.total * (1 + 1e-12)  # the same fit, or a cheaper plan
     assert alone.lower_bound < plan.lower_bound <= plan.cost.total * (1 + 1e-12)
+
+
+@pytest.mark.slow
+def test_the_lp_within_the_rows_keeps_the_plan_and_bound_or_betters_them(monkeypatch):
+    """The same budgeted MLP with and without the transportation LP within the rows of
+    the ops where plans peak (and its MIP's choice): no costlier plan, no looser bound, and
+    the LP's plans fit."""
+    pytest.importorskip("highspy")
+    from meshplan.strategy.programs import _program_fit
+
+    free = range(1, MLP_LAYERS + 1)
+    ran = []
+    real = _program_fit._by_limits
+
+    def spy(*args):
+        ran.append(real(*args))
+        return ran[-1]
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        roomy = plan_program(_mlp, *_mlp_specs(), requires_grad=MLP_GRAD, choose=free)
+        budget = roomy.memory.peak * 0.7
+        kw = dict(requires_grad=MLP_GRAD, choose=free, memory_budget=budget)
+        monkeypatch.setattr(_program_fit, "_by_limits", spy)
+        plan = plan_program(_mlp, *_mlp_specs(), **kw)
+        monkeypatch.setattr(_program_fit, "_by_limits", lambda *a: (-float("inf"), []))
+        alone = plan_program(_mlp, *_mlp_specs(), **kw)
+    assert ran, "the LP within the rows did not run"
+    for _, plans in ran:
+        assert all(p.memory.peak <= budget * (1 + 1e-9) for p in plans)
+    assert plan.memory.peak <= budget * (1 + 1e-9)
+    assert plan.cost.total <= alone.cost.total * (1 + 1e-12)
+    assert alone.lower_bound <= plan.lower_bound * (1 + 1e-12) <= plan.cost.total * (1 + 1e-9)
