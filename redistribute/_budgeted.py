@@ -65,10 +65,13 @@ def through_common_prefix(plan_leg: LegPlanner, src: Spec, dst: Spec) -> Plan | 
         return None
     with warnings.catch_warnings():  # (the whole plan's warning says what the legs cost)
         warnings.simplefilter("ignore", BudgetWarning)
-        first = plan_leg(src, mid)
-        # (a plan may stop at a spec of its target's layout that says it another way)
-        end = first.steps[-1].dst if first.steps else src
-        second = plan_leg(end, dst)
+        try:
+            first = plan_leg(src, mid)
+            # (a plan may stop at a spec of its target's layout that says it another way)
+            end = first.steps[-1].dst if first.steps else src
+            second = plan_leg(end, dst)
+        except PlanError:  # a leg found no plan in its time: the caller's error names the pair
+            return None
     return Plan(src, dst, first.steps + second.steps)
 
 
@@ -79,6 +82,15 @@ def past_budget(planner: Planner, src: Spec, dst: Spec, over: OverBudget, total)
     said = budget.describe(over.timed)  # the limit reached, as Planner's keyword
     limit = budget.seconds if over.timed else budget.states
     knob = said.partition("=")[0]
+    if total is None and planner.on_budget != "raise":
+        spent = f"in {said} s" if over.timed else f"within {said} moves"
+        raise PlanError(
+            f"planning {src} -> {dst} found no plan {spent} (neither the search, nor a greedy "
+            f"search in {GREEDY_TIME:g}x that, nor the plan through the shard orders' common "
+            f"prefixes; every plan costs at least {over.lower:.4g} s); raise the budget "
+            f"(Planner({knob}=...), None for no bound)",
+            value=limit,
+        )
     if planner.on_budget == "raise" or total is None:
         spent = f"ran past {said} s" if over.timed else f"generated more than {said} moves"
         raise PlanError(

@@ -186,7 +186,9 @@ def _min_cost_plan(
     lower = None
     if over is not None:
         lower = proven_lower(over)
-        if moves is None:  # (the greedy search found none in its time either)
+        if moves is None and planner.on_budget != "raise":
+            # (the greedy search found none in its time either; raising, the plan below
+            # would be made only to be dropped, and its legs' budget named in the error)
             legs = through_common_prefix(
                 lambda a, b: _min_cost_plan(
                     planner, a, b, model, bound, objective, merge, leg_budget(budget)

@@ -242,22 +242,29 @@ def _by_limits(obj, prices, budget, program_of, rows, starts, plans):
     within the rows of the :data:`LIMIT_OPS` ops fullest under ``plans`` (each row a
     :class:`~.solver.Limit`: every choice whose step fits ``budget`` fits each row, so the
     LP's bound holds), and a MIP over its columns for the choice (from ``starts``: the
-    choices of plans that fit). What a plan's walked peak exceeds its fullest row by
-    (moved copies held between two readers, a gather's buffers) the next round takes off
-    the rows' budget, so the next choice leaves that room; the first round's bound stays.
-    ``((-inf, [])`` without highspy or a fitting start.)"""
+    choices of plans that fit, and the lightest choice where it fits the rows). A plan
+    over the budget adds the row of the op where its rows peak, where not kept yet, and
+    what its walked peak exceeds its fullest row by (moved copies held between two
+    readers, a gather's buffers) the next round takes off the rows' budget, so the next
+    choice leaves that room; the first round's bound stays.
+    (``(-inf, [])`` without highspy; a round without a choice known to fit the rows ends
+    the search.)"""
     import math
 
     import numpy as np
 
-    if not has_lp() or not starts or not plans:
+    if not has_lp() or not plans:
         return -math.inf, []
     calls = {obj.var[n] for n in obj.calls}
     state = [r for r in obj.problem.memory if r.variable not in calls]
     lives = [rows.live(p) for p in plans]
     fullest = np.max(np.stack(lives), axis=0)
     ops = [int(t) for t in np.argsort(-fullest, kind="stable")[:LIMIT_OPS]]
-    by_op = {t: [MemoryRow(v, row) for v, row in sorted(rows.by_variable(t).items())] for t in ops}
+
+    def row(t: int) -> list:
+        return [MemoryRow(v, r) for v, r in sorted(rows.by_variable(t).items())]
+
+    by_op = {t: row(t) for t in ops}
     room = budget - obj.fixed_bytes
     bound, found, margin = -math.inf, [], 0.0
     starts = list(dict.fromkeys(starts))
@@ -274,15 +281,18 @@ def _by_limits(obj, prices, budget, program_of, rows, starts, plans):
         prices.learn_used(obj.at(prices), sol.choice)
         cost = obj.at(prices).evaluate(sol.choice)
         plan = program_of(Solution(sol.choice, cost, bound, Method.TRANSPORT_LP))
-        live = rows.live(plan)
-        over = plan.memory.peak - budget
-        if over <= budget * 1e-9:
+        if _fits(plan, budget):
             found.append(plan)
             starts.append(tuple(sol.choice))
             break
+        live = rows.live(plan)
+        top = rows.top(live)
+        if top not in by_op:
+            ops.append(top)
+            by_op[top] = row(top)
         # the room the rows leave out at this plan, off the next round's budget
         fixed = plan.memory.total + plan.memory.inputs
-        margin = max(margin, plan.memory.peak - (fixed + float(live.max())))
+        margin = max(margin, plan.memory.peak - (fixed + float(live[top])))
     return bound, found
 
 

@@ -116,3 +116,26 @@ def test_the_plan_through_the_common_prefix_delivers(src, dst, shape):
     if p is not None:
         assert p.src == a and p.dst == b
         assert delivers(p, values(shape))
+
+
+def test_raising_past_the_budget_names_the_pair_asked_for_and_its_limit():
+    # the greedy search finds no plan in its time either: raising, the planner raises for
+    # the pair asked for (it made the plan through the common prefixes only to drop it,
+    # and a leg cut in turn raised naming the leg)
+    p_ = Partial()
+    src = [p_, p_, Shard(0), Shard(0), Replicate(), p_, Shard(1), p_]
+    dst = [Shard(1), Shard(0), Shard(0), Shard(0), Replicate(), Shard(0), Shard(1), Shard(0)]
+    a = Spec(EIGHT, src, (2**11, 2**11))
+    b = Spec(EIGHT, dst, (2**11, 2**11))
+    with pytest.raises(PlanError, match=r"max_seconds=0\.02") as info:
+        plan(a, b, planner=Planner(max_seconds=0.02, on_budget="raise"))
+    assert str(a) in str(info.value) and str(b) in str(info.value)
+    # taking the best plan found, where none was found at all in the time: the error names
+    # the pair asked for, says so, and does not advise on_budget='best' (taken already)
+    with pytest.raises(PlanError, match=r"found no plan in max_seconds=0\.001 s") as info:
+        plan(a, b, planner=Planner(max_seconds=0.001))
+    assert str(a) in str(info.value) and "on_budget" not in str(info.value)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        p = plan(a, b, planner=Planner())  # the best found, past the default budget
+    assert p.src == a and p.dst == b
