@@ -229,8 +229,10 @@ def _within(obj, rows, met, weights):
 
 #: the ops whose rows the LP of :func:`_by_limits` keeps to (the fullest under the plans met)
 LIMIT_OPS = 32
-#: the MIP's seconds over the LP's columns in each round of :func:`_by_limits`
+#: the MIP's seconds over the LP's columns in each round of :func:`_by_limits`, and the
+#: gap to the best among them it stops at (a choice, not the bound: the LP's bound stays)
 LIMIT_MIP_SECONDS = 20.0
+LIMIT_MIP_GAP = 0.005
 #: the rounds of :func:`_by_limits` (each tightens the rows' budget by what the last
 #: plan's walked peak exceeded its fullest row by)
 LIMIT_ROUNDS = 3
@@ -273,11 +275,16 @@ def _by_limits(obj, prices, budget, program_of, rows, starts, plans):
         problem = attrs.evolve(obj.at(prices), budget=room, limits=limits)
         # (each round's LP afresh: started from the last round's columns and basis, the
         # MIP found no plan that fit where a fresh one did, Llama 1 layer on (2, 4))
-        sol = solve_lp_within(problem, starts, time_limit=LIMIT_MIP_SECONDS)
+        sol = solve_lp_within(
+            problem, starts, time_limit=LIMIT_MIP_SECONDS, rel_gap=LIMIT_MIP_GAP
+        )
         if sol is None:
             break
         if k == 0:
             bound = sol.bound
+        known = [problem.evaluate(c) for c in starts]
+        if known and sol.cost >= min(known) * (1 - 1e-9):
+            break  # no cheaper than a plan known to fit: a tighter room only costs more
         prices.learn_used(obj.at(prices), sol.choice)
         cost = obj.at(prices).evaluate(sol.choice)
         plan = program_of(Solution(sol.choice, cost, bound, Method.TRANSPORT_LP))

@@ -21,13 +21,15 @@ def mip_choice(
     starts: Sequence[Sequence[int]] = (),
     time_limit: float = 10.0,
     among: Sequence[Sequence[int]] = (),
+    rel_gap: float = 1e-4,
 ) -> list[int] | None:
     """The best choice among the columns of ``relaxed``'s restricted LP, by HiGHS's MIP
     (each ``x`` integral, the plans and moves continuous: at an integral ``x`` each plan
     is the one move its reader makes, so a solution's objective is its choice's cost),
     started from ``starts`` (choices whose columns the LP holds), within ``time_limit``
-    seconds; ``among``: choices whose options alone each variable may take (none: any);
-    None when it finds no solution (or highspy is missing)."""
+    seconds or until proven within ``rel_gap`` of the best among them; ``among``: choices
+    whose options alone each variable may take (none: any); None when it finds no
+    solution (or highspy is missing)."""
     if relaxed.restricted is None:
         return None
     import highspy
@@ -39,7 +41,7 @@ def mip_choice(
     h = highspy.Highs()
     h.setOptionValue("output_flag", False)
     h.setOptionValue("time_limit", float(time_limit))
-    h.setOptionValue("mip_rel_gap", 1e-4)
+    h.setOptionValue("mip_rel_gap", float(rel_gap))
     kinds = [highspy.HighsVarType.kContinuous] * lp.num_col_
     kinds[: model.nx] = [highspy.HighsVarType.kInteger] * model.nx
     lp.integrality_ = kinds
@@ -76,11 +78,13 @@ def solve_lp_within(
     warm=None,
     *,
     time_limit: float | None = None,
+    rel_gap: float = 1e-4,
 ) -> Solution | None:
     """The least-cost choice of ``problem`` within its memory budget, by the LP with the
     memory row (its bound: the Lagrangian dual at the simplex's duals and the row's
     multiplier, true for any of them) and a MIP over the LP's columns (:func:`mip_choice`)
-    for the choice (within ``time_limit`` seconds, default :data:`MIP_SECONDS`), from the
+    for the choice (within ``time_limit`` seconds, default :data:`MIP_SECONDS`, or
+    ``rel_gap`` of the best among the LP's columns), from the
     lightest choice and the ``starts`` that fit (the budget and every limit); None without
     highspy, when the LP does not solve, or when none of those fits."""
     if not has_lp():
@@ -94,7 +98,8 @@ def solve_lp_within(
     if relaxed is None:
         return None
     found = [[int(row.argmax()) for row in relaxed.x]]
-    mip = mip_choice(relaxed, [best[1]], MIP_SECONDS if time_limit is None else time_limit)
+    seconds = MIP_SECONDS if time_limit is None else time_limit
+    mip = mip_choice(relaxed, [best[1]], seconds, rel_gap=rel_gap)
     if mip is not None:
         found.append(mip)
     for c in found:

@@ -78,31 +78,10 @@ def test_rows_count_what_the_estimate_leaves_out():
     assert kinds == {(False, 1), (True, 1), (False, -1)}
 
 
-@pytest.mark.slow
-def test_a_budgeted_plan_fits_and_the_rows_bound_it_at_least_as_tightly(monkeypatch):
-    """Three residual-free tanh layers with every weight chosen, at 70% of the free plan's
-    peak: the rows' bound is the tighter one (the estimate's misses the backward's own
-    values), and both are under the plan's cost."""
-    free = range(1, MLP_LAYERS + 1)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        roomy = plan_program(_mlp, *_mlp_specs(), requires_grad=MLP_GRAD, choose=free)
-        budget = roomy.memory.peak * 0.7
-        kw = dict(requires_grad=MLP_GRAD, choose=free, memory_budget=budget)
-        plan = plan_program(_mlp, *_mlp_specs(), **kw)
-        monkeypatch.setattr(program_module, "PeakRows", lambda *a: None)
-        alone = plan_program(_mlp, *_mlp_specs(), **kw)
-    assert plan.memory.peak <= budget * (1 + 1e-9)
-    assert plan.cost.total <= alone.cost.total * (1 + 1e-12)  # the same fit, or a cheaper plan
-    assert alone.lower_bound < plan.lower_bound <= plan.cost.total * (1 + 1e-12)
-
-
-@pytest.mark.slow
-def test_the_lp_within_the_rows_keeps_the_plan_and_bound_or_betters_them(monkeypatch):
-    """The same budgeted MLP with and without the transportation LP within the rows of
-    the ops where plans peak (and its MIP's choice): no costlier plan, no looser bound, and
-    the LP's plans fit."""
-    pytest.importorskip("highspy")
+@functools.cache
+def _budgeted_mlp():
+    """The MLP's budget (70% of the free plan's peak), the keywords that plan it, its plan
+    and what each fit's LP within the rows (``_program_fit._by_limits``) returned."""
     from meshplan.strategy.programs import _program_fit
 
     free = range(1, MLP_LAYERS + 1)
@@ -118,8 +97,40 @@ def test_the_lp_within_the_rows_keeps_the_plan_and_bound_or_betters_them(monkeyp
         roomy = plan_program(_mlp, *_mlp_specs(), requires_grad=MLP_GRAD, choose=free)
         budget = roomy.memory.peak * 0.7
         kw = dict(requires_grad=MLP_GRAD, choose=free, memory_budget=budget)
-        monkeypatch.setattr(_program_fit, "_by_limits", spy)
-        plan = plan_program(_mlp, *_mlp_specs(), **kw)
+        _program_fit._by_limits = spy
+        try:
+            plan = plan_program(_mlp, *_mlp_specs(), **kw)
+        finally:
+            _program_fit._by_limits = real
+    return budget, kw, plan, ran
+
+
+@pytest.mark.slow
+def test_a_budgeted_plan_fits_and_the_rows_bound_it_at_least_as_tightly(monkeypatch):
+    """Three residual-free tanh layers with every weight chosen, at 70% of the free plan's
+    peak: the rows' bound is the tighter one (the estimate's misses the backward's own
+    values), and both are under the plan's cost."""
+    budget, kw, plan, _ = _budgeted_mlp()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        monkeypatch.setattr(program_module, "PeakRows", lambda *a: None)
+        alone = plan_program(_mlp, *_mlp_specs(), **kw)
+    assert plan.memory.peak <= budget * (1 + 1e-9)
+    assert plan.cost.total <= alone.cost.total * (1 + 1e-12)  # the same fit, or a cheaper plan
+    assert alone.lower_bound < plan.lower_bound <= plan.cost.total * (1 + 1e-12)
+
+
+@pytest.mark.slow
+def test_the_lp_within_the_rows_keeps_the_plan_and_bound_or_betters_them(monkeypatch):
+    """The same budgeted MLP with and without the transportation LP within the rows of
+    the ops where plans peak (and its MIP's choice): no costlier plan, no looser bound, and
+    the LP's plans fit."""
+    pytest.importorskip("highspy")
+    from meshplan.strategy.programs import _program_fit
+
+    budget, kw, plan, ran = _budgeted_mlp()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
         monkeypatch.setattr(_program_fit, "_by_limits", lambda *a: (-float("inf"), []))
         alone = plan_program(_mlp, *_mlp_specs(), **kw)
     assert ran, "the LP within the rows did not run"

@@ -124,7 +124,11 @@ def test_a_fit_that_runs_out_of_rounds_takes_the_lightest_plan_where_it_fits(mon
         taken.append(real(*args))
         return taken[-1]
 
+    # no tightening round, and neither the rows' solves nor the LP within them to meet a
+    # plan that fits first
     monkeypatch.setattr(_program_fit, "FIT_ROUNDS", 0)
+    monkeypatch.setattr(_program_fit, "ROW_SOLVES", 0)
+    monkeypatch.setattr(_program_fit, "_by_limits", lambda *a: (-float("inf"), []))
     monkeypatch.setattr(_program_fit, "_lightest_plan", spy)
     fits = plan_program(
         _mlp, *_specs(), requires_grad=GRAD, choose=free, memory_budget=lightest_peak
