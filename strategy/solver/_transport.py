@@ -320,7 +320,7 @@ class _Model:
         paid = np.bincount(self.unit, weights=gain, minlength=len(self.ucost))
         xrc = self.xcost - np.bincount(self.xc, weights=self.xv * dual[self.xr], minlength=self.nx)
         if self.mem is not None and np.any(lam):
-            xrc = xrc + np.asarray(lam, dtype=float) @ self.mem
+            xrc = xrc + (np.asarray(lam, dtype=float).reshape(-1, 1) * self.mem).sum(axis=0)
         return np.minimum(self.ucost - paid, 0.0), xrc
 
     def bound(self, dual, lam=0.0) -> float:
@@ -331,7 +331,7 @@ class _Model:
 
         units, xrc = self.terms(dual, lam)
         xs = np.minimum(xrc, 0.0)[~self.out].sum()  # options out of budget held at 0
-        taken = float(np.asarray(lam, dtype=float) @ self.room) if self.mem is not None else 0.0
+        taken = 0.0 if self.mem is None else float(np.sum(np.asarray(lam, float) * self.room))
         return float((self.rhs @ dual - taken + xs + units.sum()) * self.scale)
 
 
