@@ -44,7 +44,7 @@ one plan takes it without a search (``tests/redistribute/test_family.py``). Then
 :func:`merge` notes like-kind collectives a missing alias kept apart (for the warning).
 Effort is bounded: a search generates at most ``Planner(max_states=...)`` moves
 (``_store.STATE_BUDGET`` by default) and spends at most ``Planner(max_seconds=...)`` of
-CPU time (``_store.SECONDS_BUDGET``, so a plan takes about a second on any input; a
+CPU time (``_store.SECONDS_BUDGET``, so a plan takes a second or two on any input; a
 permute hub with more targets than the time left buys is not listed); past either a
 greedy search finds a plan (or, if none in twice that time, the plan through the shard
 orders' common prefixes: gather, then slice, each leg planned in a quarter of the budget,

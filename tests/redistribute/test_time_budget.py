@@ -1,5 +1,5 @@
 """The planner's default budget bounds time on every input: a pair on a (2,)*8 mesh plans
-in about a second whatever the tensor's size (or returns the best plan found with its
+in a second or two whatever the tensor's size (or returns the best plan found with its
 proven gap), and the budget is a typed value (``Planner(max_seconds=...)``) checked like
 every other argument."""
 
